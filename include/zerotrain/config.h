@@ -1,0 +1,130 @@
+// Training configuration: DeepSpeed's keys and defaults where DeepSpeed has them (design §5),
+// plus zerotrain's own top-level blocks "model", "data", "train" and "comm".
+//
+// Contract: load_config()/parse_config() either return a fully validated TrainConfig whose batch
+// triple is consistent with the world size, or throw zt::ConfigError with a one-line message that
+// names the key, the expected and the found value (unknown keys suggest the nearest valid key).
+// Every leaf value records where it came from. Plain data; copyable; no hidden state.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zt {
+
+enum class ValueSource { Default, File, CommandLine, Derived };
+const char* to_string(ValueSource source);
+
+enum class Precision { FP32, BF16, FP16 };
+
+struct OptimizerConfig {
+  std::string type = "Adam";  // "Adam" (AdamW unless adam_w_mode false), "AdamW"
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adam_w_mode = true;  // decoupled weight decay
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 1e-3;
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" or "linear"
+  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (required there)
+  double cos_min_ratio = 1e-4;      // WarmupCosineLR
+  double warmup_min_ratio = 0.0;    // WarmupCosineLR
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  int64_t reduce_bucket_size = 500'000'000;  // elements
+  int64_t allgather_bucket_size = 500'000'000;
+  bool overlap_comm = false;
+};
+
+struct LossScaleConfig {  // the "fp16" block
+  bool enabled = false;
+  double loss_scale = 0.0;  // 0: dynamic
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1.0;
+};
+
+struct ModelConfig {
+  std::string preset = "tiny";  // see models/gpt.h presets
+  // Overrides of the preset; 0 / negative means "from the preset".
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, context_length = 0;
+  double dropout = -1.0;
+};
+
+struct DataConfig {
+  std::string source = "embedded";  // "embedded" (built-in corpus), "bin" (uint16 tokens), "text"
+  std::string path;                 // for "bin": train file; for "text": a UTF-8 text file
+  std::string val_path;             // for "bin": optional held-out file
+  double val_fraction = 0.1;        // held-out split when there is no val_path
+  int64_t sequence_length = 0;      // 0: the model's context length
+};
+
+struct TrainLoopConfig {
+  int64_t steps = 200;          // optimizer steps
+  uint64_t seed = 1234;
+  int64_t eval_interval = 0;    // 0: never
+  int64_t eval_iters = 4;       // micro-batches per evaluation
+  int threads = 0;              // intra-op threads per rank; 0: cores / local ranks
+  std::string log_dir = "runs"; // CSV log, rank logs
+};
+
+struct CommConfig {
+  double timeout_seconds = 300.0;  // also ZT_COMM_TIMEOUT_SECONDS (config wins when set in file)
+};
+
+struct MonitorConfig {  // DeepSpeed's "csv_monitor"
+  bool enabled = true;
+  std::string output_path;  // "" : train.log_dir
+  std::string job_name = "zerotrain";
+};
+
+struct TrainConfig {
+  int world_size = 1;
+  int64_t train_batch_size = 0;
+  int64_t train_micro_batch_size_per_gpu = 0;
+  int64_t gradient_accumulation_steps = 0;
+  double gradient_clipping = 1.0;  // 0: off
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  Precision precision = Precision::FP32;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero;
+  LossScaleConfig fp16;
+  ModelConfig model;
+  DataConfig data;
+  TrainLoopConfig train;
+  CommConfig comm;
+  MonitorConfig csv_monitor;
+  // Dotted key ("zero_optimization.stage") -> where its value came from, for every known key.
+  std::map<std::string, ValueSource> sources;
+  // Dotted key -> value as JSON text, for printing the resolved configuration.
+  std::map<std::string, std::string> resolved;
+};
+
+// Parses JSON text (an empty string means "{}"), applies overrides of the form
+// "key.path=value" (value parsed as JSON, else taken as a string), derives the batch triple for
+// `world_size` and validates. Throws ConfigError.
+TrainConfig parse_config(const std::string& json_text, const std::vector<std::string>& overrides,
+                         int world_size);
+
+// Reads the file (ConfigError when missing or unreadable), then parse_config().
+TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
+                        int world_size);
+
+// The resolved configuration, one "key = value  (source)" line per key, sorted by key.
+std::string describe(const TrainConfig& config);
+
+}  // namespace zt

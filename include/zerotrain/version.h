@@ -1,0 +1,6 @@
+#pragma once
+
+namespace zt {
+// The library version, as in the CMake project.
+const char* version();
+}  // namespace zt

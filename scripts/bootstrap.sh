@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs everything zerotrain needs to build, test and run; safe to run again (idempotent).
+#   - Debian packages: compiler, CMake, header-only and small libraries (see README "Dependencies").
+#   - LibTorch from the PyPI `torch` wheel, version pinned in cmake/torch-version.txt, unpacked
+#     with --no-deps into $ZT_DEPS_DIR (default ~/.cache/zerotrain), plus the two small CUDA
+#     runtime wheels that libtorch_cpu.so links against (cudart, cupti; no GPU is needed).
+# Prints the torch CMake prefix path on its last line of stdout.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+torch_version=$(tr -d '[:space:]' < "$here/cmake/torch-version.txt")
+deps_dir=${ZT_DEPS_DIR:-$HOME/.cache/zerotrain}
+torch_dir="$deps_dir/torch-$torch_version"
+
+log() { echo "[bootstrap] $*" >&2; }
+
+apt_packages=(g++ cmake make git python3 python3-pip pkg-config
+  libgloo-dev nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# python3/pip may come from elsewhere (pyenv); only ask apt for them when absent.
+command -v python3 >/dev/null && missing=("${missing[@]/python3}")
+python3 -m pip --version >/dev/null 2>&1 && missing=("${missing[@]/python3-pip}")
+read -ra missing <<< "${missing[*]}"
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ ! -f "$torch_dir/.complete" ]; then
+  log "installing torch==$torch_version (LibTorch) into $torch_dir"
+  rm -rf "$torch_dir.partial"
+  mkdir -p "$deps_dir"
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+    --no-deps --no-compile --target "$torch_dir.partial" \
+    "torch==$torch_version" "nvidia-cuda-runtime==13.0.96.*" "nvidia-cuda-cupti==13.0.85.*" >&2
+  rm -rf "$torch_dir"
+  mv "$torch_dir.partial" "$torch_dir"
+  touch "$torch_dir/.complete"
+fi
+echo "$torch_dir/torch/share/cmake"

@@ -1,0 +1,3 @@
+#include <iostream>
+#include "zerotrain/version.h"
+int main() { std::cout << zt::version() << "\n"; }
