@@ -1,3 +1,118 @@
+// zerotrain command-line program. Every failure becomes one line on stderr and a non-zero exit:
+// 2 for bad input (configuration, arguments, data files), 1 for anything else.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <filesystem>
 #include <iostream>
+
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+#include "zerotrain/launch.h"
+#include "zerotrain/train.h"
 #include "zerotrain/version.h"
-int main() { std::cout << zt::version() << "\n"; }
+
+namespace {
+
+// The CLI's contract is one line per error; c10 errors carry a multi-line backtrace.
+std::string one_line(std::string text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  for (auto& c : text)
+    if (c == '\n') c = ' ';
+  return text;
+}
+
+std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+struct TrainArgs {
+  std::string config_path;
+  int nproc = 1;
+  int master_port = 0;
+  int64_t steps = 0;
+  std::vector<std::string> overrides;
+  std::string summary;
+};
+
+int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
+  std::vector<std::string> overrides = args.overrides;
+  if (args.steps > 0) overrides.push_back("train.steps=" + std::to_string(args.steps));
+  if (zt::started_by_launcher()) {
+    // We are one rank: the world size comes from the launcher's environment.
+    const char* world = std::getenv("WORLD_SIZE");
+    int world_size = world ? std::atoi(world) : 1;
+    if (const char* slurm = std::getenv("SLURM_NTASKS"); !world && slurm) world_size = std::atoi(slurm);
+    if (const char* ompi = std::getenv("OMPI_COMM_WORLD_SIZE"); !world && ompi) world_size = std::atoi(ompi);
+    auto config = zt::load_config(args.config_path, overrides, std::max(1, world_size));
+    return zt::run_training_rank(config, zt::TrainRunOptions{args.summary, false});
+  }
+  if (args.nproc < 1) throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", args.nproc));
+  // Validate everything before any process starts: bad input must not cost a launch.
+  auto config = zt::load_config(args.config_path, overrides, args.nproc);
+  zt::LaunchOptions launch;
+  launch.nproc = args.nproc;
+  launch.master_port = args.master_port;
+  launch.log_dir = (std::filesystem::path(config.train.log_dir) / "logs").string();
+  launch.command.push_back(self_path());
+  launch.command.insert(launch.command.end(), raw_args.begin(), raw_args.end());
+  return zt::launch_local(launch);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zerotrain: ZeRO data-parallel training on LibTorch", "zerotrain"};
+  app.set_version_flag("--version", zt::version());
+  app.require_subcommand(1);
+
+  TrainArgs train_args;
+  auto* train = app.add_subcommand("train", "train the reference GPT (spawns --nproc local ranks)");
+  train->add_option("config", train_args.config_path, "JSON configuration (DeepSpeed keys + model/data/train)")
+      ->required();
+  train->add_option("--nproc", train_args.nproc, "local ranks to start (ignored under an external launcher)");
+  train->add_option("--master-port", train_args.master_port, "rendezvous port on 127.0.0.1 (default: a free one)");
+  train->add_option("--steps", train_args.steps, "optimizer steps (same as --set train.steps=S)");
+  train->add_option("--set", train_args.overrides, "override a configuration value: key.path=value")
+      ->take_all()->allow_extra_args(false);
+  train->add_option("--summary", train_args.summary, "write a JSON summary of the run to this file");
+
+  zt::LaunchOptions launch_options;
+  auto* launch = app.add_subcommand("launch", "start N local ranks of a program with torchrun's variables");
+  launch->add_option("--nproc", launch_options.nproc, "number of ranks")->required();
+  launch->add_option("--master-port", launch_options.master_port, "rendezvous port (default: a free one)");
+  launch->add_option("--log-dir", launch_options.log_dir, "directory of the per-rank logs");
+  launch->add_option("command", launch_options.command, "-- PROGRAM ARGS...")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::cerr << "zerotrain: error: " << e.what() << " (see zerotrain " << (train->parsed() ? "train " : "")
+              << "--help)\n";
+    return 2;
+  }
+
+  try {
+    if (*train) {
+      std::vector<std::string> raw(argv + 1, argv + argc);
+      return run_train(train_args, raw);
+    }
+    if (*launch) {
+      if (launch_options.nproc < 1)
+        throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", launch_options.nproc));
+      return zt::launch_local(launch_options);
+    }
+  } catch (const zt::ConfigError& e) {
+    std::cerr << "zerotrain: error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const zt::DataError& e) {
+    std::cerr << "zerotrain: error: " << one_line(e.what()) << "\n";
+    return 2;
+  } catch (const c10::Error& e) {
+    std::cerr << "zerotrain: error: " << one_line(e.what_without_backtrace()) << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "zerotrain: error: " << one_line(e.what()) << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,128 @@
+// comm — rendezvous from launcher environment variables and a narrow Communicator over c10d
+// (design §3 item 2). Collectives work on flat contiguous buffers.
+//
+// Contract
+// - Threads: one Communicator is driven by one thread at a time (collectives must be issued in
+//   the same order on every rank; that is what gives each one the same sequence number
+//   everywhere). A CollectiveHandle may be waited, or polled, from any thread, also
+//   concurrently; its result becomes visible once wait() has returned.
+// - Ownership: the handle keeps every tensor passed to the collective (and any temporary it
+//   needed) alive until it has completed. The caller must not read or write those tensors
+//   between issuing the collective and wait() returning.
+// - Failures: wait() and barrier() throw zt::CommError whose message names this rank, the
+//   world size, the collective's kind, label and sequence number, its size, and what the rank
+//   was waiting for. Nothing waits forever: each collective fails after CommOptions::timeout.
+//   After a failure the communicator is unusable: later collectives throw at once.
+// - Backends: Gloo for CPU tensors; NCCL for CUDA tensors when built with ZT_CUDA. Where a
+//   backend lacks a primitive or a dtype, the communicator emulates it (see docs/comm.md).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace zt {
+
+// Where this process sits in the job, and where to meet the others.
+struct RendezvousInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  std::string source = "single";  // "torchrun", "slurm", "mpi" or "single"
+};
+
+// Reads a variable; returns nullptr when unset. Lets tests supply their own environment.
+using EnvLookup = std::function<const char*(const char*)>;
+
+// In order of precedence:
+//  1. torchrun and zerotrain's launcher: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//     MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500).
+//  2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or
+//     SLURM_TASKS_PER_NODE (e.g. "2(x3),1", indexed by SLURM_NODEID); the master is
+//     MASTER_ADDR when set, else the first host of SLURM_STEP_NODELIST / SLURM_NODELIST
+//     (simple forms: "a,b", "node[01-04,07]"), else SLURM_LAUNCH_NODE_IPADDR; the port is
+//     MASTER_PORT, else 15000 + SLURM_JOB_ID % 20000 (so concurrent jobs rarely collide).
+//  3. Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE with MASTER_ADDR /
+//     MASTER_PORT; MASTER_ADDR defaults to 127.0.0.1 only when all ranks are on one node.
+//  4. Otherwise a single process: rank 0 of 1.
+// Malformed values throw zt::ConfigError naming the variable, what was expected and found.
+RendezvousInfo rendezvous_from_environment();
+RendezvousInfo rendezvous_from_environment(const EnvLookup& getenv);
+
+enum class ReduceOp { Sum, Avg, Max };
+const char* to_string(ReduceOp op);
+
+struct CommOptions {
+  // How long a rank waits in one collective (or for its peers at rendezvous) before failing.
+  std::chrono::milliseconds timeout{300000};
+  // Force the emulated path even where the backend has the primitive (tests and benchmarks
+  // use these to cover and measure the emulations; production code leaves them off).
+  bool emulate_avg = false;             // Avg as Sum then divide by the world size
+  bool emulate_low_precision = false;   // bf16/fp16 reductions through an fp32 temporary
+  bool emulate_reduce_scatter = false;  // reduce_scatter as all_reduce of a copy + slice
+};
+
+// Default options with the timeout from `config_seconds` when given, else from the environment
+// variable ZT_COMM_TIMEOUT_SECONDS when set, else 300 s. Non-positive or non-numeric values
+// throw zt::ConfigError.
+CommOptions comm_options_from_environment(std::optional<double> config_seconds = std::nullopt);
+CommOptions comm_options_from_environment(std::optional<double> config_seconds, const EnvLookup& getenv);
+
+// An issued collective. Copyable; all copies refer to the same collective.
+class CollectiveHandle {
+ public:
+  struct State;  // defined by the implementation
+  CollectiveHandle() = default;  // refers to nothing; wait() returns at once
+  explicit CollectiveHandle(std::shared_ptr<State> state);
+
+  // Blocks until the collective has completed and its result is in the output tensor(s).
+  // Throws zt::CommError on failure or after the timeout. Waiting again returns at once (or
+  // throws the same error again).
+  void wait();
+  // True when wait() would not block on communication.
+  bool is_completed() const;
+
+  const std::string& label() const;
+  std::uint64_t sequence() const;
+  std::string_view kind() const;  // "all_reduce", "reduce_scatter", ...
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // The sequence number the next collective will get (0 for the first one).
+  virtual std::uint64_t next_sequence() const = 0;
+
+  // In place over `flat` (contiguous).
+  virtual CollectiveHandle all_reduce(at::Tensor flat, ReduceOp op, std::string_view label) = 0;
+  // `input` holds world_size * n elements, `output` n; rank r receives the reduction of
+  // block r. `input` is left unchanged.
+  virtual CollectiveHandle reduce_scatter(at::Tensor input, at::Tensor output, ReduceOp op,
+                                          std::string_view label) = 0;
+  // `input` holds n elements, `output` world_size * n; block r of `output` is rank r's input.
+  virtual CollectiveHandle all_gather(at::Tensor input, at::Tensor output, std::string_view label) = 0;
+  // In place: every rank receives `root`'s tensor.
+  virtual CollectiveHandle broadcast(at::Tensor tensor, int root, std::string_view label) = 0;
+  // Blocks until every rank has entered it; throws zt::CommError after the timeout.
+  virtual void barrier(std::string_view label) = 0;
+};
+
+// Meets the other ranks (TCP store on rank 0 at master_addr:master_port; a master on the
+// loopback address binds only to loopback) and builds the backend(s). A world of one needs no
+// network. Throws zt::CommError when the peers do not arrive within the timeout.
+std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options = {});
+
+}  // namespace zt

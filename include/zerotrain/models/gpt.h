@@ -1,0 +1,140 @@
+// Reference GPT-2-style decoder written as ordinary LibTorch modules, the way a user of the library
+// would write their own model (design §3 item 9). Nothing here knows about ZeRO: the engine works
+// on the parameters and (for stage 3 and activation checkpointing) on the `blocks`.
+//
+// Architecture (GPT-2): token + learned position embeddings -> dropout -> n_layer pre-LayerNorm
+// blocks [x += attn(ln_1(x)); x += mlp(ln_2(x))] -> final LayerNorm -> output head. Attention uses
+// one fused qkv Linear and causal scaled-dot-product attention; the MLP is Linear(C,4C) -> GELU
+// (tanh approximation, as GPT-2) -> Linear(4C,C). The output head is TIED to the token embedding:
+// logits = h @ wte.weight^T, so `wte.weight` is the only parameter of both (no separate head).
+//
+// Contracts:
+//  - Parameter registration order is deterministic: wte, wpe, blocks.0 … blocks.{L-1}, ln_f; inside
+//    a block: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj (weight before bias).
+//  - Initialisation (GPT-2 / nanoGPT): every Linear and Embedding weight ~ N(0, 0.02), the two
+//    residual projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02/sqrt(2·n_layer)), biases zero,
+//    LayerNorm weight one and bias zero. All draws come from torch's global CPU generator in
+//    registration order, so `torch::manual_seed(s)` before construction reproduces the weights.
+//  - parameters().size() == 2 + 12·n_layer + 2 and the element count equals
+//    gpt_parameter_count(config) exactly.
+//  - forward()/loss() throw zt::ConfigError (never abort) on a bad shape, a sequence longer than
+//    context_length, a non-integer index tensor, or a token id outside [0, vocab_size).
+//  - Not thread-safe (as any torch::nn::Module): one forward at a time per instance.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+namespace zt {
+
+struct GPTConfig {
+  int64_t vocab_size = 256;
+  int64_t context_length = 64;
+  int64_t n_layer = 2;
+  int64_t n_head = 2;
+  int64_t n_embd = 64;
+  double dropout = 0.0;  // embedding, attention-probability and residual dropout (training only)
+
+  // Throws zt::ConfigError naming the field when a value is out of range or n_embd % n_head != 0.
+  void validate() const;
+};
+
+// Named presets. `tiny` (~0.1M parameters, tests), `small` (byte-level demo, ~0.8M),
+// gpt2-124m / -350m / -774m / -1.5b (the GPT-2 family, vocab 50257, context 1024), and larger
+// shapes for memory work: gpt-2.7b, gpt-6.7b, gpt-13b (context 2048 as GPT-3).
+// Throws zt::ConfigError listing the valid names for an unknown one.
+GPTConfig gpt_preset(const std::string& name);
+std::vector<std::string> gpt_preset_names();
+
+// Exact trainable parameter count, computed analytically (tied head, learned positions, biases):
+//   V·C + T·C + L·(12·C² + 13·C) + 2·C
+// e.g. gpt2-124m -> 124,439,808. Usable for memory estimates without building the model.
+int64_t gpt_parameter_count(const GPTConfig& config);
+
+// Causal self-attention with a fused qkv projection.
+class CausalSelfAttentionImpl : public torch::nn::Module {
+ public:
+  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);  // [B,T,C] -> [B,T,C]
+
+  torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v)
+  torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+  torch::nn::Dropout resid_drop_{nullptr};
+};
+TORCH_MODULE(CausalSelfAttention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear c_fc{nullptr};    // C -> 4C
+  torch::nn::Linear c_proj{nullptr};  // 4C -> C, residual projection
+
+ private:
+  torch::nn::Dropout drop_{nullptr};
+};
+TORCH_MODULE(MLP);
+
+// One pre-LayerNorm transformer block: the unit that stage 3 gathers and activation checkpointing
+// recomputes.
+class BlockImpl : public torch::nn::Module {
+ public:
+  explicit BlockImpl(const GPTConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::LayerNorm ln_1{nullptr};
+  CausalSelfAttention attn{nullptr};
+  torch::nn::LayerNorm ln_2{nullptr};
+  MLP mlp{nullptr};
+};
+TORCH_MODULE(Block);
+
+class GPTImpl : public torch::nn::Module {
+ public:
+  explicit GPTImpl(const GPTConfig& config);
+
+  // idx: integer tensor [B,T] with 1 <= T <= context_length -> logits [B,T,vocab_size].
+  torch::Tensor forward(const torch::Tensor& idx);
+  // Mean cross-entropy of forward(idx) against targets [B,T] (computed in fp32 whatever the
+  // model's dtype). Targets equal to -100 are ignored (torch's default ignore_index).
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+
+  // How each block is run in forward. The default calls block->forward(x). Later layers (activation
+  // checkpointing, stage-3 gather/release hooks) install a wrapper that receives the block index,
+  // a callable that runs the block, and the block input; it must return the block output.
+  using BlockFn = std::function<torch::Tensor(const torch::Tensor&)>;
+  using BlockWrapper = std::function<torch::Tensor(int64_t index, const BlockFn& run, const torch::Tensor& x)>;
+  void set_block_wrapper(BlockWrapper wrapper) { block_wrapper_ = std::move(wrapper); }
+
+  const GPTConfig& config() const { return config_; }
+
+  torch::nn::Embedding wte{nullptr};  // token embedding, also the (tied) output head
+  torch::nn::Embedding wpe{nullptr};  // learned positions
+  std::vector<Block> blocks;          // the same modules as the registered ModuleList "blocks"
+  torch::nn::LayerNorm ln_f{nullptr};
+
+ private:
+  void init_weights();
+
+  GPTConfig config_;
+  torch::nn::Dropout drop_{nullptr};
+  torch::nn::ModuleList block_list_{nullptr};
+  BlockWrapper block_wrapper_;
+};
+TORCH_MODULE(GPT);
+
+}  // namespace zt

@@ -1,0 +1,23 @@
+// The built-in training program behind `zerotrain train`: one rank of a run of the reference GPT
+// on the configured data, driven by zt::Engine. Used by the CLI; a library user writes their
+// own loop instead (see engine.h and examples/).
+#pragma once
+#include <string>
+
+namespace zt {
+
+struct TrainConfig;
+
+struct TrainRunOptions {
+  std::string summary_path;  // "" : no summary; else rank 0 writes the JSON summary there
+  bool quiet = false;        // no progress lines (tests)
+};
+
+// Runs this process as one rank (rank and world from the environment, see comm.h). Returns 0 on
+// success; throws zt::Error subclasses on failure.
+int run_training_rank(const TrainConfig& config, const TrainRunOptions& options);
+
+// Peak resident set size of this process in bytes (VmHWM).
+long long peak_rss_bytes();
+
+}  // namespace zt

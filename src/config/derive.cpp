@@ -1,0 +1,203 @@
+// Values that follow from other values (design §8 point 12: derive, print, name the source),
+// cross-key checks, and the support matrix (§8 point 14).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <set>
+
+#include "config/schema.h"
+#include "zerotrain/error.h"
+
+namespace zt::config_detail {
+namespace {
+
+bool given(const TrainConfig& c, const std::string& path) {
+  auto it = c.sources.find(path);
+  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine);
+}
+
+void set_derived(TrainConfig& c, Values& values, const std::string& path, const json& value) {
+  values[path] = value;
+  c.sources[path] = ValueSource::Derived;
+}
+
+// train_batch_size = micro × accumulation × world; any two determine the third. With one given,
+// DeepSpeed's rules: only train_batch_size -> accumulation 1; only micro -> accumulation 1; only
+// accumulation is not enough. None given: micro 1, accumulation 1 (zerotrain's default).
+void derive_batch(TrainConfig& c, Values& values) {
+  const int64_t world = c.world_size;
+  int64_t& tbs = c.train_batch_size;
+  int64_t& micro = c.train_micro_batch_size_per_gpu;
+  int64_t& accum = c.gradient_accumulation_steps;
+  const char* kTbs = "train_batch_size";
+  const char* kMicro = "train_micro_batch_size_per_gpu";
+  const char* kAccum = "gradient_accumulation_steps";
+
+  if (tbs && micro && accum) {
+    if (tbs != micro * accum * world)
+      throw ConfigError(fmt::format(
+          "batch size mismatch: train_batch_size {} != train_micro_batch_size_per_gpu {} × "
+          "gradient_accumulation_steps {} × world size {} (= {})",
+          tbs, micro, accum, world, micro * accum * world));
+  } else if (tbs && micro) {
+    if (tbs % (micro * world) != 0)
+      throw ConfigError(fmt::format(
+          "train_batch_size {} is not divisible by train_micro_batch_size_per_gpu {} × world size {}", tbs, micro,
+          world));
+    accum = tbs / (micro * world);
+    set_derived(c, values, kAccum, accum);
+  } else if (tbs && accum) {
+    if (tbs % (accum * world) != 0)
+      throw ConfigError(fmt::format(
+          "train_batch_size {} is not divisible by gradient_accumulation_steps {} × world size {}", tbs, accum, world));
+    micro = tbs / (accum * world);
+    set_derived(c, values, kMicro, micro);
+  } else if (micro && accum) {
+    tbs = micro * accum * world;
+    set_derived(c, values, kTbs, tbs);
+  } else if (tbs) {
+    if (tbs % world != 0)
+      throw ConfigError(fmt::format("train_batch_size {} is not divisible by the world size {}", tbs, world));
+    accum = 1;
+    micro = tbs / world;
+    set_derived(c, values, kAccum, accum);
+    set_derived(c, values, kMicro, micro);
+  } else if (micro) {
+    accum = 1;
+    tbs = micro * world;
+    set_derived(c, values, kAccum, accum);
+    set_derived(c, values, kTbs, tbs);
+  } else if (accum) {
+    throw ConfigError(fmt::format(
+        "gradient_accumulation_steps {} alone does not determine the batch: also give "
+        "train_micro_batch_size_per_gpu or train_batch_size",
+        accum));
+  } else {
+    micro = 1;
+    accum = 1;
+    tbs = world;
+    values[kMicro] = micro;
+    values[kAccum] = accum;
+    c.sources[kMicro] = c.sources[kAccum] = ValueSource::Default;
+    set_derived(c, values, kTbs, tbs);
+  }
+}
+
+const std::map<std::string, std::set<std::string>>& scheduler_params() {
+  static const std::map<std::string, std::set<std::string>> params = {
+      {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}},
+      {"WarmupDecayLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"}},
+      {"WarmupCosineLR", {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type"}},
+  };
+  return params;
+}
+
+std::string join(const std::set<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+void derive(TrainConfig& c, Values& values) {
+  derive_batch(c, values);
+
+  // DeepSpeed: "AdamW" means decoupled weight decay whatever adam_w_mode says. Saying both
+  // "AdamW" and adam_w_mode false is a contradiction; refuse it instead of picking one silently.
+  if (c.optimizer.type == "AdamW") {
+    if (given(c, "optimizer.params.adam_w_mode") && !c.optimizer.adam_w_mode)
+      throw ConfigError(
+          "optimizer.params.adam_w_mode: false contradicts optimizer.type \"AdamW\" (use type \"Adam\" with "
+          "adam_w_mode false for Adam with L2 weight decay)");
+    c.optimizer.adam_w_mode = true;
+  }
+
+  // DeepSpeed's default: overlap_comm is on for stage 3 only.
+  if (!given(c, "zero_optimization.overlap_comm") && c.zero.stage == 3) {
+    c.zero.overlap_comm = true;
+    set_derived(c, values, "zero_optimization.overlap_comm", true);
+  }
+
+  const std::string& type = c.scheduler.type;
+  // DeepSpeed's WarmupLR warms up to the optimizer's lr when warmup_max_lr is absent
+  // (WarmupDecayLR keeps its literal default 0.001, as in DeepSpeed).
+  if (type == "WarmupLR" && !given(c, "scheduler.params.warmup_max_lr")) {
+    c.scheduler.warmup_max_lr = c.optimizer.lr;
+    set_derived(c, values, "scheduler.params.warmup_max_lr", c.optimizer.lr);
+  }
+  // DeepSpeed requires total_num_steps for the decaying schedules; the natural value is the
+  // length of the run, so derive it and say so rather than fail.
+  if ((type == "WarmupDecayLR" || type == "WarmupCosineLR") && !given(c, "scheduler.params.total_num_steps")) {
+    c.scheduler.total_num_steps = c.train.steps;
+    set_derived(c, values, "scheduler.params.total_num_steps", c.train.steps);
+  }
+
+  const bool bf16 = values["bf16.enabled"].get<bool>();
+  if (c.fp16.enabled && bf16)
+    throw ConfigError("fp16.enabled and bf16.enabled are both true: enable at most one of them");
+  c.precision = c.fp16.enabled ? Precision::FP16 : bf16 ? Precision::BF16 : Precision::FP32;
+}
+
+void validate_semantics(const TrainConfig& c, const Values& values) {
+  const std::string& type = c.scheduler.type;
+  std::vector<std::string> given_params;
+  for (const Leaf& leaf : leaves())
+    if (leaf.path.starts_with("scheduler.params.") && given(c, leaf.path))
+      given_params.push_back(leaf.path.substr(std::string("scheduler.params.").size()));
+
+  if (type.empty() && !given_params.empty())
+    throw ConfigError(fmt::format(
+        "scheduler.params.{} is given but scheduler.type is not set (expected one of WarmupLR, WarmupDecayLR, "
+        "WarmupCosineLR)",
+        given_params.front()));
+  if (auto it = scheduler_params().find(type); it != scheduler_params().end()) {
+    for (const std::string& p : given_params)
+      if (!it->second.count(p))
+        throw ConfigError(fmt::format("scheduler.params.{}: not a parameter of {} (its parameters: {})", p, type,
+                                      join(it->second)));
+  }
+  if ((type == "WarmupLR" || type == "WarmupDecayLR") && c.scheduler.warmup_max_lr < c.scheduler.warmup_min_lr)
+    throw ConfigError(fmt::format("scheduler.params.warmup_max_lr: expected a number >= warmup_min_lr {}, found {}",
+                                  c.scheduler.warmup_min_lr, c.scheduler.warmup_max_lr));
+  if (type == "WarmupCosineLR") {
+    // DeepSpeed divides by total - max(2, warmup) after warm-up; it must be positive.
+    const int64_t warmup = std::max<int64_t>(2, c.scheduler.warmup_num_steps);
+    if (c.scheduler.total_num_steps <= warmup)
+      throw ConfigError(fmt::format(
+          "scheduler.params.total_num_steps: expected more than the warm-up steps ({}) for WarmupCosineLR, found {}",
+          warmup, c.scheduler.total_num_steps));
+  }
+
+  if ((c.data.source == "bin" || c.data.source == "text") && c.data.path.empty())
+    throw ConfigError(fmt::format("data.path: required when data.source is \"{}\"", c.data.source));
+  if (c.model.preset.empty()) throw ConfigError("model.preset: expected a preset name, found \"\"");
+  if (c.train.log_dir.empty()) throw ConfigError("train.log_dir: expected a directory path, found \"\"");
+}
+
+void validate_support(const TrainConfig& c, const Values& values) {
+  if (c.zero.stage != 0)
+    throw ConfigError(fmt::format("zero_optimization.stage {} is not supported yet (supported: 0)", c.zero.stage));
+  if (c.precision == Precision::FP16)
+    throw ConfigError("fp16.enabled: fp16 training is not supported yet (supported: fp32)");
+  if (c.precision == Precision::BF16)
+    throw ConfigError("bf16.enabled: bf16 training is not supported yet (supported: fp32)");
+  if (c.optimizer.type != "Adam" && c.optimizer.type != "AdamW")
+    throw ConfigError(
+        fmt::format("optimizer.type \"{}\" is not supported yet (supported: Adam, AdamW)", c.optimizer.type));
+  if (!c.scheduler.type.empty() && !scheduler_params().count(c.scheduler.type))
+    throw ConfigError(fmt::format(
+        "scheduler.type \"{}\" is not supported yet (supported: WarmupLR, WarmupDecayLR, WarmupCosineLR)",
+        c.scheduler.type));
+  // Recognised DeepSpeed keys without an implementation: the default is harmless, anything else
+  // would be silently ignored, so refuse it.
+  for (const Leaf& leaf : leaves()) {
+    if (leaf.supported) continue;
+    const json& value = values.at(leaf.path);
+    if (value != leaf.def)
+      throw ConfigError(fmt::format("{} = {} is not supported yet (only the default {} is accepted)", leaf.path,
+                                    show(value), show(leaf.def)));
+  }
+}
+
+}  // namespace zt::config_detail

@@ -1,0 +1,76 @@
+// Internal to src/config: the table of every configuration key zerotrain knows, with its type,
+// range, DeepSpeed default and where it lands in TrainConfig. One table drives parsing, type
+// errors, unknown-key suggestions, the resolved/sources maps and the support matrix, so adding a
+// key is one line and the error messages stay consistent.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "zerotrain/config.h"
+
+namespace zt::config_detail {
+
+using json = nlohmann::json;
+
+enum class Kind {
+  Bool,
+  Int,        // JSON integer, or a float with an integral value (DeepSpeed configs write 5e8)
+  Number,
+  String,
+  Betas,      // [b1, b2], each in [0, 1)
+  BatchSize,  // positive integer or "auto" (derived from the other two batch keys)
+};
+
+struct Leaf {
+  std::string path;  // dotted, e.g. "zero_optimization.stage"
+  Kind kind = Kind::Number;
+  json def;          // DeepSpeed's default (or ours where DeepSpeed has none)
+  std::optional<double> lo, hi;  // inclusive unless *_open
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;  // allowed strings; empty: any
+  bool case_insensitive = false;     // choices compare ignoring case; stored canonical
+  bool nullable = false;             // JSON null accepted (DeepSpeed's None)
+  // false: a DeepSpeed key we recognise but do not implement yet; only its default is accepted
+  // (validate_support). Known, so a DeepSpeed config that spells it out still parses.
+  bool supported = true;
+  std::function<void(TrainConfig&, const json&)> assign;  // null: handled by derivation code
+
+  std::string expected() const;  // "a positive number", "one of \"log\", \"linear\"", ...
+};
+
+const std::vector<Leaf>& leaves();
+const Leaf* find_leaf(const std::string& path);
+// True for a block path ("optimizer", "optimizer.params"): a proper prefix of some leaf path.
+bool is_block(const std::string& path);
+// Names valid directly inside a block ("" = top level), in table order.
+std::vector<std::string> children(const std::string& block);
+
+// Checks `value` against the leaf and returns it normalised (ints as int64, numbers as double,
+// choices in canonical spelling). Throws ConfigError "path: expected ..., found ...".
+json check_value(const Leaf& leaf, const json& value);
+
+// The nearest candidate by edit distance, when close enough to be a plausible typo.
+std::optional<std::string> nearest(const std::string& word, const std::vector<std::string>& candidates);
+// "unknown key 'a.b' — did you mean 'a.c'?" (or the list of valid keys at that level).
+[[noreturn]] void throw_unknown_key(const std::string& block, const std::string& key);
+
+// Compact JSON text for messages, truncated when long.
+std::string show(const json& value);
+std::string join_path(const std::string& block, const std::string& key);
+
+using Values = std::map<std::string, json>;  // dotted leaf path -> normalised value
+
+// Batch triple, optimizer type, scheduler defaults that depend on other keys, precision.
+void derive(TrainConfig& config, Values& values);
+// Cross-key checks that are about meaning, not about what is implemented.
+void validate_semantics(const TrainConfig& config, const Values& values);
+// The support matrix: everything zerotrain does not implement yet, in one place, so later work
+// widens it here. Throws ConfigError "... is not supported yet (supported: ...)".
+void validate_support(const TrainConfig& config, const Values& values);
+
+}  // namespace zt::config_detail

@@ -1,0 +1,218 @@
+#include "zerotrain/models/gpt.h"
+
+#include <cmath>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "zerotrain/error.h"
+
+namespace zt {
+namespace {
+
+struct Preset {
+  const char* name;
+  GPTConfig config;
+};
+
+// vocab, context, layers, heads, width. The GPT-2 family uses the GPT-2 BPE vocabulary (50257)
+// and context 1024; the larger memory-work shapes follow GPT-3's table (context 2048).
+const Preset kPresets[] = {
+    {"tiny", {256, 64, 2, 2, 64, 0.0}},
+    {"small", {256, 128, 4, 4, 128, 0.0}},
+    {"gpt2-124m", {50257, 1024, 12, 12, 768, 0.0}},
+    {"gpt2-350m", {50257, 1024, 24, 16, 1024, 0.0}},
+    {"gpt2-774m", {50257, 1024, 36, 20, 1280, 0.0}},
+    {"gpt2-1.5b", {50257, 1024, 48, 25, 1600, 0.0}},
+    {"gpt-2.7b", {50257, 2048, 32, 32, 2560, 0.0}},
+    {"gpt-6.7b", {50257, 2048, 32, 32, 4096, 0.0}},
+    {"gpt-13b", {50257, 2048, 40, 40, 5120, 0.0}},
+};
+
+std::string join_names() {
+  std::string out;
+  for (const auto& p : kPresets) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
+[[noreturn]] void bad_input(const std::string& what) { throw ConfigError("GPT: " + what); }
+
+}  // namespace
+
+void GPTConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) bad_input(std::string("config.") + name + " must be > 0, found " + std::to_string(v));
+  };
+  positive("vocab_size", vocab_size);
+  positive("context_length", context_length);
+  positive("n_layer", n_layer);
+  positive("n_head", n_head);
+  positive("n_embd", n_embd);
+  if (n_embd % n_head != 0)
+    bad_input("config.n_embd (" + std::to_string(n_embd) + ") must be divisible by config.n_head (" +
+              std::to_string(n_head) + ")");
+  if (!(dropout >= 0.0 && dropout < 1.0))
+    bad_input("config.dropout must be in [0, 1), found " + std::to_string(dropout));
+}
+
+GPTConfig gpt_preset(const std::string& name) {
+  for (const auto& p : kPresets)
+    if (name == p.name) return p.config;
+  throw ConfigError("unknown GPT preset '" + name + "'; valid presets: " + join_names());
+}
+
+std::vector<std::string> gpt_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+int64_t gpt_parameter_count(const GPTConfig& c) {
+  const int64_t C = c.n_embd;
+  // Per block: ln_1 (2C) + c_attn (3C² + 3C) + c_proj (C² + C) + ln_2 (2C) + c_fc (4C² + 4C) +
+  // mlp.c_proj (4C² + C) = 12C² + 13C. Embeddings V·C + T·C (the head is tied), ln_f 2C.
+  return c.vocab_size * C + c.context_length * C + c.n_layer * (12 * C * C + 13 * C) + 2 * C;
+}
+
+// ---- modules --------------------------------------------------------------------------------
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
+    : n_head_(config.n_head), dropout_(config.dropout) {
+  c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
+  resid_drop_ = register_module("resid_drop", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  const int64_t hd = C / n_head_;
+  // [B,T,3C] -> three [B,T,C] -> [B,nh,T,hd]
+  auto qkv = c_attn(x).split(C, /*dim=*/2);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
+  // LibTorch 2.x dispatches this to a fused (flash / memory-efficient) kernel where available and
+  // never materialises the [T,T] mask; is_causal applies the lower-triangular mask.
+  auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                            /*attn_mask=*/std::nullopt,
+                                            /*dropout_p=*/is_training() ? dropout_ : 0.0,
+                                            /*is_causal=*/true);
+  y = y.transpose(1, 2).contiguous().view({B, T, C});
+  return resid_drop_(c_proj(y));
+}
+
+MLPImpl::MLPImpl(const GPTConfig& config) {
+  c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
+  drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  // GPT-2 uses the tanh approximation of GELU.
+  return drop_(c_proj(torch::gelu(c_fc(x), "tanh")));
+}
+
+BlockImpl::BlockImpl(const GPTConfig& config) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(config));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  mlp = register_module("mlp", MLP(config));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+  config_.validate();
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(config.context_length, config.n_embd));
+  drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
+  block_list_ = register_module("blocks", torch::nn::ModuleList());
+  blocks.reserve(config.n_layer);
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    blocks.emplace_back(config);
+    block_list_->push_back(blocks.back());
+  }
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  init_weights();
+}
+
+void GPTImpl::init_weights() {
+  // The torch::nn constructors above already drew (Kaiming-uniform) values; redraw every tensor in
+  // registration order so the result depends only on the global seed and the GPT-2 recipe.
+  torch::NoGradGuard no_grad;
+  const double std = 0.02;
+  const double resid_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (auto& item : named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    auto ends_with = [&](std::string_view s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    const bool is_norm = name.find("ln_") != std::string::npos;
+    if (ends_with(".bias")) {
+      p.zero_();
+    } else if (is_norm) {
+      p.fill_(1.0);
+    } else if (ends_with("c_proj.weight")) {
+      p.normal_(0.0, resid_std);  // residual projections: keeps the residual stream's variance flat
+    } else {
+      p.normal_(0.0, std);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+  if (!idx.defined() || idx.dim() != 2)
+    bad_input("forward expects token ids of shape [B, T], found " +
+              (idx.defined() ? std::to_string(idx.dim()) + "-D tensor " + c10::str(idx.sizes())
+                             : std::string("an undefined tensor")));
+  if (!at::isIntegralType(idx.scalar_type(), /*includeBool=*/false))
+    bad_input(std::string("forward expects integer token ids, found dtype ") + c10::toString(idx.scalar_type()));
+  const int64_t T = idx.size(1);
+  if (T < 1 || T > config_.context_length)
+    bad_input("sequence length " + std::to_string(T) + " is outside [1, context_length=" +
+              std::to_string(config_.context_length) + "]");
+  if (idx.size(0) < 1) bad_input("batch size must be >= 1, found 0");
+
+  torch::Tensor tok;
+  try {
+    tok = wte(idx);
+  } catch (const c10::Error& e) {
+    // Out-of-range ids: on CPU the embedding throws "index out of range"; report it in our terms.
+    auto [lo, hi] = std::pair(idx.min().item<int64_t>(), idx.max().item<int64_t>());
+    bad_input("token ids must be in [0, vocab_size=" + std::to_string(config_.vocab_size) + "), found range [" +
+              std::to_string(lo) + ", " + std::to_string(hi) + "] (" + e.what_without_backtrace() + ")");
+  }
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
+  auto x = drop_(tok + wpe(pos));  // [B,T,C] + [T,C]
+
+  for (int64_t i = 0; i < static_cast<int64_t>(blocks.size()); ++i) {
+    if (block_wrapper_) {
+      Block& b = blocks[i];
+      x = block_wrapper_(i, [&b](const torch::Tensor& in) { return b->forward(in); }, x);
+    } else {
+      x = blocks[i]->forward(x);
+    }
+  }
+  x = ln_f(x);
+  // Tied head: the same tensor as the token embedding, used transposed.
+  return torch::nn::functional::linear(x, wte->weight);
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  if (!targets.defined() || targets.sizes() != idx.sizes())
+    bad_input("loss expects targets with the shape of the inputs " + c10::str(idx.sizes()) + ", found " +
+              (targets.defined() ? c10::str(targets.sizes()) : std::string("an undefined tensor")));
+  auto logits = forward(idx);
+  const int64_t V = logits.size(-1);
+  auto flat = logits.reshape({-1, V});
+  // Softmax over a 50k vocabulary in bf16/fp16 loses too much; the loss is always computed in fp32.
+  if (flat.scalar_type() != torch::kFloat && flat.scalar_type() != torch::kDouble) flat = flat.to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(flat, targets.reshape({-1}).to(torch::kLong));
+}
+
+}  // namespace zt

@@ -1,0 +1,56 @@
+#include "train/runtime.h"
+
+#include <malloc.h>
+#include <sched.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "zerotrain/train.h"
+
+namespace zt {
+namespace {
+
+int available_cores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long parsed = std::strtol(v, &end, 10);
+  return (end && *end == '\0' && parsed > 0) ? int(parsed) : fallback;
+}
+
+}  // namespace
+
+RuntimeSettings apply_runtime_settings(int requested_threads) {
+  RuntimeSettings settings;
+  const int local_ranks = env_int("LOCAL_WORLD_SIZE", 1);
+  settings.intra_op_threads = requested_threads > 0 ? requested_threads : std::max(1, available_cores() / local_ranks);
+  at::set_num_threads(settings.intra_op_threads);
+  try {
+    at::set_num_interop_threads(1);
+  } catch (const c10::Error&) {
+    // Already fixed by an earlier call in this process (tests run several ranks' code paths).
+  }
+  // Keep freed memory in the process: large temporaries (logits, their gradients) are otherwise
+  // returned to the OS on free and page-faulted in again on the next step (design §10).
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  return settings;
+}
+
+long long peak_rss_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  return 0;
+}
+
+}  // namespace zt

@@ -1,0 +1,16 @@
+// Process-wide settings a training rank owns instead of leaving them to environment variables
+// (design §10: on small machines thread oversubscription and re-faulted pages cost more than any
+// kernel). Rationale and measurements: docs/benchmarks.md "training speed".
+#pragma once
+
+namespace zt {
+
+struct RuntimeSettings {
+  int intra_op_threads = 1;
+};
+
+// Sets LibTorch's intra-op threads (requested > 0, else available cores / local ranks), one
+// inter-op thread, and an allocator policy that retains freed pages. Call once, early.
+RuntimeSettings apply_runtime_settings(int requested_threads);
+
+}  // namespace zt

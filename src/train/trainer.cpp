@@ -1,0 +1,292 @@
+#include "zerotrain/train.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/check.h"
+#include "train/runtime.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+#include "zerotrain/data.h"
+#include "zerotrain/engine.h"
+#include "zerotrain/error.h"
+#include "zerotrain/models/gpt.h"
+
+namespace zt {
+namespace {
+
+GPTConfig model_config(const TrainConfig& config) {
+  GPTConfig gpt = gpt_preset(config.model.preset);
+  const auto& m = config.model;
+  if (m.n_layer > 0) gpt.n_layer = m.n_layer;
+  if (m.n_head > 0) gpt.n_head = m.n_head;
+  if (m.n_embd > 0) gpt.n_embd = m.n_embd;
+  if (m.vocab_size > 0) gpt.vocab_size = m.vocab_size;
+  if (m.context_length > 0) gpt.context_length = m.context_length;
+  if (m.dropout >= 0) gpt.dropout = m.dropout;
+  if (gpt.n_embd % gpt.n_head != 0)
+    throw ConfigError(fmt::format("model.n_embd: expected a multiple of model.n_head ({}), found {}", gpt.n_head,
+                                  gpt.n_embd));
+  return gpt;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("data.path: cannot open text file '{}'", path));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+struct Splits {
+  TokenDataset train, val;
+};
+
+Splits load_data(const TrainConfig& config, int64_t vocab_size) {
+  const auto& d = config.data;
+  ByteTokenizer tokenizer;
+  std::optional<TokenDataset> all;
+  if (d.source == "embedded") all = TokenDataset::from_text(embedded_corpus(), tokenizer);
+  else if (d.source == "text") all = TokenDataset::from_text(read_text_file(d.path), tokenizer);
+  else if (d.source == "bin") {
+    auto train = TokenDataset::from_bin_file(d.path);
+    if (!d.val_path.empty()) {
+      Splits s{std::move(train), TokenDataset::from_bin_file(d.val_path)};
+      s.train.validate(vocab_size);
+      s.val.validate(vocab_size);
+      return s;
+    }
+    all = std::move(train);
+  } else {
+    throw ConfigError(fmt::format("data.source: expected \"embedded\", \"text\" or \"bin\", found \"{}\"", d.source));
+  }
+  all->validate(vocab_size);
+  auto [train, val] = all->split(d.val_fraction);
+  return Splits{std::move(train), std::move(val)};
+}
+
+std::string human_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  auto s = static_cast<long long>(seconds + 0.5);
+  if (s >= 3600) return fmt::format("{}h{:02}m", s / 3600, (s / 60) % 60);
+  if (s >= 60) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}s", s);
+}
+
+std::string human_rate(double per_second) {
+  if (per_second >= 1e6) return fmt::format("{:.2f}M", per_second / 1e6);
+  if (per_second >= 1e3) return fmt::format("{:.1f}k", per_second / 1e3);
+  return fmt::format("{:.0f}", per_second);
+}
+
+// Per-rank figures gathered onto every rank: peak RSS and model-state bytes by role.
+struct RankStats {
+  int64_t peak_rss = 0;
+  ModelStateBytes state;
+};
+
+std::vector<RankStats> gather_rank_stats(Communicator& comm, const Engine* engine) {
+  const int world = comm.world_size();
+  auto local = torch::zeros({4}, torch::kInt64);
+  local[0] = static_cast<int64_t>(peak_rss_bytes());
+  if (engine) {
+    auto b = engine->model_state_bytes();
+    local[1] = b.parameters;
+    local[2] = b.gradients;
+    local[3] = b.optimizer_states;
+  }
+  auto all = torch::zeros({4 * world}, torch::kInt64);
+  comm.all_gather(local, all, "stats.gather").wait();
+  std::vector<RankStats> stats(world);
+  auto a = all.accessor<int64_t, 1>();
+  for (int r = 0; r < world; ++r)
+    stats[r] = RankStats{a[4 * r], ModelStateBytes{a[4 * r + 1], a[4 * r + 2], a[4 * r + 3]}};
+  return stats;
+}
+
+// Mean of `value` over all ranks.
+double mean_over_ranks(Communicator& comm, double value, const char* label) {
+  auto t = torch::full({1}, value, torch::kFloat64);
+  comm.all_reduce(t, ReduceOp::Sum, label).wait();
+  return t.item<double>() / comm.world_size();
+}
+
+}  // namespace
+
+int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& options) {
+  RuntimeSettings runtime = apply_runtime_settings(config_in.train.threads);
+  auto rendezvous = rendezvous_from_environment();
+  TrainConfig config = config_in;
+  if (config.world_size != rendezvous.world_size)
+    throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks but this run has {} "
+                                  "(WORLD_SIZE from {})",
+                                  config.world_size, rendezvous.world_size, rendezvous.source));
+  // The configured timeout wins only when someone set it; else ZT_COMM_TIMEOUT_SECONDS, else 5 min.
+  std::optional<double> timeout;
+  if (auto it = config.sources.find("comm.timeout_seconds"); it != config.sources.end() && it->second != ValueSource::Default)
+    timeout = config.comm.timeout_seconds;
+  auto comm = make_communicator(rendezvous, comm_options_from_environment(timeout));
+  const int rank = comm->rank();
+  const int world = comm->world_size();
+  const bool leader = rank == 0 && !options.quiet;
+
+  const GPTConfig gpt_config = model_config(config);
+  const int64_t seq_len = config.data.sequence_length > 0 ? config.data.sequence_length : gpt_config.context_length;
+  if (seq_len > gpt_config.context_length)
+    throw ConfigError(fmt::format("data.sequence_length: expected at most the model's context length {}, found {}",
+                                  gpt_config.context_length, seq_len));
+  Splits data = load_data(config, gpt_config.vocab_size);
+
+  if (leader) {
+    fmt::print("zerotrain: {} rank(s), {} intra-op thread(s) per rank, rendezvous from {}\n", world,
+               runtime.intra_op_threads, rendezvous.source);
+    fmt::print("resolved configuration:\n{}", describe(config));
+  }
+
+  torch::manual_seed(config.train.seed);
+  GPT model(gpt_config);
+  const int64_t n_params = gpt_parameter_count(gpt_config);
+  // Dropout masks differ per rank (as with one process per device elsewhere).
+  torch::manual_seed(config.train.seed + 1000003ull * (rank + 1));
+  Engine engine(model.ptr(), config, comm);
+
+  const int64_t micro = config.train_micro_batch_size_per_gpu;
+  const int64_t accum = config.gradient_accumulation_steps;
+  DistributedSampler train_sampler(data.train, seq_len, micro, world, rank, config.train.seed);
+  DistributedSampler val_sampler(data.val, seq_len, micro, world, rank, config.train.seed ^ 0x5eedULL);
+  BatchPrefetcher prefetcher([&](int64_t i) { return train_sampler.batch(i / accum, i % accum); }, 0);
+
+  if (leader)
+    fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
+               "data: {} train / {} held-out tokens; global batch {} x {} tokens\n",
+               config.model.preset, gpt_config.n_layer, gpt_config.n_head, gpt_config.n_embd, gpt_config.vocab_size,
+               gpt_config.context_length, n_params / 1e6, data.train.size(), data.val.size(),
+               config.train_batch_size, seq_len);
+
+  std::ofstream csv;
+  if (rank == 0 && config.csv_monitor.enabled) {
+    auto dir = std::filesystem::path(config.csv_monitor.output_path.empty() ? config.train.log_dir
+                                                                            : config.csv_monitor.output_path);
+    std::filesystem::create_directories(dir);
+    auto path = dir / (config.csv_monitor.job_name + ".csv");
+    csv.open(path);
+    if (!csv) throw DataError(fmt::format("csv_monitor.output_path: cannot write '{}'", path.string()));
+    csv << "step,loss,lr,grad_norm,skipped,tokens_per_second,elapsed_seconds,peak_rss_bytes_max\n";
+  }
+
+  auto evaluate = [&]() {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    double sum = 0;
+    for (int64_t i = 0; i < config.train.eval_iters; ++i) {
+      auto batch = val_sampler.eval_batch(i);
+      sum += model->loss(batch.inputs, batch.targets).item<double>();
+    }
+    model->train();
+    return mean_over_ranks(*comm, sum / double(std::max<int64_t>(1, config.train.eval_iters)), "eval.loss");
+  };
+
+  const int64_t steps = config.train.steps;
+  const double tokens_per_step = double(config.train_batch_size) * double(seq_len);
+  std::vector<double> losses;
+  std::vector<std::pair<int64_t, double>> eval_losses;
+  losses.reserve(steps);
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto window_start = start;
+  int64_t window_steps = 0;
+  double last_rate = 0;
+
+  for (int64_t step = 0; step < steps; ++step) {
+    double loss_sum = 0;
+    StepResult result;
+    for (int64_t a = 0; a < accum; ++a) {
+      Batch batch = prefetcher.next();
+      auto loss = model->loss(batch.inputs, batch.targets);
+      engine.backward(loss);
+      loss_sum += loss.item<double>();
+      result = engine.step();
+    }
+    ZT_CHECK_STATE(result.boundary, "the last micro-step of a window must end it");
+    const double loss = mean_over_ranks(*comm, loss_sum / double(accum), "train.loss");
+    losses.push_back(loss);
+    ++window_steps;
+    const bool last = step + 1 == steps;
+    const bool print = last || (config.steps_per_print > 0 && (step + 1) % config.steps_per_print == 0);
+    const auto now = clock::now();
+    const double elapsed = std::chrono::duration<double>(now - start).count();
+    if (print) {
+      const double window = std::chrono::duration<double>(now - window_start).count();
+      last_rate = window > 0 ? tokens_per_step * window_steps / window : 0;
+      window_start = now;
+      window_steps = 0;
+    }
+    const bool eval_now = config.train.eval_interval > 0 &&
+                          ((step + 1) % config.train.eval_interval == 0 || last);
+    double eval_loss = 0;
+    if (eval_now) {
+      eval_loss = evaluate();
+      eval_losses.emplace_back(step + 1, eval_loss);
+    }
+    std::vector<RankStats> stats;
+    if (print) stats = gather_rank_stats(*comm, &engine);
+    int64_t peak_max = 0;
+    for (auto& s : stats) peak_max = std::max(peak_max, s.peak_rss);
+    if (csv.is_open())
+      csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{}\n", step + 1, loss, result.lr, result.grad_norm,
+                         result.skipped ? 1 : 0, print ? last_rate : 0.0, elapsed, peak_max);
+    if (leader && print) {
+      std::string peaks;
+      for (auto& s : stats) peaks += fmt::format("{}{:.0f}", peaks.empty() ? "" : "/", s.peak_rss / 1048576.0);
+      const double eta = elapsed / double(step + 1) * double(steps - step - 1);
+      fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {} tok/s | left {} | peak RSS {} MiB{}\n", step + 1,
+                 std::to_string(steps).size(), steps, loss, result.lr, human_rate(last_rate), human_duration(eta),
+                 peaks, eval_now ? fmt::format(" | held-out loss {:.4f}", eval_loss) : "");
+      std::fflush(stdout);
+    }
+  }
+  const double total_seconds = std::chrono::duration<double>(clock::now() - start).count();
+  auto stats = gather_rank_stats(*comm, &engine);
+
+  if (rank == 0 && !options.summary_path.empty()) {
+    nlohmann::json summary;
+    summary["world_size"] = world;
+    summary["steps"] = steps;
+    summary["losses"] = losses;
+    summary["final_loss"] = losses.empty() ? 0.0 : losses.back();
+    summary["skipped_steps"] = engine.skipped_steps();
+    summary["tokens_per_second"] = total_seconds > 0 ? tokens_per_step * double(steps) / total_seconds : 0.0;
+    summary["seconds"] = total_seconds;
+    summary["parameters"] = n_params;
+    summary["intra_op_threads"] = runtime.intra_op_threads;
+    nlohmann::json evals = nlohmann::json::array();
+    for (auto& [s, l] : eval_losses) evals.push_back({{"step", s}, {"loss", l}});
+    summary["eval_losses"] = evals;
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < world; ++r)
+      ranks.push_back({{"rank", r},
+                       {"peak_rss_bytes", stats[r].peak_rss},
+                       {"model_state_bytes",
+                        {{"parameters", stats[r].state.parameters},
+                         {"gradients", stats[r].state.gradients},
+                         {"optimizer_states", stats[r].state.optimizer_states},
+                         {"total", stats[r].state.total()}}}});
+    summary["ranks"] = ranks;
+    auto path = std::filesystem::path(options.summary_path);
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+    auto tmp = path;
+    tmp += ".tmp";
+    {
+      std::ofstream out(tmp);
+      if (!out) throw DataError(fmt::format("--summary: cannot write '{}'", options.summary_path));
+      out << summary.dump(2) << "\n";
+    }
+    std::filesystem::rename(tmp, path);  // never leave a half-written summary behind
+  }
+  comm->barrier("train.end");
+  return 0;
+}
+
+}  // namespace zt

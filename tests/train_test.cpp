@@ -1,0 +1,152 @@
+// End-to-end `zerotrain train` through the CLI and launcher: stage-0 parity across world sizes,
+// the summary file, the rank environment of external launchers, and bad input.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "support/process.h"
+
+namespace {
+
+using zt::testing::cli_path;
+using zt::testing::make_temp_dir;
+using zt::testing::run_process;
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  auto path = std::filesystem::path(dir) / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// Tiny GPT, 5 optimizer steps, accumulation 2, global batch 12, clipping far below the gradient
+// norm so that it is active on every step.
+std::string parity_config(const std::string& dir) {
+  return write_file(dir, "config.json", R"({
+    "train_batch_size": 12, "gradient_accumulation_steps": 2, "gradient_clipping": 0.05,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.01}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3, "warmup_max_lr": 0.003, "warmup_type": "linear"}},
+    "steps_per_print": 1,
+    "model": {"preset": "tiny"},
+    "data": {"source": "embedded", "sequence_length": 32},
+    "train": {"steps": 5, "seed": 11, "threads": 1, "log_dir": ")" + dir + R"("}})");
+}
+
+struct Run {
+  nlohmann::json summary;
+  std::vector<double> grad_norms;
+};
+
+Run train(int world) {
+  auto dir = make_temp_dir("parity" + std::to_string(world));
+  auto summary = dir + "/summary.json";
+  auto r = run_process({cli_path(), "train", parity_config(dir), "--nproc", std::to_string(world), "--summary", summary},
+                       {}, std::chrono::seconds(240));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  Run run;
+  if (r.exit_code != 0) return run;
+  run.summary = read_json(summary);
+  std::ifstream csv(dir + "/zerotrain.csv");
+  std::string line;
+  std::getline(csv, line);  // header
+  while (std::getline(csv, line)) {
+    std::stringstream fields(line);
+    std::string field;
+    for (int i = 0; i < 4 && std::getline(fields, field, ','); ++i)
+      if (i == 3) run.grad_norms.push_back(std::stod(field));
+  }
+  return run;
+}
+
+TEST(TrainParity, TwoAndThreeRanksEqualOneRank) {
+  auto one = train(1);
+  ASSERT_EQ(one.summary["losses"].size(), 5u);
+  ASSERT_EQ(one.grad_norms.size(), 5u);
+  for (double norm : one.grad_norms) EXPECT_GT(norm, 0.05) << "clipping must be active";
+  for (int world : {2, 3}) {
+    auto other = train(world);
+    ASSERT_EQ(other.summary["world_size"], world);
+    ASSERT_EQ(other.summary["losses"].size(), 5u);
+    for (size_t i = 0; i < 5; ++i) {
+      double a = one.summary["losses"][i], b = other.summary["losses"][i];
+      EXPECT_LE(std::abs(a - b) / std::abs(a), 1e-5) << "world " << world << " step " << i << ": " << a << " vs " << b;
+    }
+  }
+}
+
+TEST(TrainSummary, HasTheDocumentedFields) {
+  auto run = train(2);
+  const auto& s = run.summary;
+  for (auto key : {"world_size", "steps", "losses", "final_loss", "skipped_steps", "tokens_per_second", "ranks"})
+    EXPECT_TRUE(s.contains(key)) << key;
+  ASSERT_EQ(s["ranks"].size(), 2u);
+  for (const auto& rank : s["ranks"]) {
+    EXPECT_GT(rank["peak_rss_bytes"].get<int64_t>(), 0);
+    const auto& m = rank["model_state_bytes"];
+    EXPECT_GT(m["parameters"].get<int64_t>(), 0);
+    EXPECT_EQ(m["gradients"], m["parameters"]);
+    EXPECT_EQ(m["optimizer_states"].get<int64_t>(), 2 * m["parameters"].get<int64_t>());
+  }
+  EXPECT_EQ(s["skipped_steps"], 0);
+  EXPECT_GT(s["tokens_per_second"].get<double>(), 0);
+}
+
+TEST(TrainLauncher, UsesTheEnvironmentOfAnExternalLauncher) {
+  auto dir = make_temp_dir("external");
+  auto port = std::to_string(zt::testing::free_port());
+  auto r = run_process({cli_path(), "train", parity_config(dir), "--nproc", "4", "--steps", "1"},
+                       {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
+                        {"MASTER_PORT", port}},
+                       std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 rank(s)"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/logs")) << "must not spawn ranks of its own";
+}
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;
+  std::string expected;  // substring of the one-line error
+};
+
+TEST(TrainBadInput, ExitsTwoWithOneLineAndStartsNothing) {
+  auto dir = make_temp_dir("bad");
+  auto config = parity_config(dir);
+  std::vector<BadInput> cases = {
+      {"unknown key", {"--set", "zero_optimisation.stage=0"}, "zero_optimization"},
+      {"impossible batch", {"--set", "train_micro_batch_size_per_gpu=5"}, "train_batch_size"},
+      {"missing data", {"--set", "data.source=bin", "--set", "data.path=/nonexistent/train.bin"}, "/nonexistent/train.bin"},
+      {"bad nproc", {"--nproc", "0"}, "--nproc"},
+      {"wrong type", {"--set", "optimizer.params.lr=\"fast\""}, "optimizer.params.lr"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> argv = {cli_path(), "train", config, "--nproc", "2"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto r = run_process(argv, {}, std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 2) << c.name << ": " << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.name << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << c.name << ": " << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir + "/logs")) << c.name << ": nothing may start";
+  }
+  auto missing = run_process({cli_path(), "train", dir + "/no-such-config.json"}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("no-such-config.json"), std::string::npos) << missing.output;
+}
+
+TEST(Example, CustomModelTrainsOnTwoRanks) {
+  auto dir = make_temp_dir("example");
+  auto r = run_process({cli_path(), "launch", "--nproc", "2", "--log-dir", dir, "--",
+                        std::string(ZT_BIN_DIR) + "/custom_model_example"},
+                       {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("final loss"), std::string::npos) << r.output;
+}
+
+}  // namespace
