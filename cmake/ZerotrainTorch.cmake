@@ -42,7 +42,9 @@ if(NOT ZT_GLOO_INCLUDE_DIR)
     "(scripts/bootstrap.sh does).")
 endif()
 
-set(_zt_torch_defs "USE_DISTRIBUTED;USE_C10D_GLOO;USE_RPC;USE_TENSORPIPE;_GLIBCXX_USE_CXX11_ABI=1")
+# FMT_HEADER_ONLY: the wheel's include directory carries {fmt} 12 headers (which shadow any
+# system fmt), but no fmt library to link; header-only mode makes them self-contained.
+set(_zt_torch_defs "USE_DISTRIBUTED;USE_C10D_GLOO;USE_RPC;USE_TENSORPIPE;_GLIBCXX_USE_CXX11_ABI=1;FMT_HEADER_ONLY")
 set(_zt_torch_incs "${ZT_TORCH_ROOT}/include;${ZT_TORCH_ROOT}/include/torch/csrc/api/include;${ZT_GLOO_INCLUDE_DIR}")
 string(REPLACE ";" ":" _zt_rpath "${ZT_TORCH_RUNTIME_DIRS}")
 

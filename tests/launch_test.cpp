@@ -366,11 +366,34 @@ TEST(Launch, RanksThatIgnoreTheForwardedSignalAreKilledAfterTheGrace) {
   check_signal_forwarded(SIGTERM, true);
 }
 
+TEST(Launch, RanksDieWhenTheLauncherIsKilledHard) {
+  // SIGKILL cannot be forwarded; the ranks' parent-death signal must end them. (Processes the
+  // ranks started are beyond its reach; they are cleaned up here.)
+  auto dir = zt::testing::make_temp_dir("launch-pdeath");
+  auto start = Clock::now();
+  pid_t pid = spawn_launcher(dir, {{"ZT_HELPER_NPROC", "2"},
+                                   {"ZT_HELPER_LOG_DIR", dir + "/logs"},
+                                   {"ZT_HELPER_SCRIPT", record_pids(dir) + "wait"}});
+  bool started = wait_for_files({dir + "/ready0", dir + "/ready1"});
+  kill(pid, SIGKILL);
+  auto run = wait_launcher(pid, dir, start);
+  ASSERT_TRUE(started) << run.err;
+  EXPECT_EQ(run.exit_code, 128 + SIGKILL);
+  for (int rank = 0; rank < 2; ++rank) {
+    pid_t rank_pid = std::stoi(read_text(dir + "/rank" + std::to_string(rank) + ".pid"));
+    EXPECT_TRUE(eventually_gone(rank_pid)) << "rank " << rank << " outlived a killed launcher";
+    pid_t child = std::stoi(read_text(dir + "/child" + std::to_string(rank) + ".pid"));
+    kill(child, SIGKILL);
+    if (!process_gone(rank_pid)) kill(rank_pid, SIGKILL);
+  }
+}
+
 TEST(Launch, ASuccessfulRunLeavesNoBackgroundChildBehind) {
   auto dir = zt::testing::make_temp_dir("launch-ok");
   auto run = run_launcher(dir, {{"ZT_HELPER_NPROC", "2"}, {"ZT_HELPER_SCRIPT", record_pids(dir) + "echo done"}});
   EXPECT_EQ(run.exit_code, 0) << run.err;
   EXPECT_LT(run.seconds, 10.0);
+  EXPECT_NE(run.err.find("processes they started are still running"), std::string::npos) << run.err;
   expect_all_gone(dir, 4);
 }
 

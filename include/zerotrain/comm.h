@@ -68,6 +68,9 @@ struct CommOptions {
   bool emulate_avg = false;             // Avg as Sum then divide by the world size
   bool emulate_low_precision = false;   // bf16/fp16 reductions through an fp32 temporary
   bool emulate_reduce_scatter = false;  // reduce_scatter as all_reduce of a copy + slice
+  // CPU all_gather runs as one broadcast per rank into views of the output, which measured
+  // 1.9-2.7x faster than Gloo's own allgather at >= 16 MiB (docs/benchmarks-comm.md); true uses Gloo's.
+  bool native_gloo_all_gather = false;
 };
 
 // Default options with the timeout from `config_seconds` when given, else from the environment

@@ -122,7 +122,8 @@ struct Batch {
 //
 // Evaluation: eval_batch(index) takes consecutive non-overlapping windows [k·seq_len, k·seq_len +
 // seq_len] in order, k = (index·W + r)·M + i modulo the number of such windows, so the ranks of one
-// eval index together cover W·M distinct windows and eval_batches() indices cover the dataset once.
+// eval index together cover W·M consecutive windows and indices 0 … eval_batches()-1 cover every
+// window (the last index wraps around to the first windows when W·M does not divide their count).
 class DistributedSampler {
  public:
   // Throws zt::ConfigError for non-positive sizes or rank outside [0, world_size), and
@@ -132,7 +133,7 @@ class DistributedSampler {
 
   Batch batch(int64_t step, int64_t micro_step) const;
   Batch eval_batch(int64_t index) const;
-  // Number of eval indices that together cover every non-overlapping window once (at least 1).
+  // Number of eval indices that together cover every non-overlapping window (at least 1).
   int64_t eval_batches() const;
 
   // The start offset of global sample g at step s (exposed for tests and debugging).

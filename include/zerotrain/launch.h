@@ -1,11 +1,32 @@
-// Local launcher: starts N ranks of a program on this machine with the variables torchrun sets.
+// Local launcher: starts N ranks of a program on this machine with the variables torchrun sets
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR=127.0.0.1,
+// MASTER_PORT), plus ZT_LAUNCHED=1, and OMP_WAIT_POLICY=PASSIVE and
+// OMP_NUM_THREADS=max(1, cores / nproc) unless the user set them (design §10).
 //
 // Contract: launch_local() blocks until every rank has exited. Each rank's stdout+stderr goes
-// to <log_dir>/rank<i>.log; rank 0's is also copied to this process's stdout. When any rank
-// exits non-zero (or dies by a signal), the others receive SIGTERM at once and SIGKILL after
-// `kill_grace`; the return value is the worst exit code (a signal counts as 128 + signo).
-// SIGINT/SIGTERM received by the launcher are forwarded to every rank. No rank outlives it.
-// Not thread-safe: one launch per process at a time (it installs signal handlers).
+// to <log_dir>/rank<i>.log (truncated at start); rank 0's is also copied to this process's
+// stdout. Launcher messages (where the logs are, which rank failed, the end of its log) go to
+// stderr. When any rank exits non-zero (or dies by a signal), the others receive SIGTERM at
+// once and SIGKILL after `kill_grace`. SIGINT/SIGTERM/SIGHUP received by the launcher are
+// forwarded to every rank the same way; a second one sends SIGKILL at once. No rank outlives
+// it: each rank runs in its own process group, and the whole group (so also what the rank
+// started) is signalled, including background processes left by ranks that exited 0. Ranks
+// also get SIGKILL if the launcher itself is killed hard (PR_SET_PDEATHSIG; this reaches the
+// ranks, not processes they started).
+//
+// Exit code (design §8 point 15), the root cause rather than the numerically worst:
+//   - the code of the first rank that failed on its own (128 + signo if a signal killed it),
+//     not the 143 of the ranks stopped because of it: a rank exiting 3 makes the launch return 3;
+//   - else 128 + signo when the launcher was stopped by a signal (even if the ranks then
+//     exited cleanly: the job did not finish);
+//   - else 0. 127 (not found) or 126 (not executable) when the program cannot be run; then
+//     nothing is started.
+// Bad options (nproc < 1, no command, port out of range, log directory not creatable) throw
+// zt::ConfigError before anything starts.
+//
+// Not thread-safe: one launch per process at a time (it installs signal handlers, restored on
+// return). Call it from the thread that will live for the whole launch (the death signal of
+// the ranks is tied to the thread that forked them).
 #pragma once
 #include <chrono>
 #include <string>
@@ -18,11 +39,11 @@ struct LaunchOptions {
   int master_port = 0;  // 0: pick a free port on 127.0.0.1
   std::string log_dir = "runs/logs";
   std::vector<std::string> command;  // program and its arguments; the program is searched in PATH
-  std::chrono::milliseconds kill_grace{3000};
-  bool echo_rank0 = true;
+  std::chrono::milliseconds kill_grace{3000};  // between SIGTERM and SIGKILL when stopping
+  bool echo_rank0 = true;                      // copy rank 0's output to stdout as well
 };
 
-// Returns the worst exit code of the ranks (0 when all succeeded).
+// Returns the job's exit code as described above (0 when every rank succeeded).
 int launch_local(const LaunchOptions& options);
 
 // True when this process was started by an external launcher (torchrun, srun, mpirun, or our

@@ -53,7 +53,7 @@ void check_rank(const char* name, int rank, const char* size_name, int size) {
 }
 
 // "2(x3),1" -> {2, 2, 2, 1}; Slurm's compressed tasks-per-node list.
-std::vector<int> expand_tasks_per_node(const char* name, const std::string& value) {
+std::vector<int> expand_tasks_per_node_items(const char* name, const std::string& value) {
   std::vector<int> out;
   size_t pos = 0;
   while (pos <= value.size()) {
@@ -72,6 +72,15 @@ std::vector<int> expand_tasks_per_node(const char* name, const std::string& valu
     pos = comma + 1;
   }
   return out;
+}
+
+std::vector<int> expand_tasks_per_node(const char* name, const std::string& value) {
+  try {
+    return expand_tasks_per_node_items(name, value);
+  } catch (const ConfigError&) {
+    // Name the whole value, not the piece that failed to parse.
+    throw ConfigError(fmt::format("environment variable {}: expected a list like '2(x3),1', found '{}'", name, value));
+  }
 }
 
 // First host of a Slurm node list in its simple forms: "a,b", "node[01-04,07]", "node7".

@@ -394,8 +394,10 @@ std::optional<std::string> nearest(const std::string& word, const std::vector<st
 }
 
 void throw_unknown_key(const std::string& block, const std::string& key) {
-  const std::vector<std::string> valid = children(block);
   const std::string path = join_path(block, key);
+  if (find_leaf(block))
+    throw ConfigError(fmt::format("unknown key '{}' ('{}' is a value, not a block of settings)", path, block));
+  const std::vector<std::string> valid = children(block);
   if (auto near = nearest(key, valid))
     throw ConfigError(fmt::format("unknown key '{}' — did you mean '{}'?", path, join_path(block, *near)));
   std::string list;
@@ -406,7 +408,10 @@ void throw_unknown_key(const std::string& block, const std::string& key) {
 
 std::string show(const json& value) {
   std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  if (text.size() > 60) {
+    text.resize(57);
+    text += "...";
+  }
   return text;
 }
 

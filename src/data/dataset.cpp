@@ -12,6 +12,11 @@
 #include <unistd.h>
 
 #include "zerotrain/data.h"
+// GCC 12 reports a false -Wstringop-overflow inside std::string concatenation at -O2 (GCC bug
+// 105329); the concatenations here are ordinary.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wstringop-overflow"
+#endif
 #include "zerotrain/error.h"
 
 namespace zt {

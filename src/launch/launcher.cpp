@@ -163,19 +163,16 @@ Resolved resolve_program(const std::string& program) {
   const char* path_env = std::getenv("PATH");
   std::string search = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
   bool found_non_executable = false;
-  size_t begin = 0;
-  while (begin <= search.size()) {
-    size_t end = search.find(':', begin);
-    if (end == std::string::npos) end = search.size();
-    std::string dir = search.substr(begin, end - begin);
-    if (dir.empty()) dir = ".";  // an empty PATH entry means the current directory
-    std::string candidate = dir + "/" + program;
+  std::istringstream entries(search + ":");  // the extra ':' makes a trailing empty entry count
+  std::string dir;
+  while (std::getline(entries, dir, ':')) {
+    // An empty PATH entry means the current directory.
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
     if (is_executable_file(candidate)) {
       r.path = candidate;
       return r;
     }
     if (::access(candidate.c_str(), F_OK) == 0) found_non_executable = true;
-    begin = end + 1;
   }
   r.error_code = found_non_executable ? 126 : 127;
   r.message = "cannot run '" + program + "': " +
@@ -623,7 +620,10 @@ int launch_local(const LaunchOptions& options) {
 
   // ---- 4. Every rank is reaped; end what they left in their process groups.
   if (any_group_alive(ranks)) {
-    if (!stopping) begin_stop(SIGTERM);
+    if (!stopping) {
+      say("every rank has exited, but processes they started are still running; stopping them");
+      begin_stop(SIGTERM);
+    }
     while (any_group_alive(ranks) && !escalated && Clock::now() < kill_deadline) {
       handle_signals();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -1,0 +1,561 @@
+// Communicator over c10d process groups: Gloo for CPU tensors, NCCL for CUDA tensors (ZT_CUDA).
+// Adds what c10d leaves to the caller: a sequence number and label on every collective, a
+// bounded wait with a message that says who waited for what, emulations where a backend lacks
+// a primitive, and a loopback-only rendezvous for local runs.
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef ZT_CUDA
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL 1  // the header's contents are guarded by it; the CUDA wheel is built with NCCL
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "zerotrain/comm.h"
+#include "zerotrain/error.h"
+
+namespace zt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
+
+// c10 errors carry a C++ backtrace and Gloo prefixes a source location; keep the sentence.
+std::string first_line(const char* what) {
+  std::string s = what;
+  s = s.substr(0, s.find('\n'));
+  if (!s.empty() && s.front() == '[') {
+    size_t close = s.find("] ");
+    if (close != std::string::npos) s = s.substr(close + 2);
+  }
+  return s;
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float";
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    case at::kLong: return "int64";
+    case at::kInt: return "int32";
+    case at::kByte: return "uint8";
+    default: return c10::toString(t);
+  }
+}
+
+bool is_low_precision(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
+
+// The first failure makes the communicator unusable: a timed-out Gloo context may still have
+// operations in flight, and later collectives would pair with the wrong peers' messages.
+struct FailureState {
+  std::mutex mutex;
+  std::string first_error;
+  void record(const std::string& error) {
+    std::lock_guard lock(mutex);
+    if (first_error.empty()) first_error = error;
+  }
+  std::string get() {
+    std::lock_guard lock(mutex);
+    return first_error;
+  }
+};
+
+// What each backend can do natively. Anything false is emulated (docs/comm.md).
+struct BackendCaps {
+  bool avg = true;
+  bool low_precision_reduce = true;
+  bool reduce_scatter = true;
+};
+
+// Gloo in LibTorch 2.11 (checked with a probe on 2 ranks): allreduce SUM/AVG/MAX,
+// _reduce_scatter_base (also AVG), _allgather_base and broadcast, for float, double, bfloat16
+// and float16. Older Gloo (LibTorch 1.13) had no AVG, no bf16 and no reduce-scatter, which is
+// why the emulations exist and can be forced with CommOptions.
+constexpr BackendCaps kGlooCaps{true, true, true};
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+struct CollectiveHandle::State {
+  std::string kind;
+  std::string label;
+  std::uint64_t sequence = 0;
+  std::string size_text;  // "1000 float elements", "from rank 0", ...
+  int rank = 0;
+  int world_size = 1;
+  std::chrono::milliseconds timeout{0};
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;  // empty when nothing was sent (world of one)
+  std::vector<at::Tensor> keep_alive;   // the caller's tensors and our temporaries
+  std::function<void()> finalize;       // emulation steps after the transfer
+  std::shared_ptr<FailureState> failure;
+
+  std::mutex mutex;
+  bool done = false;
+  std::string error;
+
+  std::string describe() const {
+    return fmt::format("{} '{}' (seq {}{}{})", kind, label, sequence, size_text.empty() ? "" : ", ", size_text);
+  }
+
+  void wait() {
+    std::lock_guard lock(mutex);
+    if (done) {
+      if (!error.empty()) throw CommError(error);
+      return;
+    }
+    if (!works.empty()) {
+      auto start = Clock::now();
+      try {
+        // One deadline for the whole collective, however many backend operations it took.
+        for (auto& work : works) {
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(start + timeout - Clock::now());
+          work->wait(std::max(left, std::chrono::milliseconds(1)));
+        }
+      } catch (const std::exception& e) {
+        double waited = std::chrono::duration<double>(Clock::now() - start).count();
+        std::string reason = first_line(e.what());
+        bool timed_out = waited >= 0.9 * seconds(timeout) || reason.find("imed out") != std::string::npos;
+        if (timed_out) {
+          error = fmt::format(
+              "rank {}/{} timed out after {:.1f} s in {}: waiting for the other ranks to enter the same collective "
+              "(a rank that skipped it, issued collectives in another order, or is stuck elsewhere)",
+              rank, world_size, seconds(timeout), describe());
+        } else {
+          error = fmt::format("rank {}/{} failed in {} after {:.1f} s: {} (another rank may have exited or failed)", rank,
+                              world_size, describe(), waited, reason);
+        }
+        failure->record(error);
+        done = true;
+        throw CommError(error);
+      }
+    }
+    if (finalize) {
+      at::NoGradGuard no_grad;
+      finalize();
+    }
+    finalize = nullptr;
+    keep_alive.clear();
+    done = true;
+  }
+
+  bool is_completed() {
+    std::lock_guard lock(mutex);
+    if (done) return true;
+    for (auto& work : works) {
+      if (!work->isCompleted()) return false;
+    }
+    return true;
+  }
+};
+
+CollectiveHandle::CollectiveHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+void CollectiveHandle::wait() {
+  if (state_) state_->wait();
+}
+
+bool CollectiveHandle::is_completed() const { return !state_ || state_->is_completed(); }
+
+const std::string& CollectiveHandle::label() const {
+  static const std::string empty;
+  return state_ ? state_->label : empty;
+}
+
+std::uint64_t CollectiveHandle::sequence() const { return state_ ? state_->sequence : 0; }
+
+std::string_view CollectiveHandle::kind() const { return state_ ? std::string_view(state_->kind) : std::string_view(); }
+
+namespace {
+
+// Listening socket on the loopback address for rank 0's store: a local run must not be
+// reachable from the network (TCPStore on its own binds every interface).
+int listen_on_loopback(const RendezvousInfo& info) {
+  bool v6 = info.master_addr == "::1";
+  int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw CommError(fmt::format("rank 0/{}: socket() failed: {}", info.world_size, std::strerror(errno)));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  int rc;
+  if (v6) {
+    sockaddr_in6 addr{};
+    addr.sin6_family = AF_INET6;
+    addr.sin6_addr = in6addr_loopback;
+    addr.sin6_port = htons(uint16_t(info.master_port));
+    rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  } else {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(uint16_t(info.master_port));
+    rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  }
+  if (rc != 0 || listen(fd, 128) != 0) {
+    int err = errno;
+    close(fd);
+    throw CommError(fmt::format("rank 0/{}: cannot listen on {}:{} for the rendezvous: {} (is another job using "
+                                "MASTER_PORT={}?)",
+                                info.world_size, info.master_addr, info.master_port, std::strerror(err),
+                                info.master_port));
+  }
+  return fd;
+}
+
+c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info, std::chrono::milliseconds timeout) {
+  bool local = is_loopback(info.master_addr);
+  std::string host = info.master_addr == "localhost" ? "127.0.0.1" : info.master_addr;
+  std::string where = fmt::format("{}:{} ({} rendezvous)", host, info.master_port, info.source);
+  c10d::TCPStoreOptions so;
+  so.port = uint16_t(info.master_port);
+  so.isServer = info.rank == 0;
+  so.numWorkers = size_t(info.world_size);
+  so.waitWorkers = false;  // we wait ourselves below, with a message that counts arrivals
+  so.timeout = timeout;
+  if (so.isServer && local) so.masterListenFd = listen_on_loopback(info);  // the store takes the socket
+
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(host, so);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {}/{}: could not {} rendezvous store at {} within {:.1f} s: {}", info.rank,
+                                info.world_size, so.isServer ? "start the" : "reach rank 0's", where, seconds(timeout),
+                                first_line(e.what())));
+  }
+
+  const std::string key = "zt/rendezvous/arrived";
+  auto deadline = Clock::now() + timeout;
+  try {
+    int64_t arrived = store->add(key, 1);
+    while (arrived < info.world_size) {
+      if (Clock::now() > deadline) {
+        throw CommError(fmt::format(
+            "rank {}/{} timed out after {:.1f} s at the rendezvous at {}: {} of {} ranks arrived; waiting for the "
+            "others (are all ranks started, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)",
+            info.rank, info.world_size, seconds(timeout), where, arrived, info.world_size));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      arrived = store->add(key, 0);
+    }
+  } catch (const CommError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("rank {}/{}: rendezvous at {} failed: {}", info.rank, info.world_size, where,
+                                first_line(e.what())));
+  }
+  return store;
+}
+
+class ProcessGroupCommunicator final : public Communicator {
+ public:
+  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options)
+      : info_(info), options_(options), failure_(std::make_shared<FailureState>()) {
+    if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size) {
+      throw ConfigError(fmt::format("rendezvous: expected 0 <= rank < world size, found rank {} of {}", info.rank,
+                                    info.world_size));
+    }
+    if (info.world_size == 1) return;  // nothing to meet; collectives are local copies
+    caps_ = kGlooCaps;
+    caps_.avg = caps_.avg && !options.emulate_avg;
+    caps_.low_precision_reduce = caps_.low_precision_reduce && !options.emulate_low_precision;
+    caps_.reduce_scatter = caps_.reduce_scatter && !options.emulate_reduce_scatter;
+
+    store_ = rendezvous(info, options.timeout);
+    try {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+      if (is_loopback(info.master_addr)) {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      } else {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("zt/gloo", store_),
+                                                          info.rank, info.world_size, gloo_options);
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("rank {}/{}: could not connect the Gloo process group ({}:{}) within {:.1f} s: {}",
+                                  info.rank, info.world_size, info.master_addr, info.master_port,
+                                  seconds(options.timeout), first_line(e.what())));
+    }
+  }
+
+  int rank() const override { return info_.rank; }
+  int world_size() const override { return info_.world_size; }
+  std::uint64_t next_sequence() const override { return next_sequence_; }
+
+  CollectiveHandle all_reduce(at::Tensor flat, ReduceOp op, std::string_view label) override {
+    check_tensor("all_reduce", label, flat, "flat");
+    auto state = begin("all_reduce", label, elements_text(flat));
+    if (info_.world_size == 1) return finish_local(state);  // the reduction of one buffer is itself
+
+    // Emulation: reduce a low-precision buffer in an fp32 temporary, then round once.
+    bool widen = is_low_precision(flat) && !caps_.low_precision_reduce;
+    at::Tensor buffer = widen ? flat.to(at::kFloat) : flat;
+    bool divide = op == ReduceOp::Avg && !caps_.avg;  // Emulation: AVG as SUM then divide.
+    c10d::AllreduceOptions o;
+    o.reduceOp = c10d_op(op);
+    o.timeout = options_.timeout;
+    std::vector<at::Tensor> tensors{buffer};
+    issue(*state, [&] { return backend_for(flat, *state).allreduce(tensors, o); });
+    state->keep_alive = {flat, buffer};
+    if (divide || widen) {
+      int world = info_.world_size;
+      state->finalize = [flat, buffer, divide, widen, world] {
+        if (divide) buffer.div_(world);
+        if (widen) flat.copy_(buffer);
+      };
+    }
+    return CollectiveHandle(state);
+  }
+
+  CollectiveHandle reduce_scatter(at::Tensor input, at::Tensor output, ReduceOp op, std::string_view label) override {
+    check_tensor("reduce_scatter", label, input, "input");
+    check_tensor("reduce_scatter", label, output, "output");
+    check_pair("reduce_scatter", label, output, input, "input");
+    auto state = begin("reduce_scatter", label, elements_text(output) + " per rank");
+    if (info_.world_size == 1) {
+      output.copy_(input);
+      return finish_local(state);
+    }
+    int world = info_.world_size;
+    int64_t n = output.numel();
+    int64_t begin_at = info_.rank * n;
+    bool widen = is_low_precision(input) && !caps_.low_precision_reduce;
+    bool divide = op == ReduceOp::Avg && !caps_.avg;
+    at::Tensor in = widen ? input.to(at::kFloat) : input;
+    if (!caps_.reduce_scatter) {
+      // Emulation: all-reduce the whole buffer and keep our block. Costs about twice the
+      // traffic of a true reduce-scatter. Works on a copy so that `input` stays unchanged.
+      at::Tensor whole = widen ? in : input.clone();
+      c10d::AllreduceOptions o;
+      o.reduceOp = c10d_op(op);
+      o.timeout = options_.timeout;
+      std::vector<at::Tensor> tensors{whole};
+      issue(*state, [&] { return backend_for(input, *state).allreduce(tensors, o); });
+      state->keep_alive = {input, output, whole};
+      state->finalize = [output, whole, divide, world, begin_at, n] {
+        at::Tensor block = whole.narrow(0, begin_at, n);
+        if (divide) block.div_(world);
+        output.copy_(block);
+      };
+      return CollectiveHandle(state);
+    }
+    at::Tensor out = widen ? at::empty({n}, output.options().dtype(at::kFloat)) : output;
+    c10d::ReduceScatterOptions o;
+    o.reduceOp = c10d_op(op);
+    o.timeout = options_.timeout;
+    issue(*state, [&] { return backend_for(input, *state)._reduce_scatter_base(out, in, o); });
+    state->keep_alive = {input, output, in, out};
+    if (divide || widen) {
+      state->finalize = [output, out, divide, widen, world] {
+        if (divide) out.div_(world);
+        if (widen) output.copy_(out);
+      };
+    }
+    return CollectiveHandle(state);
+  }
+
+  CollectiveHandle all_gather(at::Tensor input, at::Tensor output, std::string_view label) override {
+    check_tensor("all_gather", label, input, "input");
+    check_tensor("all_gather", label, output, "output");
+    check_pair("all_gather", label, input, output, "output");
+    auto state = begin("all_gather", label, elements_text(input) + " per rank");
+    if (info_.world_size == 1) {
+      output.copy_(input);
+      return finish_local(state);
+    }
+    state->keep_alive = {input, output};
+    if (input.device().is_cpu() && !options_.native_gloo_all_gather) {
+      // Gloo's _allgather_base is 1.9-2.7x slower than one broadcast per rank into views of
+      // the output for buffers of 16 MiB and more (bench/comm_bench.cpp, docs/benchmarks-comm.md).
+      int64_t n = input.numel();
+      output.narrow(0, info_.rank * n, n).copy_(input);
+      for (int root = 0; root < info_.world_size; ++root) {
+        c10d::BroadcastOptions o;
+        o.rootRank = root;
+        o.rootTensor = 0;
+        o.timeout = options_.timeout;
+        std::vector<at::Tensor> tensors{output.narrow(0, root * n, n)};
+        issue(*state, [&] { return gloo_->broadcast(tensors, o); });
+      }
+      return CollectiveHandle(state);
+    }
+    c10d::AllgatherOptions o;
+    o.timeout = options_.timeout;
+    issue(*state, [&] { return backend_for(input, *state)._allgather_base(output, input, o); });
+    return CollectiveHandle(state);
+  }
+
+  CollectiveHandle broadcast(at::Tensor tensor, int root, std::string_view label) override {
+    check_tensor("broadcast", label, tensor, "tensor");
+    if (root < 0 || root >= info_.world_size) {
+      throw CommError(fmt::format("rank {}/{}: broadcast '{}': expected a root rank in 0..{}, found {}", info_.rank,
+                                  info_.world_size, label, info_.world_size - 1, root));
+    }
+    auto state = begin("broadcast", label, fmt::format("{} from rank {}", elements_text(tensor), root));
+    if (info_.world_size == 1) return finish_local(state);
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.rootTensor = 0;
+    o.timeout = options_.timeout;
+    std::vector<at::Tensor> tensors{tensor};
+    issue(*state, [&] { return backend_for(tensor, *state).broadcast(tensors, o); });
+    state->keep_alive = {tensor};
+    return CollectiveHandle(state);
+  }
+
+  void barrier(std::string_view label) override {
+    auto state = begin("barrier", label, "");
+    if (info_.world_size == 1) return;
+    c10d::BarrierOptions o;
+    o.timeout = options_.timeout;
+    // Always Gloo: a barrier carries no data, and an NCCL barrier would need a device.
+    issue(*state, [&] { return gloo_->barrier(o); });
+    CollectiveHandle(state).wait();
+  }
+
+ private:
+  using StatePtr = std::shared_ptr<CollectiveHandle::State>;
+
+  // Checks the communicator is usable and gives the collective its sequence number.
+  StatePtr begin(const char* kind, std::string_view label, std::string size_text) {
+    auto state = std::make_shared<CollectiveHandle::State>();
+    state->kind = kind;
+    state->label = std::string(label);
+    state->size_text = std::move(size_text);
+    state->rank = info_.rank;
+    state->world_size = info_.world_size;
+    state->timeout = options_.timeout;
+    state->failure = failure_;
+    if (std::string earlier = failure_->get(); !earlier.empty()) {
+      state->sequence = next_sequence_;
+      throw CommError(fmt::format("rank {}/{} cannot start {}: the communicator failed earlier: {}", info_.rank,
+                                  info_.world_size, state->describe(), earlier));
+    }
+    state->sequence = next_sequence_++;
+    return state;
+  }
+
+  static CollectiveHandle finish_local(const StatePtr& state) {
+    state->done = true;
+    return CollectiveHandle(state);
+  }
+
+  // Starts the backend operation; a synchronous refusal (unsupported dtype, broken connection)
+  // becomes a CommError and, since peers may already be inside the collective, poisons us.
+  template <class Start>
+  void issue(CollectiveHandle::State& state, Start&& start) {
+    try {
+      state.works.push_back(start());
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail_to_start(state, e);
+    }
+  }
+
+  [[noreturn]] void fail_to_start(CollectiveHandle::State& state, const std::exception& e) {
+    std::string error = fmt::format("rank {}/{} could not start {}: {}", info_.rank, info_.world_size,
+                                    state.describe(), first_line(e.what()));
+    failure_->record(error);
+    throw CommError(error);
+  }
+
+  c10d::Backend& backend_for(const at::Tensor& t, const CollectiveHandle::State& state) {
+    if (t.device().is_cpu()) return *gloo_;
+#ifdef ZT_CUDA
+    if (t.is_cuda()) {
+      if (!nccl_) {
+        // Created at the first CUDA collective, which every rank reaches at the same point.
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = options_.timeout;
+        nccl_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+            c10::make_intrusive<c10d::PrefixStore>("zt/nccl", store_), info_.rank, info_.world_size, nccl_options);
+      }
+      return *nccl_;
+    }
+#endif
+    throw CommError(fmt::format("rank {}/{}: {}: the tensor is on {}, which has no backend", info_.rank,
+                                info_.world_size, state.describe(), t.device().str()));
+  }
+
+  void check_tensor(const char* kind, std::string_view label, const at::Tensor& t, const char* name) const {
+    auto fail = [&](const std::string& what) {
+      throw CommError(fmt::format("rank {}/{}: {} '{}': {}", info_.rank, info_.world_size, kind, label, what));
+    };
+    if (!t.defined()) fail(fmt::format("{} is an undefined tensor", name));
+    if (!t.is_contiguous()) fail(fmt::format("{} must be contiguous (a flat buffer), found strides {}", name, c10::str(t.strides())));
+    bool supported = t.device().is_cpu();
+#ifdef ZT_CUDA
+    supported = supported || t.is_cuda();
+    const char* devices = "CPU (Gloo) and CUDA (NCCL) tensors";
+#else
+    const char* devices = "CPU tensors: this build has no CUDA support (configure with -DZT_CUDA=ON)";
+#endif
+    if (!supported) fail(fmt::format("{} is on {}; expected {}", name, t.device().str(), devices));
+  }
+
+  // `part` must hold world_size times fewer elements than `whole`, with the same dtype and device.
+  void check_pair(const char* kind, std::string_view label, const at::Tensor& part, const at::Tensor& whole,
+                  const char* whole_name) const {
+    auto fail = [&](const std::string& what) {
+      throw CommError(fmt::format("rank {}/{}: {} '{}': {}", info_.rank, info_.world_size, kind, label, what));
+    };
+    if (part.scalar_type() != whole.scalar_type() || part.device() != whole.device()) {
+      fail(fmt::format("input and output must have the same dtype and device, found {} on {} and {} on {}",
+                       dtype_name(part.scalar_type()), part.device().str(), dtype_name(whole.scalar_type()),
+                       whole.device().str()));
+    }
+    if (whole.numel() != part.numel() * info_.world_size) {
+      fail(fmt::format("{} must hold world size ({}) x {} = {} elements, found {}", whole_name, info_.world_size,
+                       part.numel(), part.numel() * info_.world_size, whole.numel()));
+    }
+  }
+
+  static std::string elements_text(const at::Tensor& t) {
+    return fmt::format("{} {} elements", t.numel(), dtype_name(t.scalar_type()));
+  }
+
+  c10d::ReduceOp c10d_op(ReduceOp op) const {
+    switch (op) {
+      case ReduceOp::Sum: return c10d::ReduceOp::SUM;
+      case ReduceOp::Max: return c10d::ReduceOp::MAX;
+      case ReduceOp::Avg: return caps_.avg ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+    }
+    return c10d::ReduceOp::SUM;
+  }
+
+  RendezvousInfo info_;
+  CommOptions options_;
+  BackendCaps caps_;
+  std::shared_ptr<FailureState> failure_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+#ifdef ZT_CUDA
+  c10::intrusive_ptr<c10d::Backend> nccl_;
+#endif
+  std::uint64_t next_sequence_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options) {
+  return std::make_shared<ProcessGroupCommunicator>(info, options);
+}
+
+}  // namespace zt

@@ -1,0 +1,550 @@
+// comm: rendezvous parsing, options, and every collective on 2 and 3 real ranks (Gloo over
+// loopback) against a locally computed reference; timeouts and their messages.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "support/multirank.h"
+#include "support/process.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/error.h"
+
+using namespace zt;
+using namespace zt::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+EnvLookup env_of(std::map<std::string, std::string> vars) {
+  auto shared = std::make_shared<std::map<std::string, std::string>>(std::move(vars));
+  return [shared](const char* name) -> const char* {
+    auto it = shared->find(name);
+    return it == shared->end() ? nullptr : it->second.c_str();
+  };
+}
+
+// Expects ConfigError whose message contains every one of `parts`.
+void expect_config_error(const std::map<std::string, std::string>& vars, std::vector<std::string> parts) {
+  try {
+    rendezvous_from_environment(env_of(vars));
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "missing '" << p << "' in: " << msg;
+  }
+}
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// Shows the lines a rank printed with "CAUGHT: " (the error messages under test) in the log.
+void echo_caught(const std::string& output) {
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("CAUGHT: ", 0) == 0) std::cout << "  " << line << "\n";
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- rendezvous from the environment
+
+TEST(CommRendezvous, Torchrun) {
+  auto info = rendezvous_from_environment(env_of({{"RANK", "3"},
+                                                  {"WORLD_SIZE", "8"},
+                                                  {"LOCAL_RANK", "1"},
+                                                  {"LOCAL_WORLD_SIZE", "2"},
+                                                  {"MASTER_ADDR", "10.0.0.5"},
+                                                  {"MASTER_PORT", "29555"},
+                                                  {"SLURM_PROCID", "7"},  // torchrun's variables win
+                                                  {"SLURM_NTASKS", "9"}}));
+  EXPECT_EQ(info.source, "torchrun");
+  EXPECT_EQ(info.rank, 3);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "10.0.0.5");
+  EXPECT_EQ(info.master_port, 29555);
+}
+
+TEST(CommRendezvous, TorchrunDefaults) {
+  auto info = rendezvous_from_environment(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}}));
+  EXPECT_EQ(info.rank, 1);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.master_addr, "127.0.0.1");
+  EXPECT_EQ(info.master_port, 29500);
+}
+
+TEST(CommRendezvous, Slurm) {
+  auto info = rendezvous_from_environment(env_of({{"SLURM_PROCID", "5"},
+                                                  {"SLURM_NTASKS", "8"},
+                                                  {"SLURM_LOCALID", "1"},
+                                                  {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                                  {"SLURM_NODEID", "1"},
+                                                  {"SLURM_NODELIST", "gpu[07-08]"},
+                                                  {"SLURM_LAUNCH_NODE_IPADDR", "10.1.1.1"},
+                                                  {"SLURM_JOB_ID", "12345"}}));
+  EXPECT_EQ(info.source, "slurm");
+  EXPECT_EQ(info.rank, 5);
+  EXPECT_EQ(info.world_size, 8);
+  EXPECT_EQ(info.local_rank, 1);
+  EXPECT_EQ(info.local_world_size, 4);
+  EXPECT_EQ(info.master_addr, "gpu07");
+  EXPECT_EQ(info.master_port, 15000 + 12345);
+}
+
+TEST(CommRendezvous, SlurmVariants) {
+  std::map<std::string, std::string> base{{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "7"}, {"SLURM_LOCALID", "0"}};
+  auto with = [&](std::map<std::string, std::string> more) {
+    auto vars = base;
+    for (auto& [k, v] : more) vars[k] = v;
+    return rendezvous_from_environment(env_of(vars));
+  };
+  // Uneven tasks per node: node 3 of "2(x3),1" runs one task.
+  EXPECT_EQ(with({{"SLURM_TASKS_PER_NODE", "2(x3),1"}, {"SLURM_NODEID", "3"}, {"SLURM_NODELIST", "a"}}).local_world_size, 1);
+  EXPECT_EQ(with({{"SLURM_NTASKS_PER_NODE", "3"}, {"SLURM_NODELIST", "a"}}).local_world_size, 3);
+  EXPECT_EQ(with({{"SLURM_NODELIST", "alpha,beta"}}).master_addr, "alpha");
+  EXPECT_EQ(with({{"SLURM_NODELIST", "node7"}}).master_addr, "node7");
+  EXPECT_EQ(with({{"SLURM_NODELIST", "rack1-n[3,5-6],x"}}).master_addr, "rack1-n3");
+  EXPECT_EQ(with({{"SLURM_STEP_NODELIST", "s[2-3]"}, {"SLURM_NODELIST", "n[1-4]"}}).master_addr, "s2");
+  EXPECT_EQ(with({{"SLURM_NODELIST", "n[a-b]"}, {"SLURM_LAUNCH_NODE_IPADDR", "10.2.0.1"}}).master_addr, "10.2.0.1");
+  auto explicit_master = with({{"SLURM_NODELIST", "n[1-4]"}, {"MASTER_ADDR", "head"}, {"MASTER_PORT", "4000"}});
+  EXPECT_EQ(explicit_master.master_addr, "head");
+  EXPECT_EQ(explicit_master.master_port, 4000);
+  EXPECT_EQ(with({{"SLURM_NODELIST", "n1"}}).master_port, 29500);  // no job id: the default port
+  expect_config_error(base, {"MASTER_ADDR", "node list"});
+}
+
+TEST(CommRendezvous, OpenMpi) {
+  auto info = rendezvous_from_environment(env_of({{"OMPI_COMM_WORLD_RANK", "2"},
+                                                  {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                  {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
+  EXPECT_EQ(info.source, "mpi");
+  EXPECT_EQ(info.rank, 2);
+  EXPECT_EQ(info.world_size, 4);
+  EXPECT_EQ(info.local_rank, 2);
+  EXPECT_EQ(info.master_addr, "127.0.0.1");  // all ranks on one node
+  // Several nodes: the launcher does not say where rank 0 is.
+  expect_config_error({{"OMPI_COMM_WORLD_RANK", "2"},
+                       {"OMPI_COMM_WORLD_SIZE", "4"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+                      {"MASTER_ADDR", "several nodes"});
+  auto multi = rendezvous_from_environment(env_of({{"OMPI_COMM_WORLD_RANK", "2"},
+                                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                                                   {"MASTER_ADDR", "n0"},
+                                                   {"MASTER_PORT", "1234"}}));
+  EXPECT_EQ(multi.master_addr, "n0");
+  EXPECT_EQ(multi.master_port, 1234);
+  EXPECT_EQ(multi.local_world_size, 2);
+}
+
+TEST(CommRendezvous, SingleProcess) {
+  auto info = rendezvous_from_environment(env_of({}));
+  EXPECT_EQ(info.source, "single");
+  EXPECT_EQ(info.rank, 0);
+  EXPECT_EQ(info.world_size, 1);
+  EXPECT_EQ(info.local_world_size, 1);
+}
+
+TEST(CommRendezvous, MalformedValuesNameVariableExpectedAndFound) {
+  expect_config_error({{"RANK", "abc"}, {"WORLD_SIZE", "2"}}, {"RANK", "non-negative integer", "'abc'"});
+  expect_config_error({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, {"RANK", "non-negative integer", "'-1'"});
+  expect_config_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}}, {"RANK", "below WORLD_SIZE=2", "found 2"});
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}, {"WORLD_SIZE", "positive integer", "'0'"});
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2x"}}, {"WORLD_SIZE", "positive integer", "'2x'"});
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}},
+                      {"MASTER_PORT", "1..65535", "'70000'"});
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "http"}}, {"MASTER_PORT", "'http'"});
+  expect_config_error({{"RANK", "0"}}, {"WORLD_SIZE", "unset"});
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}},
+                      {"LOCAL_RANK", "below LOCAL_WORLD_SIZE=2", "found 2"});
+  expect_config_error({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODELIST", "a"}},
+                      {"SLURM_PROCID", "below SLURM_NTASKS=4", "found 4"});
+  expect_config_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_TASKS_PER_NODE", "2(xx)"}},
+                      {"SLURM_TASKS_PER_NODE", "'2(xx)'"});
+  expect_config_error({{"OMPI_COMM_WORLD_RANK", "one"}, {"OMPI_COMM_WORLD_SIZE", "2"}},
+                      {"OMPI_COMM_WORLD_RANK", "'one'"});
+}
+
+TEST(CommOptions, TimeoutFromConfigThenEnvironment) {
+  EXPECT_EQ(comm_options_from_environment(std::nullopt, env_of({})).timeout, 300000ms);
+  EXPECT_EQ(comm_options_from_environment(std::nullopt, env_of({{"ZT_COMM_TIMEOUT_SECONDS", "2"}})).timeout, 2000ms);
+  EXPECT_EQ(comm_options_from_environment(7.5, env_of({{"ZT_COMM_TIMEOUT_SECONDS", "2"}})).timeout, 7500ms);
+  for (const char* bad : {"abc", "0", "-3", "2s"}) {
+    try {
+      comm_options_from_environment(std::nullopt, env_of({{"ZT_COMM_TIMEOUT_SECONDS", bad}}));
+      ADD_FAILURE() << "expected ConfigError for " << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(contains(e.what(), "ZT_COMM_TIMEOUT_SECONDS")) << e.what();
+      EXPECT_TRUE(contains(e.what(), std::string("'") + bad + "'")) << e.what();
+    }
+  }
+  EXPECT_THROW(comm_options_from_environment(-1.0, env_of({})), ConfigError);
+}
+
+// ---------------------------------------------------------------- one process
+
+TEST(CommSingle, WorldOfOneNeedsNoNetwork) {
+  auto comm = make_communicator(RendezvousInfo{}, CommOptions{});
+  EXPECT_EQ(comm->rank(), 0);
+  EXPECT_EQ(comm->world_size(), 1);
+  auto t = torch::arange(7, torch::kFloat);
+  auto h = comm->all_reduce(t, ReduceOp::Avg, "x");
+  h.wait();
+  EXPECT_TRUE(h.is_completed());
+  EXPECT_EQ(h.sequence(), 0u);
+  EXPECT_EQ(h.label(), "x");
+  EXPECT_EQ(h.kind(), "all_reduce");
+  EXPECT_TRUE(torch::equal(t, torch::arange(7, torch::kFloat)));
+  auto out = torch::zeros({7});
+  comm->reduce_scatter(t, out, ReduceOp::Sum, "rs").wait();
+  EXPECT_TRUE(torch::equal(out, t));
+  auto gathered = torch::zeros({7});
+  comm->all_gather(t, gathered, "ag").wait();
+  EXPECT_TRUE(torch::equal(gathered, t));
+  comm->broadcast(t, 0, "b").wait();
+  comm->barrier("end");
+  EXPECT_EQ(comm->next_sequence(), 5u);
+}
+
+TEST(CommSingle, RejectsMisuseWithLabelledErrors) {
+  RendezvousInfo info;
+  auto comm = make_communicator(info, CommOptions{});
+  auto matrix = torch::zeros({4, 3});
+  try {
+    comm->all_reduce(matrix.t(), ReduceOp::Sum, "grads.view");
+    ADD_FAILURE() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(contains(e.what(), "all_reduce 'grads.view'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "contiguous")) << e.what();
+  }
+  try {
+    comm->all_reduce(torch::empty({4}, torch::Device(torch::kMeta)), ReduceOp::Sum, "meta");
+    ADD_FAILURE() << "expected CommError";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(contains(e.what(), "meta")) << e.what();
+#ifndef ZT_CUDA
+    EXPECT_TRUE(contains(e.what(), "no CUDA support")) << e.what();
+#endif
+  }
+  EXPECT_THROW(comm->all_gather(torch::zeros({3}), torch::zeros({4}), "ag"), CommError);
+  EXPECT_THROW(comm->reduce_scatter(torch::zeros({3}), torch::zeros({3}, torch::kBFloat16), ReduceOp::Sum, "rs"),
+               CommError);
+  EXPECT_THROW(comm->broadcast(torch::zeros({3}), 1, "b"), CommError);
+  EXPECT_EQ(comm->next_sequence(), 0u);  // refused calls take no sequence number
+}
+
+// ---------------------------------------------------------------- several ranks
+
+namespace {
+
+std::shared_ptr<Communicator> rank_communicator() {
+  auto options = comm_options_from_environment();
+  if (std::getenv("ZT_TEST_COMM_EMULATE") != nullptr) {
+    options.emulate_avg = options.emulate_low_precision = options.emulate_reduce_scatter = true;
+    options.native_gloo_all_gather = true;  // the other all_gather path
+  }
+  return make_communicator(rendezvous_from_environment(), options);
+}
+
+// Small integers (-5..5): exact in bf16, and sums over a few ranks stay exact.
+at::Tensor rank_input(int rank, int64_t n, at::ScalarType dtype, int salt) {
+  auto i = torch::arange(n, torch::kLong);
+  return ((i * 7 + rank * 3 + salt) % 11 - 5).to(dtype);
+}
+
+at::Tensor reference(ReduceOp op, int world, int64_t n, at::ScalarType dtype, int salt) {
+  auto acc = rank_input(0, n, dtype, salt).to(torch::kFloat);
+  for (int r = 1; r < world; ++r) {
+    auto x = rank_input(r, n, dtype, salt).to(torch::kFloat);
+    acc = op == ReduceOp::Max ? torch::maximum(acc, x) : acc + x;
+  }
+  if (op == ReduceOp::Avg) acc = acc / world;
+  return acc;
+}
+
+double tolerance(at::ScalarType dtype) { return dtype == torch::kBFloat16 ? 0.04 : 1e-5; }
+
+const std::vector<int64_t> kSizes{1, 7, 1001};
+const std::vector<at::ScalarType> kTypes{torch::kFloat, torch::kBFloat16};
+const std::vector<ReduceOp> kOps{ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max};
+
+void expect_ranks_pass(const std::string& filter, std::vector<int> worlds, std::map<std::string, std::string> env = {}) {
+  for (int world : worlds) {
+    auto r = run_ranks(world, filter, env);
+    EXPECT_TRUE(r.all_succeeded()) << filter << " on " << world << " ranks failed:\n" << r.describe();
+  }
+}
+
+const std::map<std::string, std::string> kEmulate{{"ZT_TEST_COMM_EMULATE", "1"}};
+
+}  // namespace
+
+TEST(CommMultiRank, AllReduce) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    int rank = comm->rank(), world = comm->world_size();
+    int salt = 0;
+    for (auto dtype : kTypes) {
+      for (auto op : kOps) {
+        for (auto n : kSizes) {
+          auto t = rank_input(rank, n, dtype, ++salt);
+          auto h = comm->all_reduce(t, op, "ar");
+          h.wait();
+          auto expected = reference(op, world, n, dtype, salt);
+          ASSERT_TRUE(torch::allclose(t.to(torch::kFloat), expected, 0, tolerance(dtype)))
+              << to_string(op) << " " << c10::toString(dtype) << " n=" << n << " rank " << rank;
+          ASSERT_EQ(t.scalar_type(), dtype);
+        }
+      }
+    }
+    return;
+  }
+  expect_ranks_pass("CommMultiRank.AllReduce", {2, 3});
+  expect_ranks_pass("CommMultiRank.AllReduce", {3}, kEmulate);
+}
+
+TEST(CommMultiRank, ReduceScatter) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    int rank = comm->rank(), world = comm->world_size();
+    int salt = 0;
+    for (auto dtype : kTypes) {
+      for (auto op : kOps) {
+        for (auto n : kSizes) {
+          auto input = rank_input(rank, world * n, dtype, ++salt);
+          auto before = input.clone();
+          auto output = torch::full({n}, 99, dtype);
+          comm->reduce_scatter(input, output, op, "rs").wait();
+          auto expected = reference(op, world, world * n, dtype, salt).narrow(0, rank * n, n);
+          ASSERT_TRUE(torch::allclose(output.to(torch::kFloat), expected, 0, tolerance(dtype)))
+              << to_string(op) << " " << c10::toString(dtype) << " n=" << n << " rank " << rank << "\n"
+              << output << expected;
+          ASSERT_TRUE(torch::equal(input, before)) << "reduce_scatter changed its input";
+        }
+      }
+    }
+    return;
+  }
+  expect_ranks_pass("CommMultiRank.ReduceScatter", {2, 3});
+  expect_ranks_pass("CommMultiRank.ReduceScatter", {3}, kEmulate);
+}
+
+TEST(CommMultiRank, AllGatherAndBroadcast) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    int rank = comm->rank(), world = comm->world_size();
+    int salt = 0;
+    for (auto dtype : kTypes) {
+      for (auto n : kSizes) {
+        ++salt;
+        auto input = rank_input(rank, n, dtype, salt);
+        auto output = torch::full({world * n}, 99, dtype);
+        comm->all_gather(input, output, "ag").wait();
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < world; ++r) parts.push_back(rank_input(r, n, dtype, salt));
+        ASSERT_TRUE(torch::equal(output, torch::cat(parts))) << c10::toString(dtype) << " n=" << n;
+
+        for (int root : {0, world - 1}) {
+          auto t = rank_input(rank, n, dtype, salt + root);
+          comm->broadcast(t, root, "bc").wait();
+          ASSERT_TRUE(torch::equal(t, rank_input(root, n, dtype, salt + root))) << "root " << root << " n=" << n;
+        }
+      }
+    }
+    return;
+  }
+  expect_ranks_pass("CommMultiRank.AllGatherAndBroadcast", {2, 3});
+  expect_ranks_pass("CommMultiRank.AllGatherAndBroadcast", {3}, kEmulate);
+}
+
+TEST(CommMultiRank, AsyncHandlesSequenceNumbersAndBarrier) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    int rank = comm->rank(), world = comm->world_size();
+    // Several collectives in flight, waited out of order and from another thread.
+    std::vector<at::Tensor> buffers;
+    std::vector<CollectiveHandle> handles;
+    for (int b = 0; b < 4; ++b) {
+      buffers.push_back(rank_input(rank, 1001 + b, torch::kFloat, b));
+      handles.push_back(comm->all_reduce(buffers.back(), ReduceOp::Sum, "bucket" + std::to_string(b)));
+    }
+    for (int b = 0; b < 4; ++b) {
+      EXPECT_EQ(handles[b].sequence(), uint64_t(b));
+      EXPECT_EQ(handles[b].label(), "bucket" + std::to_string(b));
+    }
+    std::thread waiter([&] { handles[3].wait(); });
+    for (int b = 2; b >= 0; --b) handles[b].wait();
+    waiter.join();
+    for (int b = 0; b < 4; ++b) {
+      EXPECT_TRUE(handles[b].is_completed());
+      handles[b].wait();  // again: returns at once
+      ASSERT_TRUE(torch::equal(buffers[b], reference(ReduceOp::Sum, world, 1001 + b, torch::kFloat, b)));
+    }
+    comm->barrier("middle");
+    // Every rank issued the same calls, so every rank agrees on the next sequence number.
+    auto mine = torch::full({1}, double(comm->next_sequence()), torch::kDouble);
+    auto all = torch::zeros({world}, torch::kDouble);
+    uint64_t gather_seq = comm->next_sequence();
+    auto h = comm->all_gather(mine, all, "sequence.check");
+    EXPECT_EQ(h.sequence(), gather_seq);
+    h.wait();
+    EXPECT_TRUE(torch::equal(all, torch::full({world}, double(gather_seq), torch::kDouble))) << all;
+    EXPECT_EQ(gather_seq, 5u);  // 4 all-reduces and a barrier
+    comm->barrier("end");
+    return;
+  }
+  expect_ranks_pass("CommMultiRank.AsyncHandlesSequenceNumbersAndBarrier", {2, 3});
+}
+
+TEST(CommMultiRank, SkippedCollectiveTimesOutWithLabelledMessage) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    auto t = torch::ones({1000});
+    comm->all_reduce(t, ReduceOp::Sum, "warmup").wait();
+    if (comm->rank() == 1) {
+      std::this_thread::sleep_for(6s);  // skips 'grads.bucket3', stays alive past the timeout
+      return;
+    }
+    auto start = std::chrono::steady_clock::now();
+    try {
+      comm->all_reduce(t, ReduceOp::Sum, "grads.bucket3").wait();
+      ADD_FAILURE() << "expected a timeout";
+    } catch (const CommError& e) {
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::cout << "CAUGHT: " << e.what() << "\nWAITED: " << waited << " s" << std::endl;
+      EXPECT_GE(waited, 1.5);
+      EXPECT_LT(waited, 2.0 + 3.0);
+    }
+    // A communicator that failed refuses further work at once instead of hanging again.
+    try {
+      comm->barrier("after");
+      ADD_FAILURE() << "expected CommError";
+    } catch (const CommError& e) {
+      EXPECT_TRUE(contains(e.what(), "barrier 'after' (seq 2)")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "failed earlier")) << e.what();
+    }
+    return;
+  }
+  auto r = run_ranks(2, "CommMultiRank.SkippedCollectiveTimesOutWithLabelledMessage",
+                     {{"ZT_COMM_TIMEOUT_SECONDS", "2"}});
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+  echo_caught(r.ranks[0].output);
+  EXPECT_TRUE(contains(r.ranks[0].output,
+                       "rank 0/2 timed out after 2.0 s in all_reduce 'grads.bucket3' (seq 1, 1000 float elements): "
+                       "waiting for the other ranks to enter the same collective"))
+      << r.describe();
+  EXPECT_LT(r.wall_seconds, 20.0);
+}
+
+TEST(CommMultiRank, PeerThatExitsFailsTheCollective) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    auto t = torch::ones({1000});
+    comm->all_reduce(t, ReduceOp::Sum, "warmup").wait();
+    if (comm->rank() == 1) std::_Exit(0);  // gone without a word
+    try {
+      comm->all_reduce(t, ReduceOp::Sum, "grads.bucket0").wait();
+      ADD_FAILURE() << "expected CommError";
+    } catch (const CommError& e) {
+      std::cout << "CAUGHT: " << e.what() << std::endl;
+      EXPECT_TRUE(contains(e.what(), "rank 0/2")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "all_reduce 'grads.bucket0' (seq 1, 1000 float elements)")) << e.what();
+    }
+    return;
+  }
+  auto r = run_ranks(2, "CommMultiRank.PeerThatExitsFailsTheCollective", {{"ZT_COMM_TIMEOUT_SECONDS", "10"}});
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+  echo_caught(r.ranks[0].output);
+  EXPECT_LT(r.wall_seconds, 30.0);
+}
+
+namespace {
+
+// Local addresses ("0100007F:1F90") of this process's listening TCP sockets.
+std::vector<std::string> listening_addresses() {
+  std::set<std::string> inodes;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    auto target = std::filesystem::read_symlink(fd.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) inodes.insert(target.substr(8, target.size() - 9));
+  }
+  std::vector<std::string> out;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retr, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retr >> uid >> timeout >> inode;
+      if (state == "0A" && inodes.count(inode)) out.push_back(local);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(CommMultiRank, LocalRunListensOnLoopbackOnly) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    auto sockets = listening_addresses();
+    if (comm->rank() == 0) EXPECT_FALSE(sockets.empty()) << "rank 0 runs the store's server";
+    for (const auto& local : sockets) {
+      std::string addr = local.substr(0, local.find(':'));
+      EXPECT_TRUE(addr == "0100007F" || addr == "00000000000000000000000001000000")
+          << "rank " << comm->rank() << " listens on " << local << ", not on loopback";
+    }
+    comm->barrier("end");
+    return;
+  }
+  expect_ranks_pass("CommMultiRank.LocalRunListensOnLoopbackOnly", {2});
+}
+
+TEST(CommRendezvousTimeout, MissingPeersFailWithinTheTimeout) {
+  if (is_rank_process()) {
+    auto start = std::chrono::steady_clock::now();
+    try {
+      rank_communicator();
+      ADD_FAILURE() << "expected CommError";
+    } catch (const CommError& e) {
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::cout << "CAUGHT: " << e.what() << std::endl;
+      EXPECT_LT(waited, 2.0 + 3.0);
+    }
+    return;
+  }
+  // Rank 0 alone: its store runs, nobody else arrives.
+  std::map<std::string, std::string> env{{"RANK", "0"},
+                                         {"WORLD_SIZE", "2"},
+                                         {"MASTER_ADDR", "127.0.0.1"},
+                                         {"MASTER_PORT", std::to_string(free_port())},
+                                         {"ZT_TEST_RANK_ROLE", "1"},
+                                         {"ZT_COMM_TIMEOUT_SECONDS", "2"}};
+  std::vector<std::string> argv{self_executable(), "--gtest_filter=CommRendezvousTimeout.*"};
+  auto r0 = run_process(argv, env, 60s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.output;
+  echo_caught(r0.output);
+  EXPECT_TRUE(contains(r0.output, "rank 0/2 timed out after 2.0 s at the rendezvous at 127.0.0.1:")) << r0.output;
+  EXPECT_TRUE(contains(r0.output, "1 of 2 ranks arrived")) << r0.output;
+  // Rank 1 alone: there is no store to reach.
+  env["RANK"] = "1";
+  env["MASTER_PORT"] = std::to_string(free_port());
+  auto r1 = run_process(argv, env, 60s);
+  EXPECT_EQ(r1.exit_code, 0) << r1.output;
+  echo_caught(r1.output);
+  EXPECT_TRUE(contains(r1.output, "rank 1/2: could not reach rank 0's rendezvous store at 127.0.0.1:")) << r1.output;
+}
