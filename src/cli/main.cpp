@@ -48,6 +48,7 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   if (args.nproc < 1) throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", args.nproc));
   // Validate everything before any process starts: bad input must not cost a launch.
   auto config = zt::load_config(args.config_path, overrides, args.nproc);
+  zt::check_training_inputs(config);
   zt::LaunchOptions launch;
   launch.nproc = args.nproc;
   launch.master_port = args.master_port;

@@ -115,6 +115,29 @@ double mean_over_ranks(Communicator& comm, double value, const char* label) {
 
 }  // namespace
 
+void check_training_inputs(const TrainConfig& config) {
+  const auto& d = config.data;
+  auto check_file = [](const std::string& key, const std::string& path, bool token_file) {
+    if (path.empty()) throw DataError(fmt::format("{}: expected a file path, found an empty value", key));
+    std::error_code ec;
+    auto status = std::filesystem::status(path, ec);
+    if (ec || !std::filesystem::is_regular_file(status))
+      throw DataError(fmt::format("{}: expected a readable file, found no file at '{}'", key, path));
+    std::ifstream probe(path, std::ios::binary);
+    if (!probe) throw DataError(fmt::format("{}: cannot open '{}' for reading", key, path));
+    const auto size = std::filesystem::file_size(path, ec);
+    if (token_file && (size == 0 || size % 2 != 0))
+      throw DataError(fmt::format("{}: expected a non-empty file of uint16 tokens (even byte count), found {} bytes in '{}'",
+                                  key, size, path));
+  };
+  if (d.source == "bin") {
+    check_file("data.path", d.path, true);
+    if (!d.val_path.empty()) check_file("data.val_path", d.val_path, true);
+  } else if (d.source == "text") {
+    check_file("data.path", d.path, false);
+  }
+}
+
 int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& options) {
   RuntimeSettings runtime = apply_runtime_settings(config_in.train.threads);
   auto rendezvous = rendezvous_from_environment();
