@@ -254,11 +254,4 @@ TEST(GPTModel, TinyModelLearnsEmbeddedCorpus) {
   EXPECT_LT(last, 2.5) << "first " << first << " last " << last;
 }
 
-// The `small` preset's demo run (about a minute on 2 cores): run with --gtest_also_run_disabled_tests.
-TEST(GPTModel, DISABLED_SmallPresetLearnsEmbeddedCorpus) {
-  auto [first, last] = train_on_corpus(zt::gpt_preset("small"), 16, 128, 200, 3e-3);
-  EXPECT_GT(first, 5.0);
-  EXPECT_LT(last, 2.0) << "first " << first << " last " << last;
-}
-
 }  // namespace

@@ -150,3 +150,29 @@ TEST(Example, CustomModelTrainsOnTwoRanks) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(LaunchCommand, FailingRankSetsTheExitCodeAndLeavesNothingBehind) {
+  auto dir = make_temp_dir("launch-cli");
+  auto pids = dir + "/pids";
+  auto start = std::chrono::steady_clock::now();
+  auto r = run_process({cli_path(), "launch", "--nproc", "3", "--log-dir", dir, "--", "/bin/sh", "-c",
+                        "echo $$ >> " + pids + "; if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi; sleep 60"},
+                       {}, std::chrono::seconds(60));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_LT(seconds, 20.0) << "the other ranks must be stopped within seconds";
+  std::ifstream in(pids);
+  int pid = 0, count = 0;
+  while (in >> pid) {
+    ++count;
+    // Gone, or a zombie no one reaps (this sandbox's pid 1 does not): either way not running.
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (std::getline(stat, line)) EXPECT_NE(line.find(") Z"), std::string::npos) << "rank pid " << pid << " still running";
+  }
+  EXPECT_EQ(count, 3);
+}
+
+}  // namespace

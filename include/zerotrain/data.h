@@ -6,7 +6,6 @@
 // what was found. Thread safety: TokenDataset and DistributedSampler are immutable after
 // construction and safe to use from several threads; BatchPrefetcher is for one consumer thread.
 #pragma once
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>

@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sched.h>
 
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -40,8 +41,10 @@ RuntimeSettings apply_runtime_settings(int requested_threads) {
   }
   // Keep freed memory in the process: large temporaries (logits, their gradients) are otherwise
   // returned to the OS on free and page-faulted in again on the next step (design §10).
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // Measured on GPT-2 124M (docs/benchmarks.md): 2.5x fewer page faults and 7% more tokens/s
+  // than glibc's defaults, for about 8% more peak RSS.
+  mallopt(M_MMAP_MAX, 0);                 // serve large blocks from the heap, where they are reused
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);     // and never give the heap's top back between steps
   return settings;
 }
 

@@ -221,17 +221,30 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   auto window_start = start;
   int64_t window_steps = 0;
   double last_rate = 0;
+  // wall_clock_breakdown: seconds spent in forward, backward and step since the last print.
+  struct {
+    double forward = 0, backward = 0, step = 0;
+    int64_t steps = 0;
+  } breakdown;
 
   for (int64_t step = 0; step < steps; ++step) {
     double loss_sum = 0;
     StepResult result;
     for (int64_t a = 0; a < accum; ++a) {
       Batch batch = prefetcher.next();
+      const auto t0 = clock::now();
       auto loss = model->loss(batch.inputs, batch.targets);
-      engine.backward(loss);
       loss_sum += loss.item<double>();
+      const auto t1 = clock::now();
+      engine.backward(loss);
+      const auto t2 = clock::now();
       result = engine.step();
+      const auto t3 = clock::now();
+      breakdown.forward += std::chrono::duration<double>(t1 - t0).count();
+      breakdown.backward += std::chrono::duration<double>(t2 - t1).count();
+      breakdown.step += std::chrono::duration<double>(t3 - t2).count();
     }
+    ++breakdown.steps;
     ZT_CHECK_STATE(result.boundary, "the last micro-step of a window must end it");
     const double loss = mean_over_ranks(*comm, loss_sum / double(accum), "train.loss");
     losses.push_back(loss);
@@ -260,14 +273,20 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     if (csv.is_open())
       csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{}\n", step + 1, loss, result.lr, result.grad_norm,
                          result.skipped ? 1 : 0, print ? last_rate : 0.0, elapsed, peak_max);
+    if (print && !leader) breakdown = {};
     if (leader && print) {
       std::string peaks;
       for (auto& s : stats) peaks += fmt::format("{}{:.0f}", peaks.empty() ? "" : "/", s.peak_rss / 1048576.0);
       const double eta = elapsed / double(step + 1) * double(steps - step - 1);
-      fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {} tok/s | left {} | peak RSS {} MiB{}\n", step + 1,
+      std::string times;
+      if (config.wall_clock_breakdown && breakdown.steps > 0)
+        times = fmt::format(" | ms/step fwd {:.0f} bwd {:.0f} step {:.0f}", 1e3 * breakdown.forward / breakdown.steps,
+                            1e3 * breakdown.backward / breakdown.steps, 1e3 * breakdown.step / breakdown.steps);
+      fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {} tok/s | left {} | peak RSS {} MiB{}{}\n", step + 1,
                  std::to_string(steps).size(), steps, loss, result.lr, human_rate(last_rate), human_duration(eta),
-                 peaks, eval_now ? fmt::format(" | held-out loss {:.4f}", eval_loss) : "");
+                 peaks, times, eval_now ? fmt::format(" | held-out loss {:.4f}", eval_loss) : "");
       std::fflush(stdout);
+      breakdown = {};
     }
   }
   const double total_seconds = std::chrono::duration<double>(clock::now() - start).count();
