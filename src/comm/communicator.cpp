@@ -382,7 +382,7 @@ class ProcessGroupCommunicator final : public Communicator {
     state->keep_alive = {input, output};
     if (input.device().is_cpu() && !options_.native_gloo_all_gather) {
       // Gloo's _allgather_base is 1.9-2.7x slower than one broadcast per rank into views of
-      // the output for buffers of 16 MiB and more (bench/comm_bench.cpp, docs/benchmarks-comm.md).
+      // the output for buffers of 16 MiB and more (bench/comm_bench.cpp, docs/benchmarks.md).
       int64_t n = input.numel();
       output.narrow(0, info_.rank * n, n).copy_(input);
       for (int root = 0; root < info_.world_size; ++root) {
