@@ -2,8 +2,11 @@
 # Installs everything zerotrain needs to build, test and run; safe to run again (idempotent).
 #   - Debian packages: compiler, CMake, header-only and small libraries (see README "Dependencies").
 #   - LibTorch from the PyPI `torch` wheel, version pinned in cmake/torch-version.txt, unpacked
-#     with --no-deps into $ZT_DEPS_DIR (default ~/.cache/zerotrain), plus the two small CUDA
-#     runtime wheels that libtorch_cpu.so links against (cudart, cupti; no GPU is needed).
+#     with --no-deps into $ZT_DEPS_DIR (default ~/.cache/zerotrain), plus the NVIDIA runtime
+#     wheels its libraries find through their $ORIGIN/../../nvidia/*/lib RPATH and that a CUDA
+#     toolkit does not provide: cudart and cupti (libtorch_cpu.so needs them even on a CPU-only
+#     machine) and cuSPARSELt, NVSHMEM, cuFile (libtorch_cuda.so, for the -DZT_CUDA=ON build).
+#     Pins are the ones torch's own metadata gives.
 # Prints the torch CMake prefix path on its last line of stdout.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,15 +34,17 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
-if [ ! -f "$torch_dir/.complete" ]; then
-  log "installing torch==$torch_version (LibTorch) into $torch_dir"
+wheels=("torch==$torch_version" "nvidia-cuda-runtime==13.0.96.*" "nvidia-cuda-cupti==13.0.85.*"
+  "nvidia-cusparselt-cu13==0.8.0" "nvidia-nvshmem-cu13==3.4.5" "nvidia-cufile==1.15.1.6.*")
+# The marker records the wheel set, so a changed pin or set reinstalls instead of being skipped.
+if [ "$(cat "$torch_dir/.complete" 2>/dev/null)" != "${wheels[*]}" ]; then
+  log "installing torch==$torch_version (LibTorch) and its runtime wheels into $torch_dir"
   rm -rf "$torch_dir.partial"
   mkdir -p "$deps_dir"
   PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-    --no-deps --no-compile --target "$torch_dir.partial" \
-    "torch==$torch_version" "nvidia-cuda-runtime==13.0.96.*" "nvidia-cuda-cupti==13.0.85.*" >&2
+    --no-deps --no-compile --target "$torch_dir.partial" "${wheels[@]}" >&2
   rm -rf "$torch_dir"
   mv "$torch_dir.partial" "$torch_dir"
-  touch "$torch_dir/.complete"
+  echo "${wheels[*]}" > "$torch_dir/.complete"
 fi
 echo "$torch_dir/torch/share/cmake"
