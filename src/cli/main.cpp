@@ -102,12 +102,10 @@ int main(int argc, char** argv) {
         throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", launch_options.nproc));
       return zt::launch_local(launch_options);
     }
-  } catch (const zt::ConfigError& e) {
+  } catch (const zt::Error& e) {
+    const bool bad_input = dynamic_cast<const zt::ConfigError*>(&e) || dynamic_cast<const zt::DataError*>(&e);
     std::cerr << "zerotrain: error: " << one_line(e.what()) << "\n";
-    return 2;
-  } catch (const zt::DataError& e) {
-    std::cerr << "zerotrain: error: " << one_line(e.what()) << "\n";
-    return 2;
+    return bad_input ? 2 : 1;
   } catch (const c10::Error& e) {
     std::cerr << "zerotrain: error: " << one_line(e.what_without_backtrace()) << "\n";
     return 1;
