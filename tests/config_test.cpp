@@ -83,6 +83,14 @@ TEST(Config, AdamWAndAdamMode) {
   c = parse_config(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false, "lr": 5e-4}}})", {}, 1);
   EXPECT_FALSE(c.optimizer.adam_w_mode);
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 5e-4);
+  c = parse_config(R"({"optimizer": {"type": "lamb", "params": {"min_coeff": 0.1, "max_coeff": 3}}})", {}, 1);
+  EXPECT_EQ(c.optimizer.type, "Lamb");
+  EXPECT_DOUBLE_EQ(c.optimizer.min_coeff, 0.1);
+  EXPECT_DOUBLE_EQ(c.optimizer.max_coeff, 3.0);
+  c = parse_config(R"({"optimizer": {"type": "sgd", "params": {"momentum": 0.9, "nesterov": true}}})", {}, 1);
+  EXPECT_EQ(c.optimizer.type, "SGD");
+  EXPECT_DOUBLE_EQ(c.optimizer.momentum, 0.9);
+  EXPECT_TRUE(c.optimizer.nesterov);
   c = parse_config(R"({"optimizer": {"params": {"betas": [0.8, 0.95]}}})", {}, 1);
   EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
@@ -211,7 +219,16 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {R"({"bf16": {"enabled": true}})", {}, "bf16.enabled: bf16 training is not supported yet (supported: fp32)"},
       {R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", {},
        "fp16.enabled and bf16.enabled are both true"},
-      {R"({"optimizer": {"type": "Lamb"}})", {}, "optimizer.type \"Lamb\" is not supported yet (supported: Adam, AdamW)"},
+      {R"({"optimizer": {"type": "OneBitLamb"}})", {},
+       "optimizer.type \"OneBitLamb\" is not supported yet (supported: Adam, AdamW, Lamb, SGD)"},
+      {R"({"optimizer": {"type": "Adam", "params": {"momentum": 0.9}}})", {},
+       "optimizer.params.momentum: not a parameter of Adam"},
+      {R"({"optimizer": {"type": "SGD", "params": {"betas": [0.9, 0.99]}}})", {},
+       "optimizer.params.betas: not a parameter of SGD"},
+      {R"({"optimizer": {"type": "Lamb", "params": {"min_coeff": 2, "max_coeff": 1}}})", {},
+       "optimizer.params.min_coeff 2 is greater than max_coeff 1"},
+      {R"({"optimizer": {"type": "SGD", "params": {"nesterov": true}}})", {},
+       "optimizer.params.nesterov: needs momentum > 0 and dampening 0"},
       {R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}})", {},
        "scheduler.type \"OneCycle\" is not supported yet"},
       {R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})", {},

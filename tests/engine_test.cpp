@@ -75,6 +75,88 @@ TEST(Engine, MatchesTorchAdamWWithClippingAndAccumulation) {
   EXPECT_EQ(engine.global_step(), 6);
 }
 
+// Runs 5 steps of the engine and of a reference update (given the reference net after backward).
+template <class Reference>
+void run_against(const std::string& json, Reference&& reference_step, double tolerance) {
+  auto config = zt::parse_config(json, {}, 1);
+  torch::manual_seed(5);
+  auto ours = std::make_shared<Net>();
+  auto reference = std::make_shared<Net>();
+  copy_parameters(*ours, *reference);
+  zt::Engine engine(ours, config, single_rank());
+  for (int step = 1; step <= 5; ++step) {
+    for (auto& p : reference->parameters()) p.mutable_grad() = torch::Tensor();
+    auto x = torch::randn({4, 8});
+    auto y = torch::randn({4, 4});
+    engine.backward(torch::mse_loss(ours->forward(x), y));
+    torch::mse_loss(reference->forward(x), y).backward();
+    EXPECT_TRUE(engine.step().stepped);
+    reference_step(*reference, step);
+  }
+  auto a = ours->parameters();
+  auto b = reference->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto rel = ((a[i] - b[i]).abs().max() / b[i].abs().max().clamp_min(1e-12)).item<double>();
+    EXPECT_LT(rel, tolerance) << "parameter " << i;
+  }
+}
+
+std::vector<torch::Tensor> trainable(Net& net) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : net.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+TEST(Engine, MatchesTorchSgdWithNesterovMomentum) {
+  std::unique_ptr<torch::optim::SGD> opt;
+  run_against(R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,
+     "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9, "nesterov": true, "weight_decay": 0.01}}})",
+              [&](Net& ref, int) {
+                if (!opt)
+                  opt = std::make_unique<torch::optim::SGD>(
+                      trainable(ref), torch::optim::SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(0.01));
+                opt->step();
+              },
+              1e-5);
+}
+
+TEST(Engine, MatchesTorchAdamWithL2) {
+  std::unique_ptr<torch::optim::Adam> opt;
+  run_against(R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,
+     "optimizer": {"type": "Adam", "params": {"lr": 0.01, "adam_w_mode": false, "weight_decay": 0.1}}})",
+              [&](Net& ref, int) {
+                if (!opt)
+                  opt = std::make_unique<torch::optim::Adam>(trainable(ref),
+                                                             torch::optim::AdamOptions(0.01).weight_decay(0.1));
+                opt->step();
+              },
+              1e-5);
+}
+
+// LAMB against the DeepSpeed FusedLamb formula written with torch ops, per parameter tensor.
+TEST(Engine, MatchesLambReferencePerTensor) {
+  std::map<const void*, std::pair<torch::Tensor, torch::Tensor>> state;
+  const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01, lo = 0.01, hi = 10.0;
+  run_against(R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,
+     "optimizer": {"type": "Lamb", "params": {"lr": 0.01, "weight_decay": 0.01}}})",
+              [&](Net& ref, int step) {
+                torch::NoGradGuard g;
+                for (auto& p : trainable(ref)) {
+                  auto& [m, v] = state[p.unsafeGetTensorImpl()];
+                  if (!m.defined()) { m = torch::zeros_like(p); v = torch::zeros_like(p); }
+                  m.mul_(b1).add_(p.grad(), 1 - b1);
+                  v.mul_(b2).addcmul_(p.grad(), p.grad(), 1 - b2);
+                  auto u = m / (v.sqrt() + eps) + wd * p;
+                  const double wn = p.norm().item<double>(), un = u.norm().item<double>();
+                  const double ratio = (wn == 0 || un == 0) ? 1.0 : std::clamp(wn / un, lo, hi);
+                  const double step_size = lr * std::sqrt(1 - std::pow(b2, step)) / (1 - std::pow(b1, step));
+                  p.sub_(step_size * ratio * u);
+                }
+              },
+              1e-5);
+}
+
 TEST(Engine, FrozenParametersGetNoStateAndStayUnchanged) {
   auto config = zt::parse_config("{}", {}, 1);
   auto net = std::make_shared<Net>();

@@ -20,12 +20,16 @@ const char* to_string(ValueSource source);
 enum class Precision { FP32, BF16, FP16 };
 
 struct OptimizerConfig {
-  std::string type = "Adam";  // "Adam" (AdamW unless adam_w_mode false), "AdamW"
+  std::string type = "Adam";  // "Adam" (AdamW unless adam_w_mode false), "AdamW", "Lamb", "SGD"
   double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
+  double beta1 = 0.9, beta2 = 0.999;  // Adam, AdamW, Lamb
+  double eps = 1e-8;                  // Adam, AdamW, Lamb
   double weight_decay = 0.0;
   bool adam_w_mode = true;  // decoupled weight decay
+  bool bias_correction = true;            // Adam, AdamW, Lamb
+  double min_coeff = 0.01, max_coeff = 10.0;  // Lamb: trust-ratio clamp (DeepSpeed defaults)
+  double momentum = 0.0, dampening = 0.0;     // SGD (torch.optim.SGD semantics)
+  bool nesterov = false;                      // SGD
 };
 
 struct SchedulerConfig {

@@ -83,6 +83,17 @@ void derive_batch(TrainConfig& c, Values& values) {
   }
 }
 
+// The parameters each supported optimizer takes (DeepSpeed's names).
+const std::map<std::string, std::set<std::string>>& optimizer_params() {
+  static const std::map<std::string, std::set<std::string>> params{
+      {"Adam", {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad"}},
+      {"AdamW", {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad"}},
+      {"Lamb", {"lr", "betas", "eps", "weight_decay", "bias_correction", "min_coeff", "max_coeff"}},
+      {"SGD", {"lr", "momentum", "dampening", "weight_decay", "nesterov"}},
+  };
+  return params;
+}
+
 const std::map<std::string, std::set<std::string>>& scheduler_params() {
   static const std::map<std::string, std::set<std::string>> params = {
       {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}},
@@ -140,6 +151,21 @@ void derive(TrainConfig& c, Values& values) {
 }
 
 void validate_semantics(const TrainConfig& c, const Values& values) {
+  // Optimizer parameters that the chosen optimizer does not take would be silently ignored.
+  if (auto it = optimizer_params().find(c.optimizer.type); it != optimizer_params().end()) {
+    for (const Leaf& leaf : leaves()) {
+      if (!leaf.path.starts_with("optimizer.params.") || !given(c, leaf.path)) continue;
+      const std::string p = leaf.path.substr(std::string("optimizer.params.").size());
+      if (!it->second.count(p))
+        throw ConfigError(fmt::format("optimizer.params.{}: not a parameter of {} (its parameters: {})", p,
+                                      c.optimizer.type, join(it->second)));
+    }
+  }
+  if (c.optimizer.type == "Lamb" && c.optimizer.min_coeff > c.optimizer.max_coeff)
+    throw ConfigError(fmt::format("optimizer.params.min_coeff {} is greater than max_coeff {}", c.optimizer.min_coeff,
+                                  c.optimizer.max_coeff));
+  if (c.optimizer.type == "SGD" && c.optimizer.nesterov && (c.optimizer.momentum <= 0 || c.optimizer.dampening != 0))
+    throw ConfigError("optimizer.params.nesterov: needs momentum > 0 and dampening 0 (as torch.optim.SGD)");
   const std::string& type = c.scheduler.type;
   std::vector<std::string> given_params;
   for (const Leaf& leaf : leaves())
@@ -182,9 +208,9 @@ void validate_support(const TrainConfig& c, const Values& values) {
     throw ConfigError("fp16.enabled: fp16 training is not supported yet (supported: fp32)");
   if (c.precision == Precision::BF16)
     throw ConfigError("bf16.enabled: bf16 training is not supported yet (supported: fp32)");
-  if (c.optimizer.type != "Adam" && c.optimizer.type != "AdamW")
-    throw ConfigError(
-        fmt::format("optimizer.type \"{}\" is not supported yet (supported: Adam, AdamW)", c.optimizer.type));
+  if (!optimizer_params().count(c.optimizer.type))
+    throw ConfigError(fmt::format("optimizer.type \"{}\" is not supported yet (supported: Adam, AdamW, Lamb, SGD)",
+                                  c.optimizer.type));
   if (!c.scheduler.type.empty() && !scheduler_params().count(c.scheduler.type))
     throw ConfigError(fmt::format(
         "scheduler.type \"{}\" is not supported yet (supported: WarmupLR, WarmupDecayLR, WarmupCosineLR)",

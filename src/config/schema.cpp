@@ -105,7 +105,12 @@ std::vector<Leaf> build_table() {
   t.push_back(positive("optimizer.params.eps", 1e-8, ZT_FIELD(optimizer.eps)));
   t.push_back(non_negative("optimizer.params.weight_decay", 0.0, ZT_FIELD(optimizer.weight_decay)));
   t.push_back(boolean("optimizer.params.adam_w_mode", true, ZT_FIELD(optimizer.adam_w_mode)));
-  t.push_back(reserved(boolean("optimizer.params.bias_correction", true, none)));
+  t.push_back(boolean("optimizer.params.bias_correction", true, ZT_FIELD(optimizer.bias_correction)));
+  t.push_back(non_negative("optimizer.params.min_coeff", 0.01, ZT_FIELD(optimizer.min_coeff)));
+  t.push_back(positive("optimizer.params.max_coeff", 10.0, ZT_FIELD(optimizer.max_coeff)));
+  t.push_back(non_negative("optimizer.params.momentum", 0.0, ZT_FIELD(optimizer.momentum)));
+  t.push_back(number("optimizer.params.dampening", 0.0, 0.0, false, 1.0, false, ZT_FIELD(optimizer.dampening)));
+  t.push_back(boolean("optimizer.params.nesterov", false, ZT_FIELD(optimizer.nesterov)));
   t.push_back(reserved(boolean("optimizer.params.amsgrad", false, none)));
 
   // --- scheduler (DeepSpeed's parameter names; which ones a type takes: validate_semantics)

@@ -1,7 +1,5 @@
-// Single-pass Adam/AdamW over flat fp32 partitions (internal; issue 3 widens this into the full
-// kernel family with explicit SIMD paths). One pass reads p, g, m, v and writes p, m, v: 28 bytes
-// per parameter, the memory-bandwidth bound of design §10. torch::optim::AdamW makes several
-// passes (one per elementwise op) and is several times slower on this hardware.
+// Adam hyperparameters and the original single-pass entry point, kept for the CUDA twin
+// (fused_adam_cuda.cu) and simple callers. The CPU kernel family is in optim/cpu_kernels.h.
 #pragma once
 #include <cstdint>
 
@@ -17,9 +15,10 @@ struct AdamHyperparameters {
   bool bias_correction = true;
 };
 
-// Applies one step to n elements. `step` is the 1-based count of this update (for bias
-// correction). `grad_scale` multiplies every gradient first (unscaling and clipping in one
-// multiply, design §4). Splits the range across the OpenMP threads of the caller.
+// One step over n elements with default options (selected ISA, caller's OpenMP threads), i.e.
+// adam_step(..., StepOptions{grad_scale}) from optim/cpu_kernels.h. `step` is 1-based.
+// Update: g' = g·grad_scale (+ wd·p if L2); m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'²;
+//         p = p·(1 - lr·wd if decoupled) - lr/(1-b1^t) · m / (sqrt(v)/sqrt(1-b2^t) + eps).
 void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
                const AdamHyperparameters& hp, int64_t step, float grad_scale);
 

@@ -1,6 +1,6 @@
 // CUDA counterpart of optim/fused_adam.cpp (built only with -DZT_CUDA=ON): the same single-pass
 // Adam/AdamW update over flat fp32 partitions on the device. Kept formula-identical to the CPU
-// kernel so that one reference test covers both (tests/fused_adam_test.cpp).
+// kernel (src/optim/kernels_impl.h), whose reference tests are tests/optim_kernels_test.cpp.
 #include <cuda_runtime.h>
 
 #include <cmath>

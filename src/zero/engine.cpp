@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "common/check.h"
-#include "optim/fused_adam.h"
+#include "optim/cpu_kernels.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -43,7 +43,13 @@ struct Engine::Impl {
   TrainConfig config;
   std::shared_ptr<Communicator> comm;
   LrSchedule schedule;
+  // Optimizer (design §3 item 4): fused kernels from optim/cpu_kernels.h over the flat arenas.
+  // exp_avg doubles as SGD's momentum buffer; LAMB's per-tensor norms use the slots' ranges.
+  enum class OptimizerKind { Adam, Lamb, Sgd } kind = OptimizerKind::Adam;
   optim::AdamHyperparameters adam;
+  optim::LambHyperparameters lamb;
+  optim::SgdHyperparameters sgd;
+  std::vector<int64_t> tensor_bounds;  // LAMB: [0, end of slot 0, end of slot 1, ...]
 
   std::vector<ParamSlot> slots;
   std::vector<Bucket> buckets;
@@ -59,12 +65,11 @@ struct Engine::Impl {
   Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm)
       : model(std::move(m)), config(c), comm(std::move(cm)),
         schedule(c.scheduler, c.optimizer.lr) {
-    adam.lr = c.optimizer.lr;
-    adam.beta1 = c.optimizer.beta1;
-    adam.beta2 = c.optimizer.beta2;
-    adam.eps = c.optimizer.eps;
-    adam.weight_decay = c.optimizer.weight_decay;
-    adam.decoupled_weight_decay = c.optimizer.adam_w_mode;
+    const OptimizerConfig& o = c.optimizer;
+    kind = o.type == "Lamb" ? OptimizerKind::Lamb : o.type == "SGD" ? OptimizerKind::Sgd : OptimizerKind::Adam;
+    adam = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction};
+    lamb = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction, o.min_coeff, o.max_coeff};
+    sgd = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov};
     build_arenas();
   }
 
@@ -95,8 +100,12 @@ struct Engine::Impl {
     auto opts = torch::TensorOptions().dtype(torch::kFloat32);
     flat_params = torch::empty({numel}, opts);
     flat_grads = torch::zeros({numel}, opts);
-    exp_avg = torch::zeros({numel}, opts);
-    exp_avg_sq = torch::zeros({numel}, opts);
+    // Only the state the chosen optimizer keeps (SGD without momentum keeps none).
+    const bool first_moment = kind != OptimizerKind::Sgd || sgd.momentum != 0.0;
+    exp_avg = torch::zeros({first_moment ? numel : 0}, opts);
+    exp_avg_sq = torch::zeros({kind == OptimizerKind::Sgd ? 0 : numel}, opts);
+    tensor_bounds = {0};
+    for (auto& slot : slots) tensor_bounds.push_back(slot.offset + slot.numel);
     torch::NoGradGuard no_grad;
     for (auto& slot : slots) {
       auto view = flat_params.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
@@ -140,6 +149,37 @@ struct Engine::Impl {
     ++micro_step;
   }
 
+  void apply_optimizer(double lr, int64_t step, float grad_scale) {
+    optim::StepOptions options;
+    options.grad_scale = grad_scale;
+    float* p = flat_params.data_ptr<float>();
+    const float* g = flat_grads.data_ptr<float>();
+    switch (kind) {
+      case OptimizerKind::Adam:
+        adam.lr = lr;
+        optim::adam_step(p, g, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, adam, step, options);
+        break;
+      case OptimizerKind::Sgd:
+        sgd.lr = lr;
+        optim::sgd_step(p, g, exp_avg.numel() ? exp_avg.data_ptr<float>() : nullptr, numel, sgd, step, options);
+        break;
+      case OptimizerKind::Lamb: {
+        // Stage 0 holds every tensor whole, so the partial sums are already the totals; sharded
+        // stages all-reduce them per tensor between the two phases.
+        lamb.lr = lr;
+        const int segments = int(tensor_bounds.size()) - 1;
+        std::vector<double> w_sq(segments), u_sq(segments);
+        float* m = exp_avg.data_ptr<float>();
+        float* v = exp_avg_sq.data_ptr<float>();
+        optim::lamb_partial_norms(p, g, m, v, numel, tensor_bounds.data(), segments, lamb, options, w_sq.data(),
+                                  u_sq.data());
+        optim::lamb_apply(p, m, v, numel, tensor_bounds.data(), segments, w_sq.data(), u_sq.data(), lamb, step,
+                          options);
+        break;
+      }
+    }
+  }
+
   StepResult step() {
     StepResult result;
     if (micro_step < config.gradient_accumulation_steps) return result;
@@ -169,9 +209,7 @@ struct Engine::Impl {
     float scale = inv_world;
     if (config.gradient_clipping > 0 && norm > config.gradient_clipping)
       scale *= float(config.gradient_clipping / (norm + 1e-6));
-    adam.lr = result.lr;
-    optim::adam_step(flat_params.data_ptr<float>(), flat_grads.data_ptr<float>(), exp_avg.data_ptr<float>(),
-                     exp_avg_sq.data_ptr<float>(), numel, adam, global_step - skipped, scale);
+    apply_optimizer(result.lr, global_step - skipped, scale);
     flat_grads.zero_();
     result.stepped = true;
     return result;
