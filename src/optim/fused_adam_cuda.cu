@@ -1,4 +1,4 @@
-// CUDA counterpart of optim/fused_adam.cpp (built only with -DZT_CUDA=ON): the same single-pass
+// CUDA counterpart of the CPU Adam kernel (built only with -DZT_CUDA=ON): the same single-pass
 // Adam/AdamW update over flat fp32 partitions on the device. Kept formula-identical to the CPU
 // kernel (src/optim/kernels_impl.h), whose reference tests are tests/optim_kernels_test.cpp.
 #include <cuda_runtime.h>
