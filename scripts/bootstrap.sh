@@ -18,7 +18,7 @@ log() { echo "[bootstrap] $*" >&2; }
 
 apt_packages=(g++ cmake make git python3 python3-pip pkg-config
   libgloo-dev nlohmann-json3-dev libcli11-dev 
-  libgtest-dev libgmock-dev libbenchmark-dev)
+  libgtest-dev libgmock-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
