@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/launch.h"
@@ -38,11 +39,8 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   if (args.steps > 0) overrides.push_back("train.steps=" + std::to_string(args.steps));
   if (zt::started_by_launcher()) {
     // We are one rank: the world size comes from the launcher's environment.
-    const char* world = std::getenv("WORLD_SIZE");
-    int world_size = world ? std::atoi(world) : 1;
-    if (const char* slurm = std::getenv("SLURM_NTASKS"); !world && slurm) world_size = std::atoi(slurm);
-    if (const char* ompi = std::getenv("OMPI_COMM_WORLD_SIZE"); !world && ompi) world_size = std::atoi(ompi);
-    auto config = zt::load_config(args.config_path, overrides, std::max(1, world_size));
+    const int world_size = zt::rendezvous_from_environment().world_size;
+    auto config = zt::load_config(args.config_path, overrides, world_size);
     return zt::run_training_rank(config, zt::TrainRunOptions{args.summary, false});
   }
   if (args.nproc < 1) throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", args.nproc));

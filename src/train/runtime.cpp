@@ -19,20 +19,12 @@ int available_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long parsed = std::strtol(v, &end, 10);
-  return (end && *end == '\0' && parsed > 0) ? int(parsed) : fallback;
-}
-
 }  // namespace
 
-RuntimeSettings apply_runtime_settings(int requested_threads) {
+RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks) {
   RuntimeSettings settings;
-  const int local_ranks = env_int("LOCAL_WORLD_SIZE", 1);
-  settings.intra_op_threads = requested_threads > 0 ? requested_threads : std::max(1, available_cores() / local_ranks);
+  settings.intra_op_threads =
+      requested_threads > 0 ? requested_threads : std::max(1, available_cores() / std::max(1, local_ranks));
   at::set_num_threads(settings.intra_op_threads);
   try {
     at::set_num_interop_threads(1);

@@ -9,8 +9,9 @@ struct RuntimeSettings {
   int intra_op_threads = 1;
 };
 
-// Sets LibTorch's intra-op threads (requested > 0, else available cores / local ranks), one
-// inter-op thread, and an allocator policy that retains freed pages. Call once, early.
-RuntimeSettings apply_runtime_settings(int requested_threads);
+// Sets LibTorch's intra-op threads (requested > 0, else available cores / `local_ranks`), one
+// inter-op thread, and an allocator policy that retains freed pages. Call once, before large
+// allocations.
+RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks);
 
 }  // namespace zt

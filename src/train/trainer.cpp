@@ -139,8 +139,8 @@ void check_training_inputs(const TrainConfig& config) {
 }
 
 int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& options) {
-  RuntimeSettings runtime = apply_runtime_settings(config_in.train.threads);
   auto rendezvous = rendezvous_from_environment();
+  RuntimeSettings runtime = apply_runtime_settings(config_in.train.threads, rendezvous.local_world_size);
   TrainConfig config = config_in;
   if (config.world_size != rendezvous.world_size)
     throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks but this run has {} "
