@@ -307,7 +307,7 @@ TEST(OptimKernels, AdamWAndAdamMatchTorchOptim) {
       auto g = torch::randn({n});
       ref.mutable_grad() = g.clone();
       opt->step();
-      adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, hp, step, 1.0f);
+      adam_step(p.data_ptr<float>(), g.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), n, hp, step, StepOptions{});
     }
     const double rel = ((p - ref.detach()).abs().max() / ref.detach().abs().max()).item<double>();
     EXPECT_LE(rel, 1e-6) << (decoupled ? "AdamW" : "Adam");

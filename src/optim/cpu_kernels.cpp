@@ -154,13 +154,6 @@ void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg
   });
 }
 
-void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
-               const AdamHyperparameters& hp, int64_t step, float grad_scale) {
-  StepOptions o;
-  o.grad_scale = grad_scale;
-  adam_step(params, grads, exp_avg, exp_avg_sq, n, hp, step, o);
-}
-
 void sgd_step(float* params, const float* grads, float* buf, int64_t n, const SgdHyperparameters& hp, int64_t step,
               const StepOptions& o) {
   check_half(o, n);

@@ -1,5 +1,5 @@
-// Adam hyperparameters and the original single-pass entry point, kept for the CUDA twin
-// (fused_adam_cuda.cu) and simple callers. The CPU kernel family is in optim/cpu_kernels.h.
+// Adam hyperparameters shared by the CPU kernel family (optim/cpu_kernels.h) and the CUDA twin
+// (fused_adam_cuda.cu).
 #pragma once
 #include <cstdint>
 
@@ -15,12 +15,9 @@ struct AdamHyperparameters {
   bool bias_correction = true;
 };
 
-// One step over n elements with default options (selected ISA, caller's OpenMP threads), i.e.
-// adam_step(..., StepOptions{grad_scale}) from optim/cpu_kernels.h. `step` is 1-based.
-// Update: g' = g·grad_scale (+ wd·p if L2); m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'²;
-//         p = p·(1 - lr·wd if decoupled) - lr/(1-b1^t) · m / (sqrt(v)/sqrt(1-b2^t) + eps).
-void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg_sq, int64_t n,
-               const AdamHyperparameters& hp, int64_t step, float grad_scale);
+// The CPU update (optim/cpu_kernels.h, adam_step) and the CUDA one below compute, with `step`
+// 1-based: g' = g·grad_scale (+ wd·p if L2); m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'²;
+//          p = p·(1 - lr·wd if decoupled) - lr/(1-b1^t) · m / (sqrt(v)/sqrt(1-b2^t) + eps).
 
 #ifdef ZT_CUDA
 // The same update on device pointers, enqueued on `stream` (a cudaStream_t; nullptr: default).

@@ -89,7 +89,7 @@ struct Engine::Impl {
     for (auto& p : trainable) {
       ParamSlot slot{p, offset, p.numel(), 0};
       if (buckets.empty() || (buckets.back().numel > 0 && buckets.back().numel + slot.numel > bucket_limit))
-        buckets.push_back(Bucket{offset, 0});
+        buckets.emplace_back().offset = offset;
       slot.bucket = int(buckets.size()) - 1;
       buckets.back().numel += slot.numel;
       buckets.back().total += 1;
