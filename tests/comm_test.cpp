@@ -333,6 +333,11 @@ TEST(CommMultiRank, ReduceScatter) {
               << to_string(op) << " " << c10::toString(dtype) << " n=" << n << " rank " << rank << "\n"
               << output << expected;
           ASSERT_TRUE(torch::equal(input, before)) << "reduce_scatter changed its input";
+          // In place: the output is this rank's own block of the input (stage 1 does this).
+          auto in_place = input.clone();
+          comm->reduce_scatter(in_place, in_place.narrow(0, rank * n, n), op, "rs.in_place").wait();
+          ASSERT_TRUE(torch::allclose(in_place.narrow(0, rank * n, n).to(torch::kFloat), expected, 0, tolerance(dtype)))
+              << "in place " << to_string(op) << " " << c10::toString(dtype) << " n=" << n << " rank " << rank;
         }
       }
     }

@@ -76,6 +76,28 @@ TEST(Config, OverlapCommCanBeSetAtStage0) {
   EXPECT_EQ(c.sources.at("zero_optimization.overlap_comm"), ValueSource::File);
 }
 
+TEST(Config, StageSetsIndependentSwitches) {
+  const bool expected[4][3] = {{false, false, false}, {true, false, false}, {true, true, false}};
+  for (int stage = 0; stage <= 2; ++stage) {
+    const TrainConfig c =
+        parse_config(R"({"zero_optimization": {"stage": )" + std::to_string(stage) + "}}", {}, 2);
+    EXPECT_EQ(c.zero.shard_optimizer_states, expected[stage][0]) << stage;
+    EXPECT_EQ(c.zero.shard_gradients, expected[stage][1]) << stage;
+    EXPECT_EQ(c.zero.shard_parameters, expected[stage][2]) << stage;
+  }
+}
+
+TEST(Config, MixedPrecisionBlocks) {
+  TrainConfig c = parse_config(R"({"bf16": {"enabled": true}, "zero_optimization": {"stage": 2}})", {}, 2);
+  EXPECT_EQ(c.precision, zt::Precision::BF16);
+  c = parse_config(R"({"fp16": {"enabled": true, "initial_scale_power": 8, "hysteresis": 1}})", {}, 1);
+  EXPECT_EQ(c.precision, zt::Precision::FP16);
+  EXPECT_EQ(c.fp16.initial_scale_power, 8);
+  EXPECT_EQ(c.fp16.hysteresis, 1);
+  c = parse_config("{}", {}, 1);
+  EXPECT_EQ(c.precision, zt::Precision::FP32);
+}
+
 TEST(Config, AdamWAndAdamMode) {
   TrainConfig c = parse_config(R"({"optimizer": {"type": "adamw"}})", {}, 1);
   EXPECT_EQ(c.optimizer.type, "AdamW");  // case-insensitive as in DeepSpeed, stored canonical
@@ -213,10 +235,10 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
        "train_batch_size 30 is not divisible by gradient_accumulation_steps 4 × world size 1"},
       {R"({"gradient_accumulation_steps": 4})", {}, "gradient_accumulation_steps 4 alone does not determine the batch"},
       // The support matrix.
-      {R"({"zero_optimization": {"stage": 2}})", {}, "zero_optimization.stage 2 is not supported yet (supported: 0)"},
-      {R"({"zero_optimization": {"stage": 3}})", {}, "zero_optimization.stage 3 is not supported yet (supported: 0)"},
-      {R"({"fp16": {"enabled": true}})", {}, "fp16.enabled: fp16 training is not supported yet (supported: fp32)"},
-      {R"({"bf16": {"enabled": true}})", {}, "bf16.enabled: bf16 training is not supported yet (supported: fp32)"},
+      {R"({"zero_optimization": {"stage": 3}})", {},
+       "zero_optimization.stage 3 is not supported yet (supported: 0, 1, 2)"},
+      {R"({"zero_optimization": {"stage": 2, "contiguous_gradients": false}})", {},
+       "zero_optimization.contiguous_gradients = false is not supported"},
       {R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", {},
        "fp16.enabled and bf16.enabled are both true"},
       {R"({"optimizer": {"type": "OneBitLamb"}})", {},
@@ -245,7 +267,7 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {"{}", {"optimizer.params.lr=fast"}, "optimizer.params.lr: expected a positive number, found \"fast\""},
       {"{}", {"optimizer.params.lr.x=1"}, "unknown key 'optimizer.params.lr.x' ('optimizer.params.lr' is a value"},
       {"{}", {"train.steps"}, "override 'train.steps': expected key.path=value"},
-      {"{}", {"zero_optimization.stage=2"}, "zero_optimization.stage 2 is not supported yet"},
+      {"{}", {"zero_optimization.stage=3"}, "zero_optimization.stage 3 is not supported yet"},
       {"{}", {"optimizer=3"}, "optimizer: expected an object (a block of settings), found 3"},
   };
   ASSERT_GE(cases.size(), 25u);

@@ -44,11 +44,16 @@ struct Run {
   std::vector<double> grad_norms;
 };
 
-Run train(int world) {
+Run train(int world, const std::vector<std::string>& overrides = {}) {
   auto dir = make_temp_dir("parity" + std::to_string(world));
   auto summary = dir + "/summary.json";
-  auto r = run_process({cli_path(), "train", parity_config(dir), "--nproc", std::to_string(world), "--summary", summary},
-                       {}, std::chrono::seconds(240));
+  std::vector<std::string> args{cli_path(), "train", parity_config(dir), "--nproc", std::to_string(world), "--summary",
+                                summary};
+  for (const auto& o : overrides) {
+    args.push_back("--set");
+    args.push_back(o);
+  }
+  auto r = run_process(args, {}, std::chrono::seconds(240));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   Run run;
   if (r.exit_code != 0) return run;
@@ -96,6 +101,27 @@ TEST(TrainSummary, HasTheDocumentedFields) {
   }
   EXPECT_EQ(s["skipped_steps"], 0);
   EXPECT_GT(s["tokens_per_second"].get<double>(), 0);
+}
+
+// Through the CLI: stage 2 in bf16 on 2 ranks trains, and the summary's per-rank model-state
+// bytes equal design §2's formula (2Ψ + 14Ψ/N) up to the layout's padding.
+TEST(TrainSummary, ShardedBf16BytesMatchTheFormula) {
+  auto run = train(2, {"zero_optimization.stage=2", "bf16.enabled=true"});
+  const auto& s = run.summary;
+  ASSERT_EQ(s["losses"].size(), 5u);
+  EXPECT_EQ(s["precision"], "bf16");
+  EXPECT_EQ(s["zero"]["shard_gradients"], true);
+  const int64_t psi = s["trainable_parameters"];
+  const auto& formula = s["model_state_formula_bytes"];
+  EXPECT_EQ(formula["total"].get<int64_t>(), 2 * psi + 2 * psi / 2 + 12 * psi / 2);
+  for (const auto& rank : s["ranks"]) {
+    const auto& m = rank["model_state_bytes"];
+    for (auto role : {"parameters", "gradients", "optimizer_states", "total"}) {
+      EXPECT_GE(m[role].get<int64_t>(), formula[role].get<int64_t>()) << role;
+      EXPECT_LE(m[role].get<int64_t>(), formula[role].get<int64_t>() * 1.01) << role;
+    }
+    EXPECT_GT(rank["buffer_bytes"].get<int64_t>(), 0);
+  }
 }
 
 TEST(TrainLauncher, UsesTheEnvironmentOfAnExternalLauncher) {

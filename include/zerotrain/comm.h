@@ -112,7 +112,8 @@ class Communicator {
   // In place over `flat` (contiguous).
   virtual CollectiveHandle all_reduce(at::Tensor flat, ReduceOp op, std::string_view label) = 0;
   // `input` holds world_size * n elements, `output` n; rank r receives the reduction of
-  // block r. `input` is left unchanged.
+  // block r. `input` is left unchanged, except that `output` may be this rank's own block of
+  // `input` (in place).
   virtual CollectiveHandle reduce_scatter(at::Tensor input, at::Tensor output, ReduceOp op,
                                           std::string_view label) = 0;
   // `input` holds n elements, `output` world_size * n; block r of `output` is rank r's input.

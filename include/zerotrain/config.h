@@ -49,6 +49,12 @@ struct ZeroConfig {
   int64_t reduce_bucket_size = 500'000'000;  // elements
   int64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = false;
+  // The switches the engine composes (design §3); derived from `stage` when the configuration is
+  // read and never asked for by stage number elsewhere: stage 1 shards optimizer states, stage 2
+  // also gradients, stage 3 also parameters.
+  bool shard_optimizer_states = false;
+  bool shard_gradients = false;
+  bool shard_parameters = false;
 };
 
 struct LossScaleConfig {  // the "fp16" block

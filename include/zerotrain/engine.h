@@ -21,11 +21,25 @@
 // - step() is a no-op (returns stepped=false) except on the last micro-step of an accumulation
 //   window, where it completes the gradient reduction, clips by the global norm, applies the
 //   optimizer with the learning rate of the schedule, and zeroes the gradients.
+// - Precision (config "bf16"/"fp16"): the engine converts the model's trainable parameters to a
+//   16-bit working copy (frozen parameters and floating buffers follow, so the model sees one
+//   dtype) and keeps fp32 master weights for the optimizer. With fp16 the loss is also multiplied
+//   by the loss scale (LossScaler, DeepSpeed semantics) and a step with an inf/NaN gradient on
+//   any rank is skipped on every rank.
+// - Sharding (config zero_optimization.stage, read as switches): optimizer states and master
+//   weights exist only for this rank's partition of the layout (stage 1); gradients too, kept as
+//   the owned partition only and reduced bucket by bucket during every backward (stage 2). In
+//   that case a parameter's .grad is a view into a bucket buffer and is not meaningful after
+//   backward() returns. docs/zero.md has the data flow.
+// - Every rank must use the same parameters in the same order in every backward (as with
+//   plain data parallel); the reductions launched from gradient hooks rely on it.
 // - Not thread-safe: drive one engine from one thread. Every rank must call backward()/step()
 //   the same number of times in the same order (they run collectives).
 #pragma once
 #include <cstdint>
 #include <memory>
+
+#include "zerotrain/memory.h"
 
 namespace at {
 class Tensor;
@@ -38,14 +52,7 @@ namespace zt {
 
 class Communicator;
 struct TrainConfig;
-
-// Bytes of long-lived model state held by this rank, by role (design §2 vocabulary).
-struct ModelStateBytes {
-  int64_t parameters = 0;        // working parameters (all trainable ones, this rank's copy)
-  int64_t gradients = 0;         // gradient arena
-  int64_t optimizer_states = 0;  // master weights (when separate) and optimizer moments
-  int64_t total() const { return parameters + gradients + optimizer_states; }
-};
+struct FlatLayout;
 
 struct StepResult {
   bool boundary = false;     // this call ended an accumulation window
@@ -53,6 +60,7 @@ struct StepResult {
   bool skipped = false;      // a non-finite gradient made every rank skip this step
   double grad_norm = 0.0;    // global gradient norm before clipping (boundary only)
   double lr = 0.0;           // learning rate used (boundary only)
+  double loss_scale = 1.0;   // loss scale the gradients of this step carried (fp16; else 1)
 };
 
 class Engine {
@@ -71,7 +79,14 @@ class Engine {
   int64_t global_step() const;     // optimizer steps taken (skipped ones included)
   int64_t skipped_steps() const;
   double learning_rate() const;    // for the next optimizer step
+  double loss_scale() const;       // for the next backward (1 unless fp16)
+  // Long-lived model state this rank allocated, by role (compare with model_state_formula).
   ModelStateBytes model_state_bytes() const;
+  // Transient buffers the engine keeps besides model state: gradient bucket buffers (sharded
+  // gradients) and the fp32 conversion chunk (16-bit training).
+  int64_t buffer_bytes() const;
+  int64_t trainable_parameters() const;  // Ψ: elements of all parameters with requires_grad
+  const FlatLayout& layout() const;
   Communicator& communicator() const;
   const TrainConfig& config() const;
 

@@ -355,16 +355,19 @@ class ProcessGroupCommunicator final : public Communicator {
       };
       return CollectiveHandle(state);
     }
-    at::Tensor out = widen ? at::empty({n}, output.options().dtype(at::kFloat)) : output;
+    // In place (output is this rank's block of input) is allowed by the contract; Gloo's
+    // reduce-scatter gives no such guarantee, so it then writes a temporary that is copied back.
+    const bool aliased = output.is_alias_of(input);
+    at::Tensor out = widen || aliased ? at::empty({n}, output.options().dtype(in.scalar_type())) : output;
     c10d::ReduceScatterOptions o;
     o.reduceOp = c10d_op(op);
     o.timeout = options_.timeout;
     issue(*state, [&] { return backend_for(input, *state)._reduce_scatter_base(out, in, o); });
     state->keep_alive = {input, output, in, out};
-    if (divide || widen) {
-      state->finalize = [output, out, divide, widen, world] {
+    if (divide || widen || aliased) {
+      state->finalize = [output, out, divide, world] {
         if (divide) out.div_(world);
-        if (widen) output.copy_(out);
+        if (!out.is_same(output)) output.copy_(out);
       };
     }
     return CollectiveHandle(state);

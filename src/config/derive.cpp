@@ -148,6 +148,11 @@ void derive(TrainConfig& c, Values& values) {
   if (c.fp16.enabled && bf16)
     throw ConfigError("fp16.enabled and bf16.enabled are both true: enable at most one of them");
   c.precision = c.fp16.enabled ? Precision::FP16 : bf16 ? Precision::BF16 : Precision::FP32;
+
+  // The stage only sets the switches the engine composes (design §3).
+  c.zero.shard_optimizer_states = c.zero.stage >= 1;
+  c.zero.shard_gradients = c.zero.stage >= 2;
+  c.zero.shard_parameters = c.zero.stage >= 3;
 }
 
 void validate_semantics(const TrainConfig& c, const Values& values) {
@@ -202,12 +207,13 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
 }
 
 void validate_support(const TrainConfig& c, const Values& values) {
-  if (c.zero.stage != 0)
-    throw ConfigError(fmt::format("zero_optimization.stage {} is not supported yet (supported: 0)", c.zero.stage));
-  if (c.precision == Precision::FP16)
-    throw ConfigError("fp16.enabled: fp16 training is not supported yet (supported: fp32)");
-  if (c.precision == Precision::BF16)
-    throw ConfigError("bf16.enabled: bf16 training is not supported yet (supported: fp32)");
+  if (c.zero.shard_parameters)
+    throw ConfigError(
+        fmt::format("zero_optimization.stage {} is not supported yet (supported: 0, 1, 2)", c.zero.stage));
+  if (!c.zero.contiguous_gradients)
+    throw ConfigError(
+        "zero_optimization.contiguous_gradients = false is not supported: gradients always live in contiguous "
+        "buffers (the default true is accepted)");
   if (!optimizer_params().count(c.optimizer.type))
     throw ConfigError(fmt::format("optimizer.type \"{}\" is not supported yet (supported: Adam, AdamW, Lamb, SGD)",
                                   c.optimizer.type));

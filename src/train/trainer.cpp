@@ -85,24 +85,26 @@ std::string human_rate(double per_second) {
 struct RankStats {
   int64_t peak_rss = 0;
   ModelStateBytes state;
+  int64_t buffers = 0;
 };
 
 std::vector<RankStats> gather_rank_stats(Communicator& comm, const Engine* engine) {
   const int world = comm.world_size();
-  auto local = torch::zeros({4}, torch::kInt64);
+  auto local = torch::zeros({5}, torch::kInt64);
   local[0] = static_cast<int64_t>(peak_rss_bytes());
   if (engine) {
     auto b = engine->model_state_bytes();
     local[1] = b.parameters;
     local[2] = b.gradients;
     local[3] = b.optimizer_states;
+    local[4] = engine->buffer_bytes();
   }
-  auto all = torch::zeros({4 * world}, torch::kInt64);
+  auto all = torch::zeros({5 * world}, torch::kInt64);
   comm.all_gather(local, all, "stats.gather").wait();
   std::vector<RankStats> stats(world);
   auto a = all.accessor<int64_t, 1>();
   for (int r = 0; r < world; ++r)
-    stats[r] = RankStats{a[4 * r], ModelStateBytes{a[4 * r + 1], a[4 * r + 2], a[4 * r + 3]}};
+    stats[r] = RankStats{a[5 * r], ModelStateBytes{a[5 * r + 1], a[5 * r + 2], a[5 * r + 3]}, a[5 * r + 4]};
   return stats;
 }
 
@@ -196,7 +198,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     auto path = dir / (config.csv_monitor.job_name + ".csv");
     csv.open(path);
     if (!csv) throw DataError(fmt::format("csv_monitor.output_path: cannot write '{}'", path.string()));
-    csv << "step,loss,lr,grad_norm,skipped,tokens_per_second,elapsed_seconds,peak_rss_bytes_max\n";
+    csv << "step,loss,lr,grad_norm,skipped,tokens_per_second,elapsed_seconds,peak_rss_bytes_max,loss_scale\n";
   }
 
   auto evaluate = [&]() {
@@ -214,6 +216,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   const int64_t steps = config.train.steps;
   const double tokens_per_step = double(config.train_batch_size) * double(seq_len);
   std::vector<double> losses;
+  std::vector<int> skipped_flags;  // 1 where the step was skipped (inf/NaN gradient)
   std::vector<std::pair<int64_t, double>> eval_losses;
   losses.reserve(steps);
   using clock = std::chrono::steady_clock;
@@ -248,6 +251,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     ZT_CHECK_STATE(result.boundary, "the last micro-step of a window must end it");
     const double loss = mean_over_ranks(*comm, loss_sum / double(accum), "train.loss");
     losses.push_back(loss);
+    skipped_flags.push_back(result.skipped ? 1 : 0);
     ++window_steps;
     const bool last = step + 1 == steps;
     const bool print = last || (config.steps_per_print > 0 && (step + 1) % config.steps_per_print == 0);
@@ -271,8 +275,9 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     int64_t peak_max = 0;
     for (auto& s : stats) peak_max = std::max(peak_max, s.peak_rss);
     if (csv.is_open())
-      csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{}\n", step + 1, loss, result.lr, result.grad_norm,
-                         result.skipped ? 1 : 0, print ? last_rate : 0.0, elapsed, peak_max);
+      csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{},{:g}\n", step + 1, loss, result.lr,
+                         result.grad_norm, result.skipped ? 1 : 0, print ? last_rate : 0.0, elapsed, peak_max,
+                         result.loss_scale);
     if (print && !leader) breakdown = {};
     if (leader && print) {
       std::string peaks;
@@ -314,8 +319,24 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                         {{"parameters", stats[r].state.parameters},
                          {"gradients", stats[r].state.gradients},
                          {"optimizer_states", stats[r].state.optimizer_states},
-                         {"total", stats[r].state.total()}}}});
+                         {"total", stats[r].state.total()}}},
+                       {"buffer_bytes", stats[r].buffers}});
     summary["ranks"] = ranks;
+    // What design §2 says this configuration should hold per rank, without padding.
+    const ModelStateBytes formula = model_state_formula(engine.trainable_parameters(), world, config);
+    summary["trainable_parameters"] = engine.trainable_parameters();
+    summary["model_state_formula_bytes"] = {{"parameters", formula.parameters},
+                                            {"gradients", formula.gradients},
+                                            {"optimizer_states", formula.optimizer_states},
+                                            {"total", formula.total()}};
+    summary["zero"] = {{"stage", config.zero.stage},
+                       {"shard_optimizer_states", config.zero.shard_optimizer_states},
+                       {"shard_gradients", config.zero.shard_gradients}};
+    summary["precision"] = config.precision == Precision::BF16   ? "bf16"
+                           : config.precision == Precision::FP16 ? "fp16"
+                                                                 : "fp32";
+    summary["loss_scale"] = engine.loss_scale();
+    summary["skipped"] = skipped_flags;
     auto path = std::filesystem::path(options.summary_path);
     if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
     auto tmp = path;

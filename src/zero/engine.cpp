@@ -1,39 +1,92 @@
 #include "zerotrain/engine.h"
 
+#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <cmath>
 
 #include "common/check.h"
 #include "optim/cpu_kernels.h"
+#include "zero/loss_scaler.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
+#include "zerotrain/layout.h"
 #include "zerotrain/lr_schedule.h"
 
-// Stage 0 (plain data parallel) engine. Parameters and gradients live in two flat fp32 arenas;
-// parameters are laid out in reverse registration order so that gradient buckets fill in the
-// order backward produces them (design §7, Megatron). Each bucket is all-reduced as soon as its
-// last gradient has been accumulated on the boundary micro-step, overlapping the rest of backward.
-// Rationale and data flow: docs/architecture.md.
+// The engine for stages 0, 1 and 2 (design §3 item 5, §4). What a stage means is decided once,
+// in the constructor, from the configuration's switches (shard optimizer states, shard
+// gradients); nothing below asks for a stage number. Data flow and memory: docs/zero.md.
+//
+//   working parameters  flat_params    working dtype, whole flat buffer (every rank)
+//   gradients           flat_grads     working dtype, whole flat buffer   (gradients not sharded)
+//                       grad_partition working dtype, this rank's shards   (gradients sharded)
+//   master weights      master         fp32, this rank's partition        (16-bit working dtype only;
+//                                      in fp32 the working parameters are the master weights)
+//   optimizer moments   exp_avg/_sq    fp32, this rank's partition
+//
+// Without optimizer-state sharding the layout is computed for a world of one, so "this rank's
+// partition" is the whole buffer and the same code serves stage 0.
 
 namespace zt {
 namespace {
 
-struct ParamSlot {
-  torch::Tensor param;
-  int64_t offset = 0;  // element offset in the flat arenas
-  int64_t numel = 0;
-  int bucket = 0;
+// Chunk of 16-bit gradients converted to fp32 before one kernel call; bounds the scratch buffer.
+constexpr int64_t kConversionChunk = 1 << 20;
+
+torch::ScalarType working_dtype_of(Precision precision) {
+  switch (precision) {
+    case Precision::BF16: return torch::kBFloat16;
+    case Precision::FP16: return torch::kHalf;
+    case Precision::FP32: break;
+  }
+  return torch::kFloat32;
+}
+
+// How gradients travel; chosen once from the switches.
+enum class GradientReduction {
+  AllReduce,             // optimizer states not sharded: every rank gets the whole sum
+  ReduceScatterInPlace,  // optimizer states sharded: the owned shard of the full gradient buffer
+  ReduceScatterBuckets,  // gradients sharded too: bucket buffers reduced into the owned partition
 };
 
-struct Bucket {
-  int64_t offset = 0;
+class PreHook : public torch::autograd::FunctionPreHook {
+ public:
+  explicit PreHook(std::function<void()> fn) : fn_(std::move(fn)) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& grads) override {
+    fn_();
+    return grads;
+  }
+
+ private:
+  std::function<void()> fn_;
+};
+
+struct Slot {
+  torch::Tensor param;
+  int placement = 0;
+  int bucket = 0;
+  int64_t offset = 0;  // in the flat buffer
   int64_t numel = 0;
-  int pending = 0;         // gradients not yet accumulated on this boundary micro-step
-  int total = 0;
-  bool launched = false;
-  std::optional<CollectiveHandle> handle;
+  torch::Tensor bucket_grad_view[2];  // ReduceScatterBuckets: the gradient's place in each bucket buffer
+};
+
+enum class BucketState { Idle, Filling, InFlight };
+
+struct BucketBuffer {  // ReduceScatterBuckets only
+  torch::Tensor data;     // largest bucket, working dtype
+  torch::Tensor scratch;  // largest shard: receives a reduction that must be added, not written
+  int bucket = -1;
+  bool add_into_partition = false;
+  CollectiveHandle handle;
+};
+
+struct BucketProgress {
+  int remaining = 0;      // gradients of this bucket still to arrive in this backward
+  BucketState state = BucketState::Idle;
+  int buffer = -1;
+  bool received = false;  // its owned partition slice holds a reduction of this window
+  std::optional<CollectiveHandle> handle;  // AllReduce / ReduceScatterInPlace
 };
 
 }  // namespace
@@ -43,140 +96,431 @@ struct Engine::Impl {
   TrainConfig config;
   std::shared_ptr<Communicator> comm;
   LrSchedule schedule;
-  // Optimizer (design §3 item 4): fused kernels from optim/cpu_kernels.h over the flat arenas.
-  // exp_avg doubles as SGD's momentum buffer; LAMB's per-tensor norms use the slots' ranges.
+  LossScaler scaler;
   enum class OptimizerKind { Adam, Lamb, Sgd } kind = OptimizerKind::Adam;
   optim::AdamHyperparameters adam;
   optim::LambHyperparameters lamb;
   optim::SgdHyperparameters sgd;
-  std::vector<int64_t> tensor_bounds;  // LAMB: [0, end of slot 0, end of slot 1, ...]
 
-  std::vector<ParamSlot> slots;
-  std::vector<Bucket> buckets;
+  // Composition, fixed at construction.
+  GradientReduction reduction = GradientReduction::AllReduce;
+  torch::ScalarType working_dtype = torch::kFloat32;
+  bool separate_master = false;  // 16-bit working parameters
+  int world = 1, rank = 0;
+  int shard_world = 1, shard_rank = 0;
+
+  FlatLayout layout;
+  std::vector<OwnedFragment> fragments;  // of shard_rank, in partition order
+  std::vector<Slot> slots;               // in placement order
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
-  torch::Tensor flat_params, flat_grads, exp_avg, exp_avg_sq;
-  int64_t numel = 0;
+  torch::Tensor flat_params, flat_grads, grad_partition, master, exp_avg, exp_avg_sq, grad_scratch;
+  BucketBuffer buffers[2];
+  int next_buffer = 0;
+  std::vector<BucketProgress> progress;
 
   int64_t micro_step = 0;   // micro-steps done in the current accumulation window
   int64_t global_step = 0;  // optimizer steps taken
   int64_t skipped = 0;
-  bool reducing = false;    // true during the boundary micro-step's backward
+  bool in_backward = false;
+  bool reducing = false;    // this backward launches reductions from the hooks
 
   Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm)
-      : model(std::move(m)), config(c), comm(std::move(cm)),
-        schedule(c.scheduler, c.optimizer.lr) {
+      : model(std::move(m)), config(c), comm(std::move(cm)), schedule(c.scheduler, c.optimizer.lr),
+        scaler(c.fp16) {
     const OptimizerConfig& o = c.optimizer;
     kind = o.type == "Lamb" ? OptimizerKind::Lamb : o.type == "SGD" ? OptimizerKind::Sgd : OptimizerKind::Adam;
     adam = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction};
     lamb = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction, o.min_coeff, o.max_coeff};
     sgd = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov};
-    build_arenas();
+    if (c.zero.shard_parameters)
+      throw ConfigError("engine: zero_optimization.stage 3 (sharded parameters) is not supported yet");
+    world = comm->world_size();
+    rank = comm->rank();
+    working_dtype = working_dtype_of(c.precision);
+    separate_master = working_dtype != torch::kFloat32;
+    if (c.zero.shard_optimizer_states) {
+      shard_world = world;
+      shard_rank = rank;
+    }
+    reduction = c.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
+                : c.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
+                                                : GradientReduction::AllReduce;
+    build();
   }
 
-  void build_arenas() {
+  // ---------------------------------------------------------------- construction
+  void build() {
     std::vector<torch::Tensor> trainable;
-    for (auto& p : model->parameters(/*recurse=*/true))
-      if (p.requires_grad()) trainable.push_back(p);
-    if (trainable.empty()) throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
-    for (auto& p : trainable)
+    std::vector<ParameterSpec> specs;
+    for (auto& named : model->named_parameters(/*recurse=*/true)) {
+      const torch::Tensor& p = named.value();
+      if (!p.requires_grad()) continue;
       if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu())
-        throw ConfigError("engine: expected fp32 CPU parameters for this configuration, found " +
-                          std::string(c10::toString(p.scalar_type())) + " on " + p.device().str());
-    // Reverse registration order: the last layers' gradients arrive first in backward.
-    std::reverse(trainable.begin(), trainable.end());
-    const int64_t bucket_limit = std::max<int64_t>(1, config.zero.reduce_bucket_size);
-    int64_t offset = 0;
-    for (auto& p : trainable) {
-      ParamSlot slot{p, offset, p.numel(), 0};
-      if (buckets.empty() || (buckets.back().numel > 0 && buckets.back().numel + slot.numel > bucket_limit))
-        buckets.emplace_back().offset = offset;
-      slot.bucket = int(buckets.size()) - 1;
-      buckets.back().numel += slot.numel;
-      buckets.back().total += 1;
-      offset += slot.numel;
-      slots.push_back(slot);
+        throw ConfigError("engine: expected fp32 CPU parameters (the engine makes the working copy), found " +
+                          std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
+                          named.key() + "'");
+      trainable.push_back(p);
+      specs.push_back({named.key(), p.sizes().vec(), "float32"});
     }
-    numel = offset;
-    auto opts = torch::TensorOptions().dtype(torch::kFloat32);
-    flat_params = torch::empty({numel}, opts);
-    flat_grads = torch::zeros({numel}, opts);
-    // Only the state the chosen optimizer keeps (SGD without momentum keeps none).
-    const bool first_moment = kind != OptimizerKind::Sgd || sgd.momentum != 0.0;
-    exp_avg = torch::zeros({first_moment ? numel : 0}, opts);
-    exp_avg_sq = torch::zeros({kind == OptimizerKind::Sgd ? 0 : numel}, opts);
-    tensor_bounds = {0};
-    for (auto& slot : slots) tensor_bounds.push_back(slot.offset + slot.numel);
+    if (trainable.empty())
+      throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
+    LayoutOptions options;
+    options.world_size = shard_world;
+    options.bucket_size = std::max<int64_t>(1, config.zero.reduce_bucket_size);
+    layout = compute_layout(specs, options);
+    fragments = layout.owned_fragments(shard_rank);
+
+    // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
+    // anything is rounded to the working dtype.
+    auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
+    torch::Tensor initial = torch::zeros({layout.total_numel}, fp32);
     torch::NoGradGuard no_grad;
-    for (auto& slot : slots) {
-      auto view = flat_params.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
-      view.copy_(slot.param.detach());
-      // set_data keeps the parameter's autograd identity (and version counter) intact.
-      slot.param.set_data(view);
-      slot.param.mutable_grad() = flat_grads.narrow(0, slot.offset, slot.numel).view(slot.param.sizes());
+    for (const auto& placement : layout.placements)
+      initial.narrow(0, placement.offset, placement.numel).copy_(trainable[placement.index].detach().reshape({-1}));
+    comm->broadcast(initial, 0, "engine.init.params").wait();
+
+    const int64_t partition = layout.partition_numel;
+    if (separate_master) {
+      master = torch::empty({partition}, fp32);
+      for (int b = 0; b < int(layout.buckets.size()); ++b)
+        master.narrow(0, layout.buckets[b].partition_offset, layout.buckets[b].shard_numel)
+            .copy_(initial.narrow(0, layout.shard_offset(b, shard_rank), layout.buckets[b].shard_numel));
+      flat_params = initial.to(working_dtype);
+      initial = torch::Tensor();
+      grad_scratch = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, fp32);
+    } else {
+      flat_params = initial;
     }
-    comm->broadcast(flat_params, 0, "engine.init.params").wait();
-    for (size_t i = 0; i < slots.size(); ++i) {
+    const bool first_moment = kind != OptimizerKind::Sgd || sgd.momentum != 0.0;
+    exp_avg = torch::zeros({first_moment ? partition : 0}, fp32);
+    exp_avg_sq = torch::zeros({kind == OptimizerKind::Sgd ? 0 : partition}, fp32);
+
+    auto working = torch::TensorOptions().dtype(working_dtype);
+    if (reduction == GradientReduction::ReduceScatterBuckets) {
+      grad_partition = torch::zeros({partition}, working);
+      int64_t largest = 0, largest_shard = 0;
+      for (const auto& b : layout.buckets) {
+        largest = std::max(largest, b.numel);
+        largest_shard = std::max(largest_shard, b.shard_numel);
+      }
+      for (auto& buffer : buffers) {
+        buffer.data = torch::zeros({largest}, working);
+        buffer.scratch = torch::empty({largest_shard}, working);
+      }
+    } else {
+      flat_grads = torch::zeros({layout.total_numel}, working);
+    }
+    progress.resize(layout.buckets.size());
+
+    // Frozen parameters and floating-point buffers follow the working dtype so that the model's
+    // operations see one dtype; they get no gradient or optimizer memory.
+    if (separate_master) {
+      for (auto& p : model->parameters(true))
+        if (!p.requires_grad() && p.is_floating_point()) p.set_data(p.detach().to(working_dtype));
+      for (auto& buffer : model->buffers(true))
+        if (buffer.is_floating_point()) buffer.set_data(buffer.to(working_dtype));
+    }
+
+    for (int i = 0; i < int(layout.placements.size()); ++i) {
+      const ParameterPlacement& placement = layout.placements[i];
+      Slot slot;
+      slot.param = trainable[placement.index];
+      slot.placement = i;
+      slot.bucket = placement.bucket;
+      slot.offset = placement.offset;
+      slot.numel = placement.numel;
+      auto shape = slot.param.sizes();
+      // set_data keeps the parameter's autograd identity (and version counter) intact.
+      slot.param.set_data(flat_params.narrow(0, slot.offset, slot.numel).view(shape));
+      if (reduction == GradientReduction::ReduceScatterBuckets) {
+        const int64_t in_bucket = slot.offset - layout.buckets[slot.bucket].offset;
+        for (int k = 0; k < 2; ++k)
+          slot.bucket_grad_view[k] = buffers[k].data.narrow(0, in_bucket, slot.numel).view(shape);
+        slot.param.mutable_grad() = torch::Tensor();
+      } else {
+        slot.param.mutable_grad() = flat_grads.narrow(0, slot.offset, slot.numel).view(shape);
+      }
+      slots.push_back(std::move(slot));
+    }
+    for (int i = 0; i < int(slots.size()); ++i) {
       auto accumulator = torch::autograd::impl::grad_accumulator(slots[i].param);
+      if (reduction == GradientReduction::ReduceScatterBuckets)
+        accumulator->add_pre_hook(std::make_unique<PreHook>([this, i] { before_gradient(i); }));
       accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            on_gradient_ready(i);
+            after_gradient(i);
             return outputs;
           }));
       grad_accumulators.push_back(std::move(accumulator));
     }
   }
 
-  void on_gradient_ready(size_t slot_index) {
-    if (!reducing) return;
-    auto& bucket = buckets[slots[slot_index].bucket];
-    ZT_CHECK_STATE(bucket.pending > 0, "gradient of a parameter arrived twice in one backward");
-    if (--bucket.pending == 0) launch(bucket, slots[slot_index].bucket);
-  }
-
-  void launch(Bucket& bucket, int index) {
-    bucket.launched = true;
-    bucket.handle = comm->all_reduce(flat_grads.narrow(0, bucket.offset, bucket.numel), ReduceOp::Sum,
-                                     "grads.bucket" + std::to_string(index));
-  }
-
+  // ---------------------------------------------------------------- backward
   bool boundary_next() const { return micro_step + 1 == config.gradient_accumulation_steps; }
 
   void backward(const torch::Tensor& loss) {
-    reducing = boundary_next() && comm->world_size() > 1;
+    ZT_CHECK_STATE(!in_backward, "backward() re-entered");
+    const bool boundary = boundary_next();
+    // Gradients are reduced on the boundary micro-step only, except when they are sharded: then
+    // every micro-step reduces, so that no full-size gradient survives a backward.
+    reducing = reduction == GradientReduction::ReduceScatterBuckets || (boundary && world > 1);
     if (reducing)
-      for (auto& b : buckets) { b.pending = b.total; b.launched = false; b.handle.reset(); }
-    (loss / double(config.gradient_accumulation_steps)).backward();
+      for (size_t i = 0; i < progress.size(); ++i) {
+        progress[i].remaining = layout.buckets[i].end_placement - layout.buckets[i].first_placement;
+        if (reduction != GradientReduction::ReduceScatterBuckets) {
+          progress[i].state = BucketState::Idle;
+          progress[i].handle.reset();
+        }
+      }
+    in_backward = true;
+    try {
+      (loss * (scaler.scale() / double(config.gradient_accumulation_steps))).backward();
+    } catch (...) {
+      in_backward = false;
+      throw;
+    }
+    in_backward = false;
+    if (reduction == GradientReduction::ReduceScatterBuckets) flush_buckets();
     ++micro_step;
   }
 
+  // ReduceScatterBuckets: the gradient of slot i is about to be accumulated; its .grad must be
+  // the right place in a zeroed bucket buffer.
+  void before_gradient(int i) {
+    if (!in_backward) return;
+    Slot& slot = slots[i];
+    BucketProgress& b = progress[slot.bucket];
+    if (b.state != BucketState::Filling) acquire_buffer(slot.bucket);
+    slot.param.mutable_grad() = slot.bucket_grad_view[b.buffer];
+  }
+
+  void after_gradient(int i) {
+    if (!reducing || !in_backward) return;
+    const int bucket = slots[i].bucket;
+    BucketProgress& b = progress[bucket];
+    // A gradient that arrives after its bucket was launched (out-of-order backward) makes its
+    // bucket fill again; it is launched from flush_buckets(). remaining then stays below zero.
+    if (--b.remaining == 0) launch(bucket);
+  }
+
+  void acquire_buffer(int bucket) {
+    const int k = next_buffer;
+    next_buffer ^= 1;
+    BucketBuffer& buffer = buffers[k];
+    if (buffer.bucket >= 0 && progress[buffer.bucket].buffer == k) {
+      BucketProgress& previous = progress[buffer.bucket];
+      if (previous.state == BucketState::Filling) launch(buffer.bucket);  // a gradient never came
+      complete(k);
+    }
+    const BucketLayout& layout_bucket = layout.buckets[bucket];
+    buffer.data.narrow(0, 0, layout_bucket.numel).zero_();
+    buffer.bucket = bucket;
+    progress[bucket].state = BucketState::Filling;
+    progress[bucket].buffer = k;
+  }
+
+  void launch(int bucket) {
+    BucketProgress& b = progress[bucket];
+    const BucketLayout& lb = layout.buckets[bucket];
+    const std::string label = "grads.bucket" + std::to_string(bucket);
+    switch (reduction) {
+      case GradientReduction::AllReduce:
+        b.handle = comm->all_reduce(flat_grads.narrow(0, lb.offset, lb.numel), ReduceOp::Sum, label);
+        b.state = BucketState::InFlight;
+        return;
+      case GradientReduction::ReduceScatterInPlace:
+        b.handle = comm->reduce_scatter(flat_grads.narrow(0, lb.offset, lb.numel),
+                                        flat_grads.narrow(0, layout.shard_offset(bucket, shard_rank), lb.shard_numel),
+                                        ReduceOp::Sum, label);
+        b.state = BucketState::InFlight;
+        return;
+      case GradientReduction::ReduceScatterBuckets: {
+        ZT_CHECK_STATE(b.state == BucketState::Filling, "launching a bucket that is not filling");
+        BucketBuffer& buffer = buffers[b.buffer];
+        // The first reduction of a window writes the owned slice; later ones are added to it.
+        buffer.add_into_partition = b.received;
+        torch::Tensor owned = buffer.add_into_partition ? buffer.scratch.narrow(0, 0, lb.shard_numel)
+                                                         : grad_partition.narrow(0, lb.partition_offset, lb.shard_numel);
+        buffer.handle = comm->reduce_scatter(buffer.data.narrow(0, 0, lb.numel), owned, ReduceOp::Sum, label);
+        b.state = BucketState::InFlight;
+        b.received = true;
+        if (!config.zero.overlap_comm) complete(b.buffer);
+        return;
+      }
+    }
+  }
+
+  void complete(int k) {
+    BucketBuffer& buffer = buffers[k];
+    if (buffer.bucket < 0) return;
+    BucketProgress& b = progress[buffer.bucket];
+    // The bucket may have moved on to the other buffer since (a late gradient refilled it).
+    if (b.state != BucketState::InFlight || b.buffer != k) return;
+    buffer.handle.wait();
+    if (buffer.add_into_partition) {
+      const BucketLayout& lb = layout.buckets[buffer.bucket];
+      grad_partition.narrow(0, lb.partition_offset, lb.shard_numel).add_(buffer.scratch.narrow(0, 0, lb.shard_numel));
+    }
+    b.state = BucketState::Idle;
+  }
+
+  // End of a backward with sharded gradients: launch what is still filling (in bucket order, the
+  // same on every rank) and wait, so that only the owned partition holds gradients afterwards.
+  void flush_buckets() {
+    for (int bucket = 0; bucket < int(progress.size()); ++bucket)
+      if (progress[bucket].state == BucketState::Filling) launch(bucket);
+    for (int k = 0; k < 2; ++k) complete(k);
+  }
+
+  // ---------------------------------------------------------------- step
+  // Sum of squares of this rank's owned gradient region (the whole gradient when not sharded).
+  double owned_gradient_square_sum() {
+    auto square_sum = [](const torch::Tensor& t) {
+      const double norm = torch::linalg_vector_norm(t, 2, c10::nullopt, false, torch::kFloat32).item<double>();
+      return norm * norm;
+    };
+    double sum = 0.0;
+    for (int b = 0; b < int(layout.buckets.size()); ++b) {
+      const BucketLayout& lb = layout.buckets[b];
+      sum += square_sum(reduction == GradientReduction::ReduceScatterBuckets
+                            ? grad_partition.narrow(0, lb.partition_offset, lb.shard_numel)
+                            : flat_grads.narrow(0, layout.shard_offset(b, shard_rank), lb.shard_numel));
+    }
+    return sum;
+  }
+
+  // Gradients of the owned fragment f, in the working dtype.
+  torch::Tensor owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t n) {
+    return reduction == GradientReduction::ReduceScatterBuckets ? grad_partition.narrow(0, partition_offset, n)
+                                                                 : flat_grads.narrow(0, flat_offset, n);
+  }
+
+  // One optimizer pass over this rank's partition, bucket shard by bucket shard, in chunks that
+  // bound the fp32 conversion of 16-bit gradients. LAMB's per-tensor norms are summed across the
+  // ranks that hold pieces of each tensor between its two phases.
   void apply_optimizer(double lr, int64_t step, float grad_scale) {
     optim::StepOptions options;
     options.grad_scale = grad_scale;
-    float* p = flat_params.data_ptr<float>();
-    const float* g = flat_grads.data_ptr<float>();
+    if (separate_master) options.half = working_dtype == torch::kBFloat16 ? optim::HalfType::BF16 : optim::HalfType::FP16;
+    adam.lr = lr;
+    sgd.lr = lr;
+    lamb.lr = lr;
+
+    struct Chunk {
+      int64_t flat_offset, partition_offset, numel;
+      std::vector<int64_t> bounds;   // LAMB: piece boundaries relative to the chunk
+      std::vector<int> placements;   // LAMB: placement of each piece, -1 for padding
+    };
+    std::vector<Chunk> chunks;
+    const int64_t chunk_limit = separate_master ? kConversionChunk : std::numeric_limits<int64_t>::max();
+    for (const OwnedFragment& f : fragments) {
+      for (int64_t done = 0; done < f.numel;) {
+        if (chunks.empty() || chunks.back().numel >= chunk_limit ||
+            chunks.back().flat_offset + chunks.back().numel != f.flat_offset + done ||
+            chunks.back().partition_offset + chunks.back().numel != f.partition_offset + done)
+          chunks.push_back({f.flat_offset + done, f.partition_offset + done, 0, {0}, {}});
+        Chunk& c = chunks.back();
+        const int64_t take = std::min(f.numel - done, chunk_limit - c.numel);
+        c.numel += take;
+        c.bounds.push_back(c.numel);
+        c.placements.push_back(f.placement);
+        done += take;
+      }
+    }
+
+    auto run_chunk = [&](const Chunk& c, auto&& kernel) {
+      torch::Tensor g = owned_gradient(c.flat_offset, c.partition_offset, c.numel);
+      const float* grads;
+      if (separate_master) {
+        torch::Tensor converted = grad_scratch.narrow(0, 0, c.numel);
+        converted.copy_(g);
+        grads = converted.data_ptr<float>();
+        options.half_out = reinterpret_cast<uint16_t*>(flat_params.data_ptr()) + c.flat_offset;
+      } else {
+        grads = g.data_ptr<float>();
+      }
+      float* p = separate_master ? master.data_ptr<float>() + c.partition_offset
+                                 : flat_params.data_ptr<float>() + c.flat_offset;
+      float* m = exp_avg.numel() ? exp_avg.data_ptr<float>() + c.partition_offset : nullptr;
+      float* v = exp_avg_sq.numel() ? exp_avg_sq.data_ptr<float>() + c.partition_offset : nullptr;
+      kernel(c, p, grads, m, v);
+    };
+
     switch (kind) {
       case OptimizerKind::Adam:
-        adam.lr = lr;
-        optim::adam_step(p, g, exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, adam, step, options);
+        for (const Chunk& c : chunks)
+          run_chunk(c, [&](const Chunk& ch, float* p, const float* g, float* m, float* v) {
+            optim::adam_step(p, g, m, v, ch.numel, adam, step, options);
+          });
         break;
       case OptimizerKind::Sgd:
-        sgd.lr = lr;
-        optim::sgd_step(p, g, exp_avg.numel() ? exp_avg.data_ptr<float>() : nullptr, numel, sgd, step, options);
+        for (const Chunk& c : chunks)
+          run_chunk(c, [&](const Chunk& ch, float* p, const float* g, float* m, float*) {
+            optim::sgd_step(p, g, m, ch.numel, sgd, step, options);
+          });
         break;
       case OptimizerKind::Lamb: {
-        // Stage 0 holds every tensor whole, so the partial sums are already the totals; sharded
-        // stages all-reduce them per tensor between the two phases.
-        lamb.lr = lr;
-        const int segments = int(tensor_bounds.size()) - 1;
-        std::vector<double> w_sq(segments), u_sq(segments);
-        float* m = exp_avg.data_ptr<float>();
-        float* v = exp_avg_sq.data_ptr<float>();
-        optim::lamb_partial_norms(p, g, m, v, numel, tensor_bounds.data(), segments, lamb, options, w_sq.data(),
-                                  u_sq.data());
-        optim::lamb_apply(p, m, v, numel, tensor_bounds.data(), segments, w_sq.data(), u_sq.data(), lamb, step,
-                          options);
+        const int tensors = int(layout.placements.size());
+        // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
+        torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
+        double* s = sums.data_ptr<double>();
+        for (const Chunk& c : chunks)
+          run_chunk(c, [&](const Chunk& ch, float* p, const float* g, float* m, float* v) {
+            const int pieces = int(ch.placements.size());
+            std::vector<double> w_sq(pieces), u_sq(pieces);
+            optim::lamb_partial_norms(p, g, m, v, ch.numel, ch.bounds.data(), pieces, lamb, options, w_sq.data(),
+                                      u_sq.data());
+            for (int k = 0; k < pieces; ++k)
+              if (ch.placements[k] >= 0) {
+                s[ch.placements[k]] += w_sq[k];
+                s[tensors + ch.placements[k]] += u_sq[k];
+              }
+          });
+        if (shard_world > 1) comm->all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
+        for (const Chunk& c : chunks)
+          run_chunk(c, [&](const Chunk& ch, float* p, const float*, float* m, float* v) {
+            const int pieces = int(ch.placements.size());
+            std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
+            for (int k = 0; k < pieces; ++k)
+              if (ch.placements[k] >= 0) {
+                w_sq[k] = s[ch.placements[k]];
+                u_sq[k] = s[tensors + ch.placements[k]];
+              }
+            optim::lamb_apply(p, m, v, ch.numel, ch.bounds.data(), pieces, w_sq.data(), u_sq.data(), lamb, step,
+                              options);
+          });
         break;
       }
+    }
+  }
+
+  // Every rank receives the updated working parameters of every other rank's shards.
+  void gather_parameters() {
+    const int64_t in_flight_limit = std::max<int64_t>(1, config.zero.allgather_bucket_size);
+    std::vector<std::pair<CollectiveHandle, int64_t>> in_flight;
+    int64_t in_flight_numel = 0;
+    for (int b = 0; b < int(layout.buckets.size()); ++b) {
+      const BucketLayout& lb = layout.buckets[b];
+      // allgather_bucket_size bounds the elements being gathered at once.
+      while (!in_flight.empty() && in_flight_numel + lb.numel > in_flight_limit) {
+        in_flight.front().first.wait();
+        in_flight_numel -= in_flight.front().second;
+        in_flight.erase(in_flight.begin());
+      }
+      in_flight.emplace_back(comm->all_gather(flat_params.narrow(0, layout.shard_offset(b, shard_rank), lb.shard_numel),
+                                              flat_params.narrow(0, lb.offset, lb.numel),
+                                              "params.bucket" + std::to_string(b)),
+                             lb.numel);
+      in_flight_numel += lb.numel;
+    }
+    for (auto& [handle, numel] : in_flight) handle.wait();
+  }
+
+  void clear_gradients() {
+    if (reduction == GradientReduction::ReduceScatterBuckets) {
+      for (auto& b : progress) b.received = false;
+    } else {
+      flat_grads.zero_();
     }
   }
 
@@ -185,34 +529,66 @@ struct Engine::Impl {
     if (micro_step < config.gradient_accumulation_steps) return result;
     result.boundary = true;
     micro_step = 0;
-    if (reducing) {
+    if (reducing && reduction != GradientReduction::ReduceScatterBuckets) {
       // Buckets whose parameters received no gradient this step (unused in forward) are still
       // reduced, in bucket order, so every rank issues the same collectives.
-      for (size_t i = 0; i < buckets.size(); ++i)
-        if (!buckets[i].launched) launch(buckets[i], int(i));
-      for (auto& b : buckets) b.handle->wait();
-      reducing = false;
+      for (int b = 0; b < int(progress.size()); ++b)
+        if (progress[b].state != BucketState::InFlight) launch(b);
+      for (auto& b : progress) b.handle->wait();
     }
-    const float inv_world = 1.0f / float(comm->world_size());
-    // Global norm of the averaged gradient; one pass over the arena.
-    const double norm = flat_grads.norm().item<double>() * inv_world;
+    reducing = false;
+    if (reduction == GradientReduction::ReduceScatterBuckets)
+      // A bucket that no gradient reached in this window holds no reduction: its slice is zero.
+      for (int b = 0; b < int(progress.size()); ++b)
+        if (!progress[b].received)
+          grad_partition.narrow(0, layout.buckets[b].partition_offset, layout.buckets[b].shard_numel).zero_();
+
+    // Gradients hold the sum over ranks of loss_scale × the mean micro-batch gradient.
+    double square_sum = owned_gradient_square_sum();
+    if (shard_world > 1) {
+      torch::Tensor total = torch::full({1}, square_sum, torch::kFloat64);
+      comm->all_reduce(total, ReduceOp::Sum, "grads.norm").wait();
+      square_sum = total.item<double>();
+    }
+    const double unscale = 1.0 / (double(world) * scaler.scale());
+    const double norm = std::sqrt(square_sum) * unscale;
     result.grad_norm = norm;
+    result.loss_scale = scaler.scale();
     result.lr = schedule.lr_at(global_step);
     ++global_step;
-    if (!std::isfinite(norm)) {
-      // Every rank sees the same all-reduced gradients, so every rank skips together.
+    const bool overflow = !std::isfinite(norm);
+    scaler.update(overflow);
+    if (overflow) {
+      // The norm is the same on every rank (one all-reduce, or identical all-reduced gradients),
+      // so every rank skips together.
       ++skipped;
       result.skipped = true;
-      flat_grads.zero_();
+      clear_gradients();
       return result;
     }
-    float scale = inv_world;
+    double scale = unscale;
     if (config.gradient_clipping > 0 && norm > config.gradient_clipping)
-      scale *= float(config.gradient_clipping / (norm + 1e-6));
-    apply_optimizer(result.lr, global_step - skipped, scale);
-    flat_grads.zero_();
+      scale *= config.gradient_clipping / (norm + 1e-6);
+    apply_optimizer(result.lr, global_step - skipped, float(scale));
+    if (shard_world > 1) gather_parameters();
+    clear_gradients();
     result.stepped = true;
     return result;
+  }
+
+  ModelStateBytes model_state_bytes() const {
+    ModelStateBytes bytes;
+    bytes.parameters = flat_params.nbytes();
+    bytes.gradients = reduction == GradientReduction::ReduceScatterBuckets ? grad_partition.nbytes() : flat_grads.nbytes();
+    bytes.optimizer_states = (master.defined() ? master.nbytes() : 0) + exp_avg.nbytes() + exp_avg_sq.nbytes();
+    return bytes;
+  }
+
+  int64_t buffer_bytes() const {
+    int64_t bytes = grad_scratch.defined() ? grad_scratch.nbytes() : 0;
+    for (const auto& buffer : buffers)
+      if (buffer.data.defined()) bytes += buffer.data.nbytes() + buffer.scratch.nbytes();
+    return bytes;
   }
 };
 
@@ -227,15 +603,12 @@ bool Engine::next_backward_is_boundary() const { return impl_->boundary_next(); 
 int64_t Engine::global_step() const { return impl_->global_step; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
 double Engine::learning_rate() const { return impl_->schedule.lr_at(impl_->global_step); }
+double Engine::loss_scale() const { return impl_->scaler.scale(); }
 Communicator& Engine::communicator() const { return *impl_->comm; }
 const TrainConfig& Engine::config() const { return impl_->config; }
-
-ModelStateBytes Engine::model_state_bytes() const {
-  ModelStateBytes bytes;
-  bytes.parameters = impl_->flat_params.nbytes();
-  bytes.gradients = impl_->flat_grads.nbytes();
-  bytes.optimizer_states = impl_->exp_avg.nbytes() + impl_->exp_avg_sq.nbytes();
-  return bytes;
-}
+ModelStateBytes Engine::model_state_bytes() const { return impl_->model_state_bytes(); }
+int64_t Engine::buffer_bytes() const { return impl_->buffer_bytes(); }
+int64_t Engine::trainable_parameters() const { return impl_->layout.parameter_numel; }
+const FlatLayout& Engine::layout() const { return impl_->layout; }
 
 }  // namespace zt

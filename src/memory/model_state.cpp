@@ -1,0 +1,30 @@
+#include "zerotrain/config.h"
+#include "zerotrain/memory.h"
+
+namespace zt {
+
+ModelStateBytes model_state_bytes_per_parameter(const TrainConfig& config) {
+  const bool mixed = config.precision != Precision::FP32;
+  ModelStateBytes bytes;
+  bytes.parameters = mixed ? 2 : 4;
+  bytes.gradients = bytes.parameters;
+  const auto& o = config.optimizer;
+  const int64_t moments = o.type == "SGD" ? (o.momentum != 0.0 ? 4 : 0) : 8;
+  bytes.optimizer_states = (mixed ? 4 : 0) + moments;
+  return bytes;
+}
+
+ModelStateBytes model_state_formula(int64_t trainable_parameters, int world_size, const TrainConfig& config) {
+  const ModelStateBytes per = model_state_bytes_per_parameter(config);
+  auto part = [&](int64_t bytes_per_parameter, bool sharded) {
+    const int64_t total = bytes_per_parameter * trainable_parameters;
+    return sharded ? total / world_size : total;
+  };
+  ModelStateBytes bytes;
+  bytes.parameters = part(per.parameters, config.zero.shard_parameters);
+  bytes.gradients = part(per.gradients, config.zero.shard_gradients);
+  bytes.optimizer_states = part(per.optimizer_states, config.zero.shard_optimizer_states);
+  return bytes;
+}
+
+}  // namespace zt
