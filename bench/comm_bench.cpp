@@ -132,10 +132,14 @@ int main(int argc, char** argv) {
         time([&] { native->reduce_scatter(f32, rs_out32, ReduceOp::Sum, "b").wait(); }));
     add("reduce_scatter sum", at::kFloat, "emulated: all_reduce + slice", bytes,
         time([&] { emulated->reduce_scatter(f32, rs_out32, ReduceOp::Sum, "b").wait(); }));
+    add("reduce_scatter sum", at::kFloat, "scratch input: in-place all_reduce + slice", bytes,
+        time([&] { native->reduce_scatter(f32, rs_out32, ReduceOp::Sum, "b", zt::InputUse::Scratch).wait(); }));
     add("reduce_scatter sum", at::kBFloat16, "native", bytes / 2,
         time([&] { native->reduce_scatter(b16, rs_out16, ReduceOp::Sum, "b").wait(); }));
     add("reduce_scatter sum", at::kBFloat16, "emulated: fp32 all_reduce + slice", bytes / 2,
         time([&] { emulated->reduce_scatter(b16, rs_out16, ReduceOp::Sum, "b").wait(); }));
+    add("reduce_scatter sum", at::kBFloat16, "scratch input: in-place all_reduce + slice", bytes / 2,
+        time([&] { native->reduce_scatter(b16, rs_out16, ReduceOp::Sum, "b", zt::InputUse::Scratch).wait(); }));
 
     auto shard32 = torch::randn({n / kWorld});
     auto shard16 = shard32.to(at::kBFloat16);

@@ -254,7 +254,8 @@ std::shared_ptr<Communicator> rank_communicator() {
   auto options = comm_options_from_environment();
   if (std::getenv("ZT_TEST_COMM_EMULATE") != nullptr) {
     options.emulate_avg = options.emulate_low_precision = options.emulate_reduce_scatter = true;
-    options.native_gloo_all_gather = true;  // the other all_gather path
+    options.native_gloo_all_gather = true;      // the other all_gather path
+    options.native_gloo_reduce_scatter = true;  // scratch inputs take the general path too
   }
   return make_communicator(rendezvous_from_environment(), options);
 }
@@ -338,6 +339,17 @@ TEST(CommMultiRank, ReduceScatter) {
           comm->reduce_scatter(in_place, in_place.narrow(0, rank * n, n), op, "rs.in_place").wait();
           ASSERT_TRUE(torch::allclose(in_place.narrow(0, rank * n, n).to(torch::kFloat), expected, 0, tolerance(dtype)))
               << "in place " << to_string(op) << " " << c10::toString(dtype) << " n=" << n << " rank " << rank;
+          // Scratch input, separate output and in place.
+          auto scratch = input.clone();
+          auto scratch_out = torch::full({n}, 99, dtype);
+          comm->reduce_scatter(scratch, scratch_out, op, "rs.scratch", InputUse::Scratch).wait();
+          ASSERT_TRUE(torch::allclose(scratch_out.to(torch::kFloat), expected, 0, tolerance(dtype)))
+              << "scratch " << to_string(op) << " " << c10::toString(dtype) << " n=" << n << " rank " << rank;
+          scratch = input.clone();
+          comm->reduce_scatter(scratch, scratch.narrow(0, rank * n, n), op, "rs.scratch_in_place", InputUse::Scratch)
+              .wait();
+          ASSERT_TRUE(torch::allclose(scratch.narrow(0, rank * n, n).to(torch::kFloat), expected, 0, tolerance(dtype)))
+              << "scratch in place " << to_string(op) << " " << c10::toString(dtype) << " n=" << n;
         }
       }
     }

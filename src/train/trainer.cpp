@@ -287,9 +287,12 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       if (config.wall_clock_breakdown && breakdown.steps > 0)
         times = fmt::format(" | ms/step fwd {:.0f} bwd {:.0f} step {:.0f}", 1e3 * breakdown.forward / breakdown.steps,
                             1e3 * breakdown.backward / breakdown.steps, 1e3 * breakdown.step / breakdown.steps);
-      fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {} tok/s | left {} | peak RSS {} MiB{}{}\n", step + 1,
+      std::string scaling;
+      if (config.precision == Precision::FP16) scaling = fmt::format(" | loss scale {:g}", engine.loss_scale());
+      if (engine.skipped_steps() > 0) scaling += fmt::format(" | skipped {}", engine.skipped_steps());
+      fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {} tok/s | left {} | peak RSS {} MiB{}{}{}\n", step + 1,
                  std::to_string(steps).size(), steps, loss, result.lr, human_rate(last_rate), human_duration(eta),
-                 peaks, times, eval_now ? fmt::format(" | held-out loss {:.4f}", eval_loss) : "");
+                 peaks, scaling, times, eval_now ? fmt::format(" | held-out loss {:.4f}", eval_loss) : "");
       std::fflush(stdout);
       breakdown = {};
     }

@@ -68,7 +68,7 @@ struct Slot {
   int bucket = 0;
   int64_t offset = 0;  // in the flat buffer
   int64_t numel = 0;
-  torch::Tensor bucket_grad_view[2];  // ReduceScatterBuckets: the gradient's place in each bucket buffer
+  torch::Tensor bucket_grad_view[2];  // ReduceScatterBuckets: the gradient's place in each bucket buffer (1 or 2)
 };
 
 enum class BucketState { Idle, Filling, InFlight };
@@ -115,6 +115,7 @@ struct Engine::Impl {
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
   torch::Tensor flat_params, flat_grads, grad_partition, master, exp_avg, exp_avg_sq, grad_scratch;
   BucketBuffer buffers[2];
+  int buffer_count = 0;
   int next_buffer = 0;
   std::vector<BucketProgress> progress;
 
@@ -203,9 +204,15 @@ struct Engine::Impl {
         largest = std::max(largest, b.numel);
         largest_shard = std::max(largest_shard, b.shard_numel);
       }
-      for (auto& buffer : buffers) {
-        buffer.data = torch::zeros({largest}, working);
-        buffer.scratch = torch::empty({largest_shard}, working);
+      // The scratch receives the reductions of later micro-steps of a window, which are added;
+      // without gradient accumulation there are none.
+      const int64_t scratch = config.gradient_accumulation_steps > 1 ? largest_shard : 0;
+      // Two buffers let one fill while the other is in flight; without overlap_comm a bucket's
+      // reduction completes before the next bucket starts, so one is enough.
+      buffer_count = config.zero.overlap_comm ? 2 : 1;
+      for (int k = 0; k < buffer_count; ++k) {
+        buffers[k].data = torch::zeros({largest}, working);
+        buffers[k].scratch = torch::empty({scratch}, working);
       }
     } else {
       flat_grads = torch::zeros({layout.total_numel}, working);
@@ -234,7 +241,7 @@ struct Engine::Impl {
       slot.param.set_data(flat_params.narrow(0, slot.offset, slot.numel).view(shape));
       if (reduction == GradientReduction::ReduceScatterBuckets) {
         const int64_t in_bucket = slot.offset - layout.buckets[slot.bucket].offset;
-        for (int k = 0; k < 2; ++k)
+        for (int k = 0; k < buffer_count; ++k)
           slot.bucket_grad_view[k] = buffers[k].data.narrow(0, in_bucket, slot.numel).view(shape);
         slot.param.mutable_grad() = torch::Tensor();
       } else {
@@ -305,7 +312,7 @@ struct Engine::Impl {
 
   void acquire_buffer(int bucket) {
     const int k = next_buffer;
-    next_buffer ^= 1;
+    next_buffer = (next_buffer + 1) % buffer_count;
     BucketBuffer& buffer = buffers[k];
     if (buffer.bucket >= 0 && progress[buffer.bucket].buffer == k) {
       BucketProgress& previous = progress[buffer.bucket];
@@ -331,7 +338,7 @@ struct Engine::Impl {
       case GradientReduction::ReduceScatterInPlace:
         b.handle = comm->reduce_scatter(flat_grads.narrow(0, lb.offset, lb.numel),
                                         flat_grads.narrow(0, layout.shard_offset(bucket, shard_rank), lb.shard_numel),
-                                        ReduceOp::Sum, label);
+                                        ReduceOp::Sum, label, InputUse::Scratch);
         b.state = BucketState::InFlight;
         return;
       case GradientReduction::ReduceScatterBuckets: {
@@ -341,7 +348,8 @@ struct Engine::Impl {
         buffer.add_into_partition = b.received;
         torch::Tensor owned = buffer.add_into_partition ? buffer.scratch.narrow(0, 0, lb.shard_numel)
                                                          : grad_partition.narrow(0, lb.partition_offset, lb.shard_numel);
-        buffer.handle = comm->reduce_scatter(buffer.data.narrow(0, 0, lb.numel), owned, ReduceOp::Sum, label);
+        buffer.handle =
+            comm->reduce_scatter(buffer.data.narrow(0, 0, lb.numel), owned, ReduceOp::Sum, label, InputUse::Scratch);
         b.state = BucketState::InFlight;
         b.received = true;
         if (!config.zero.overlap_comm) complete(b.buffer);
@@ -369,7 +377,7 @@ struct Engine::Impl {
   void flush_buckets() {
     for (int bucket = 0; bucket < int(progress.size()); ++bucket)
       if (progress[bucket].state == BucketState::Filling) launch(bucket);
-    for (int k = 0; k < 2; ++k) complete(k);
+    for (int k = 0; k < buffer_count; ++k) complete(k);
   }
 
   // ---------------------------------------------------------------- step
