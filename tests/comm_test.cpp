@@ -443,7 +443,9 @@ TEST(CommMultiRank, SkippedCollectiveTimesOutWithLabelledMessage) {
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::cout << "CAUGHT: " << e.what() << "\nWAITED: " << waited << " s" << std::endl;
       EXPECT_GE(waited, 1.5);
-      EXPECT_LT(waited, 2.0 + 3.0);
+      // "Within seconds", not a hang: the TCPStore client retries once after a randomised back-off
+      // of a few seconds (measured up to 3.5 s), so the bound leaves room for it on a busy machine.
+      EXPECT_LT(waited, 2.0 + 10.0);
     }
     // A communicator that failed refuses further work at once instead of hanging again.
     try {
@@ -540,7 +542,9 @@ TEST(CommRendezvousTimeout, MissingPeersFailWithinTheTimeout) {
     } catch (const CommError& e) {
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::cout << "CAUGHT: " << e.what() << std::endl;
-      EXPECT_LT(waited, 2.0 + 3.0);
+      // "Within seconds", not a hang: the TCPStore client retries once after a randomised back-off
+      // of a few seconds (measured up to 3.5 s), so the bound leaves room for it on a busy machine.
+      EXPECT_LT(waited, 2.0 + 10.0);
     }
     return;
   }

@@ -373,6 +373,10 @@ TEST(Config, ShippedConfigsParse) {
   const TrainConfig tiny = zt::load_config(root + "/configs/tiny.json", {}, 1);
   EXPECT_EQ(tiny.model.preset, "tiny");
   EXPECT_EQ(tiny.train_batch_size, 8);
+  const TrainConfig zero2 = zt::load_config(root + "/configs/zero2.json", {}, 2);
+  EXPECT_TRUE(zero2.zero.shard_gradients);
+  EXPECT_EQ(zero2.zero.reduce_bucket_size, 20'000'000);
+  EXPECT_EQ(zero2.train_batch_size, 64);
 }
 
 TEST(Config, LoadConfigErrorsNameThePath) {

@@ -35,6 +35,7 @@ struct RunResult {
   std::vector<double> losses;  // this rank's loss, per optimizer step (mean of the window)
   std::vector<int> skipped;
   std::vector<double> scales;
+  std::vector<double> grad_norms;
   torch::Tensor final_parameters;  // all trainable parameters, fp32, concatenated
   zt::ModelStateBytes bytes, formula;
 };
@@ -81,6 +82,7 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
     result.losses.push_back(loss_sum / 2);
     result.skipped.push_back(r.skipped ? 1 : 0);
     result.scales.push_back(r.loss_scale);
+    result.grad_norms.push_back(r.grad_norm);
   }
   std::vector<torch::Tensor> flat;
   for (auto& p : model->parameters())
@@ -113,6 +115,7 @@ TEST(ZeroParity, Fp32StagesOneAndTwoEqualStageZero) {
     auto comm = rank_communicator();
     const auto reference = train(comm, {.stage = 0});
     for (double loss : reference.losses) ASSERT_TRUE(std::isfinite(loss));
+    for (double norm : reference.grad_norms) ASSERT_GT(norm, 0.05) << "clipping must be active on every step";
     for (int stage : {1, 2}) {
       for (int64_t bucket : {int64_t(500'000'000), int64_t(5000)}) {
         for (bool overlap : {false, true}) {
@@ -121,6 +124,9 @@ TEST(ZeroParity, Fp32StagesOneAndTwoEqualStageZero) {
           const std::string what = "stage " + std::to_string(stage) + " bucket " + std::to_string(bucket) +
                                    (overlap ? " overlap" : "");
           expect_losses_close(reference, run, 1e-5, what);
+          // The global norm from owned shards and one all-reduce equals stage 0's.
+          for (size_t i = 0; i < run.grad_norms.size(); ++i)
+            EXPECT_NEAR(run.grad_norms[i], reference.grad_norms[i], 1e-5 * reference.grad_norms[i]) << what << " " << i;
           EXPECT_LE((run.final_parameters - reference.final_parameters).abs().max().item<double>(), 1e-5) << what;
         }
       }

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/check.h"
 #include "optim/cpu_kernels.h"
@@ -73,6 +74,14 @@ struct Slot {
 
 enum class BucketState { Idle, Filling, InFlight };
 
+// A piece of this rank's partition that one optimizer kernel call updates: contiguous in the flat
+// buffer and in the partition; at most kConversionChunk elements in 16-bit training.
+struct OptimizerChunk {
+  int64_t flat_offset = 0, partition_offset = 0, numel = 0;
+  std::vector<int64_t> bounds{0};  // LAMB: piece boundaries relative to the chunk
+  std::vector<int> placements;     // LAMB: the placement of each piece, -1 for padding
+};
+
 struct BucketBuffer {  // ReduceScatterBuckets only
   torch::Tensor data;     // largest bucket, working dtype
   torch::Tensor scratch;  // largest shard: receives a reduction that must be added, not written
@@ -110,7 +119,7 @@ struct Engine::Impl {
   int shard_world = 1, shard_rank = 0;
 
   FlatLayout layout;
-  std::vector<OwnedFragment> fragments;  // of shard_rank, in partition order
+  std::vector<OptimizerChunk> chunks;   // this rank's partition, in partition order
   std::vector<Slot> slots;               // in placement order
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
   torch::Tensor flat_params, flat_grads, grad_partition, master, exp_avg, exp_avg_sq, grad_scratch;
@@ -169,7 +178,7 @@ struct Engine::Impl {
     options.world_size = shard_world;
     options.bucket_size = std::max<int64_t>(1, config.zero.reduce_bucket_size);
     layout = compute_layout(specs, options);
-    fragments = layout.owned_fragments(shard_rank);
+    plan_optimizer_chunks(layout.owned_fragments(shard_rank));
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
     // anything is rounded to the working dtype.
@@ -259,6 +268,24 @@ struct Engine::Impl {
             return outputs;
           }));
       grad_accumulators.push_back(std::move(accumulator));
+    }
+  }
+
+  void plan_optimizer_chunks(const std::vector<OwnedFragment>& fragments) {
+    const int64_t limit = separate_master ? kConversionChunk : std::numeric_limits<int64_t>::max();
+    for (const OwnedFragment& f : fragments) {
+      for (int64_t done = 0; done < f.numel;) {
+        if (chunks.empty() || chunks.back().numel >= limit ||
+            chunks.back().flat_offset + chunks.back().numel != f.flat_offset + done ||
+            chunks.back().partition_offset + chunks.back().numel != f.partition_offset + done)
+          chunks.push_back({f.flat_offset + done, f.partition_offset + done, 0, {0}, {}});
+        OptimizerChunk& c = chunks.back();
+        const int64_t take = std::min(f.numel - done, limit - c.numel);
+        c.numel += take;
+        c.bounds.push_back(c.numel);
+        c.placements.push_back(f.placement);
+        done += take;
+      }
     }
   }
 
@@ -414,29 +441,7 @@ struct Engine::Impl {
     sgd.lr = lr;
     lamb.lr = lr;
 
-    struct Chunk {
-      int64_t flat_offset, partition_offset, numel;
-      std::vector<int64_t> bounds;   // LAMB: piece boundaries relative to the chunk
-      std::vector<int> placements;   // LAMB: placement of each piece, -1 for padding
-    };
-    std::vector<Chunk> chunks;
-    const int64_t chunk_limit = separate_master ? kConversionChunk : std::numeric_limits<int64_t>::max();
-    for (const OwnedFragment& f : fragments) {
-      for (int64_t done = 0; done < f.numel;) {
-        if (chunks.empty() || chunks.back().numel >= chunk_limit ||
-            chunks.back().flat_offset + chunks.back().numel != f.flat_offset + done ||
-            chunks.back().partition_offset + chunks.back().numel != f.partition_offset + done)
-          chunks.push_back({f.flat_offset + done, f.partition_offset + done, 0, {0}, {}});
-        Chunk& c = chunks.back();
-        const int64_t take = std::min(f.numel - done, chunk_limit - c.numel);
-        c.numel += take;
-        c.bounds.push_back(c.numel);
-        c.placements.push_back(f.placement);
-        done += take;
-      }
-    }
-
-    auto run_chunk = [&](const Chunk& c, auto&& kernel) {
+    auto run_chunk = [&](const OptimizerChunk& c, auto&& kernel) {
       torch::Tensor g = owned_gradient(c.flat_offset, c.partition_offset, c.numel);
       const float* grads;
       if (separate_master) {
@@ -456,14 +461,14 @@ struct Engine::Impl {
 
     switch (kind) {
       case OptimizerKind::Adam:
-        for (const Chunk& c : chunks)
-          run_chunk(c, [&](const Chunk& ch, float* p, const float* g, float* m, float* v) {
+        for (const OptimizerChunk& c : chunks)
+          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float* g, float* m, float* v) {
             optim::adam_step(p, g, m, v, ch.numel, adam, step, options);
           });
         break;
       case OptimizerKind::Sgd:
-        for (const Chunk& c : chunks)
-          run_chunk(c, [&](const Chunk& ch, float* p, const float* g, float* m, float*) {
+        for (const OptimizerChunk& c : chunks)
+          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float* g, float* m, float*) {
             optim::sgd_step(p, g, m, ch.numel, sgd, step, options);
           });
         break;
@@ -472,8 +477,8 @@ struct Engine::Impl {
         // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
         torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
         double* s = sums.data_ptr<double>();
-        for (const Chunk& c : chunks)
-          run_chunk(c, [&](const Chunk& ch, float* p, const float* g, float* m, float* v) {
+        for (const OptimizerChunk& c : chunks)
+          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float* g, float* m, float* v) {
             const int pieces = int(ch.placements.size());
             std::vector<double> w_sq(pieces), u_sq(pieces);
             optim::lamb_partial_norms(p, g, m, v, ch.numel, ch.bounds.data(), pieces, lamb, options, w_sq.data(),
@@ -485,8 +490,8 @@ struct Engine::Impl {
               }
           });
         if (shard_world > 1) comm->all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
-        for (const Chunk& c : chunks)
-          run_chunk(c, [&](const Chunk& ch, float* p, const float*, float* m, float* v) {
+        for (const OptimizerChunk& c : chunks)
+          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float*, float* m, float* v) {
             const int pieces = int(ch.placements.size());
             std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
             for (int k = 0; k < pieces; ++k)
