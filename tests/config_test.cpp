@@ -77,8 +77,8 @@ TEST(Config, OverlapCommCanBeSetAtStage0) {
 }
 
 TEST(Config, StageSetsIndependentSwitches) {
-  const bool expected[4][3] = {{false, false, false}, {true, false, false}, {true, true, false}};
-  for (int stage = 0; stage <= 2; ++stage) {
+  const bool expected[4][3] = {{false, false, false}, {true, false, false}, {true, true, false}, {true, true, true}};
+  for (int stage = 0; stage <= 3; ++stage) {
     const TrainConfig c =
         parse_config(R"({"zero_optimization": {"stage": )" + std::to_string(stage) + "}}", {}, 2);
     EXPECT_EQ(c.zero.shard_optimizer_states, expected[stage][0]) << stage;
@@ -235,8 +235,6 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
        "train_batch_size 30 is not divisible by gradient_accumulation_steps 4 × world size 1"},
       {R"({"gradient_accumulation_steps": 4})", {}, "gradient_accumulation_steps 4 alone does not determine the batch"},
       // The support matrix.
-      {R"({"zero_optimization": {"stage": 3}})", {},
-       "zero_optimization.stage 3 is not supported yet (supported: 0, 1, 2)"},
       {R"({"zero_optimization": {"stage": 2, "contiguous_gradients": false}})", {},
        "zero_optimization.contiguous_gradients = false is not supported"},
       {R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", {},
@@ -256,8 +254,8 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})", {},
        "zero_optimization.offload_optimizer.device = \"cpu\" is not supported yet (only the default \"none\" is "
        "accepted)"},
-      {R"({"zero_optimization": {"stage3_prefetch_bucket_size": 1e6}})", {},
-       "zero_optimization.stage3_prefetch_bucket_size = 1000000 is not supported yet"},
+      {R"({"zero_optimization": {"stage3_param_persistence_threshold": 1e6}})", {},
+       "zero_optimization.stage3_param_persistence_threshold = 1000000 is not supported yet"},
       {R"({"activation_checkpointing": {"partition_activations": true}})", {},
        "activation_checkpointing.partition_activations = true is not supported yet"},
       // Overrides: same checks, same messages.
@@ -267,7 +265,7 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {"{}", {"optimizer.params.lr=fast"}, "optimizer.params.lr: expected a positive number, found \"fast\""},
       {"{}", {"optimizer.params.lr.x=1"}, "unknown key 'optimizer.params.lr.x' ('optimizer.params.lr' is a value"},
       {"{}", {"train.steps"}, "override 'train.steps': expected key.path=value"},
-      {"{}", {"zero_optimization.stage=3"}, "zero_optimization.stage 3 is not supported yet"},
+      {"{}", {"zero_optimization.stage=4"}, "zero_optimization.stage: expected an integer in [0, 3], found 4"},
       {"{}", {"optimizer=3"}, "optimizer: expected an object (a block of settings), found 3"},
   };
   ASSERT_GE(cases.size(), 25u);

@@ -21,6 +21,12 @@ std::vector<ParameterSpec> random_parameters(std::mt19937& rng) {
     const int dims = rank_of(rng);
     for (int d = 0; d < dims; ++d) specs[i].shape.push_back(dim(rng));
   }
+  // Groups (stage-3 blocks) in runs, some parameters in none, as a model's blocks are.
+  std::uniform_int_distribution<int> run_length(1, 5), group_of(-1, 6);
+  for (size_t i = 0; i < specs.size();) {
+    const int group = group_of(rng);
+    for (int k = run_length(rng); k > 0 && i < specs.size(); --k) specs[i++].group = group;
+  }
   return specs;
 }
 
@@ -75,8 +81,10 @@ TEST(Layout, RandomListsEveryElementOwnedOnceAlignedAndBucketed) {
         const int held = bucket.end_placement - bucket.first_placement;
         ASSERT_GE(held, 1);
         if (held > 1) ASSERT_LE(bucket.parameter_numel, options.bucket_size);
-        // A bucket closes only when the next parameter would not fit.
-        if (b + 1 < layout.buckets.size())
+        for (int pi = bucket.first_placement; pi < bucket.end_placement; ++pi)
+          ASSERT_EQ(specs[layout.placements[pi].index].group, bucket.group) << "a bucket holds one group";
+        // A bucket closes only when the next parameter would not fit or is of another group.
+        if (b + 1 < layout.buckets.size() && specs[layout.placements[bucket.end_placement].index].group == bucket.group)
           ASSERT_GT(bucket.parameter_numel + layout.placements[bucket.end_placement].numel, options.bucket_size);
         cursor += bucket.numel;
         partition_cursor += bucket.shard_numel;

@@ -103,24 +103,31 @@ TEST(TrainSummary, HasTheDocumentedFields) {
   EXPECT_GT(s["tokens_per_second"].get<double>(), 0);
 }
 
-// Through the CLI: stage 2 in bf16 on 2 ranks trains, and the summary's per-rank model-state
-// bytes equal design §2's formula (2Ψ + 14Ψ/N) up to the layout's padding.
-TEST(TrainSummary, ShardedBf16BytesMatchTheFormula) {
-  auto run = train(2, {"zero_optimization.stage=2", "bf16.enabled=true"});
-  const auto& s = run.summary;
-  ASSERT_EQ(s["losses"].size(), 5u);
-  EXPECT_EQ(s["precision"], "bf16");
-  EXPECT_EQ(s["zero"]["shard_gradients"], true);
-  const int64_t psi = s["trainable_parameters"];
-  const auto& formula = s["model_state_formula_bytes"];
-  EXPECT_EQ(formula["total"].get<int64_t>(), 2 * psi + 2 * psi / 2 + 12 * psi / 2);
-  for (const auto& rank : s["ranks"]) {
-    const auto& m = rank["model_state_bytes"];
-    for (auto role : {"parameters", "gradients", "optimizer_states", "total"}) {
-      EXPECT_GE(m[role].get<int64_t>(), formula[role].get<int64_t>()) << role;
-      EXPECT_LE(m[role].get<int64_t>(), formula[role].get<int64_t>() * 1.01) << role;
+// Through the CLI on 2 ranks: stage 2 in bf16 and stage 3 in fp32 train, and the summary's
+// per-rank model-state bytes equal design §2's formula (2Ψ + 14Ψ/N; 16Ψ/N) up to the padding.
+TEST(TrainSummary, ShardedBytesMatchTheFormula) {
+  struct Case {
+    std::vector<std::string> overrides;
+    std::string precision;
+    int64_t bytes_per_parameter_whole, bytes_per_parameter_sharded;
+  };
+  for (const Case& c : {Case{{"zero_optimization.stage=2", "bf16.enabled=true"}, "bf16", 2, 14},
+                        Case{{"zero_optimization.stage=3"}, "fp32", 0, 16}}) {
+    auto run = train(2, c.overrides);
+    const auto& s = run.summary;
+    ASSERT_EQ(s["losses"].size(), 5u) << c.overrides[0];
+    EXPECT_EQ(s["precision"], c.precision);
+    const int64_t psi = s["trainable_parameters"];
+    const auto& formula = s["model_state_formula_bytes"];
+    EXPECT_EQ(formula["total"].get<int64_t>(), c.bytes_per_parameter_whole * psi + c.bytes_per_parameter_sharded * psi / 2);
+    for (const auto& rank : s["ranks"]) {
+      const auto& m = rank["model_state_bytes"];
+      for (auto role : {"parameters", "gradients", "optimizer_states", "total"}) {
+        EXPECT_GE(m[role].get<int64_t>(), formula[role].get<int64_t>()) << role << " " << c.overrides[0];
+        EXPECT_LE(m[role].get<int64_t>(), formula[role].get<int64_t>() * 1.01) << role << " " << c.overrides[0];
+      }
+      EXPECT_GT(rank["buffer_bytes"].get<int64_t>(), 0);
     }
-    EXPECT_GT(rank["buffer_bytes"].get<int64_t>(), 0);
   }
 }
 

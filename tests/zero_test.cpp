@@ -5,9 +5,11 @@
 #include <cmath>
 
 #include "support/multirank.h"
+#include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
+#include "zerotrain/error.h"
 #include "zerotrain/layout.h"
 #include "zerotrain/memory.h"
 #include "zerotrain/models/gpt.h"
@@ -38,6 +40,8 @@ struct RunResult {
   std::vector<double> grad_norms;
   torch::Tensor final_parameters;  // all trainable parameters, fp32, concatenated
   zt::ModelStateBytes bytes, formula;
+  int64_t psi = 0;
+  int64_t peak_gathered = 0;
 };
 
 zt::TrainConfig make_config(const RunOptions& o, int world) {
@@ -72,9 +76,15 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
       auto tokens = torch::randint(0, gpt_config.vocab_size, {2, 17}, gen, torch::kLong);
       auto loss = model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
       loss_sum += loss.item<double>();
-      if (micro == o.overflow_micro_step && rank == 0)
-        // 1e6 × loss scale 2^16 does not fit in fp16: one gradient element becomes inf.
-        loss = loss + model->wte->weight[3][5].to(torch::kFloat) * 1e6;
+      if (micro == o.overflow_micro_step) {
+        // On rank 0, 1e6 × loss scale 2^16 does not fit in fp16: one gradient element becomes inf.
+        // Every rank takes part (at stage 3 the embedding is gathered, a collective, inside its
+        // block); the others add a zero term.
+        const double coefficient = rank == 0 ? 1e6 : 0.0;
+        loss = loss + zt::run_block(*model->wte, loss, [&](const torch::Tensor&) {
+                 return model->wte->weight[3][5].to(torch::kFloat) * coefficient;
+               });
+      }
       engine.backward(loss);
       r = engine.step();
     }
@@ -84,10 +94,15 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
     result.scales.push_back(r.loss_scale);
     result.grad_norms.push_back(r.grad_norm);
   }
-  std::vector<torch::Tensor> flat;
-  for (auto& p : model->parameters())
-    if (p.requires_grad()) flat.push_back(p.detach().to(torch::kFloat).reshape({-1}));
-  result.final_parameters = torch::cat(flat);
+  // At stage 3 a rank holds only shards between steps; the losses and norms are compared there.
+  if (o.stage < 3) {
+    std::vector<torch::Tensor> flat;
+    for (auto& p : model->parameters())
+      if (p.requires_grad()) flat.push_back(p.detach().to(torch::kFloat).reshape({-1}));
+    result.final_parameters = torch::cat(flat);
+  }
+  result.psi = engine.trainable_parameters();
+  result.peak_gathered = engine.peak_gathered_parameter_bytes();
   result.bytes = engine.model_state_bytes();
   result.formula = zt::model_state_formula(engine.trainable_parameters(), world, config);
   return result;
@@ -102,7 +117,8 @@ void expect_losses_close(const RunResult& a, const RunResult& b, double toleranc
 
 void expect_ranks_pass(const std::string& filter, std::vector<int> worlds) {
   for (int world : worlds) {
-    auto r = run_ranks(world, filter, {}, std::chrono::seconds(240));
+    // A failing rank makes the others fail in their next collective within the timeout.
+    auto r = run_ranks(world, filter, {{"ZT_COMM_TIMEOUT_SECONDS", "60"}}, std::chrono::seconds(240));
     EXPECT_TRUE(r.all_succeeded()) << filter << " on " << world << " ranks failed:\n" << r.describe();
   }
 }
@@ -110,16 +126,17 @@ void expect_ranks_pass(const std::string& filter, std::vector<int> worlds) {
 }  // namespace
 
 // fp32: stages 1 and 2 (one bucket, and small buckets with and without overlap) equal stage 0.
-TEST(ZeroParity, Fp32StagesOneAndTwoEqualStageZero) {
+TEST(ZeroParity, Fp32StagesOneToThreeEqualStageZero) {
   if (is_rank_process()) {
     auto comm = rank_communicator();
     const auto reference = train(comm, {.stage = 0});
     for (double loss : reference.losses) ASSERT_TRUE(std::isfinite(loss));
     for (double norm : reference.grad_norms) ASSERT_GT(norm, 0.05) << "clipping must be active on every step";
-    for (int stage : {1, 2}) {
-      for (int64_t bucket : {int64_t(500'000'000), int64_t(5000)}) {
-        for (bool overlap : {false, true}) {
-          if (stage == 1 && overlap) continue;  // overlap_comm only changes stage 2
+    // One bucket without overlap, and 5000-element buckets (several per block) with overlap
+    // (overlap_comm changes nothing at stage 1).
+    for (int stage : {1, 2, 3}) {
+      for (auto [bucket, overlap] : {std::pair<int64_t, bool>{500'000'000, false}, {5000, stage > 1}}) {
+        {
           const auto run = train(comm, {.stage = stage, .overlap_comm = overlap, .bucket_size = bucket});
           const std::string what = "stage " + std::to_string(stage) + " bucket " + std::to_string(bucket) +
                                    (overlap ? " overlap" : "");
@@ -127,13 +144,14 @@ TEST(ZeroParity, Fp32StagesOneAndTwoEqualStageZero) {
           // The global norm from owned shards and one all-reduce equals stage 0's.
           for (size_t i = 0; i < run.grad_norms.size(); ++i)
             EXPECT_NEAR(run.grad_norms[i], reference.grad_norms[i], 1e-5 * reference.grad_norms[i]) << what << " " << i;
-          EXPECT_LE((run.final_parameters - reference.final_parameters).abs().max().item<double>(), 1e-5) << what;
+          if (run.final_parameters.defined())
+            EXPECT_LE((run.final_parameters - reference.final_parameters).abs().max().item<double>(), 1e-5) << what;
         }
       }
     }
     return;
   }
-  expect_ranks_pass("ZeroParity.Fp32StagesOneAndTwoEqualStageZero", {1, 2, 3});
+  expect_ranks_pass("ZeroParity.Fp32StagesOneToThreeEqualStageZero", {1, 2, 3});
 }
 
 // LAMB's per-tensor trust ratios need norms summed across the ranks holding pieces of a tensor.
@@ -142,10 +160,13 @@ TEST(ZeroParity, LambAndSgdShardedEqualStageZero) {
     auto comm = rank_communicator();
     for (std::string optimizer : {"Lamb", "SGD"}) {
       const auto reference = train(comm, {.stage = 0, .bucket_size = 5000, .steps = 4, .optimizer = optimizer});
-      const auto sharded = train(comm, {.stage = 2, .bucket_size = 5000, .steps = 4, .optimizer = optimizer});
-      expect_losses_close(reference, sharded, 1e-5, optimizer);
-      EXPECT_LE((sharded.final_parameters - reference.final_parameters).abs().max().item<double>(), 1e-5)
-          << optimizer;
+      for (int stage : {2, 3}) {
+        const auto sharded = train(comm, {.stage = stage, .bucket_size = 5000, .steps = 4, .optimizer = optimizer});
+        expect_losses_close(reference, sharded, 1e-5, optimizer + " stage " + std::to_string(stage));
+        if (sharded.final_parameters.defined())
+          EXPECT_LE((sharded.final_parameters - reference.final_parameters).abs().max().item<double>(), 1e-5)
+              << optimizer;
+      }
     }
     return;
   }
@@ -160,7 +181,7 @@ TEST(ZeroParity, Bf16StaysWithinTolerance) {
     const auto fp32 = train(comm, {.stage = 0});
     const auto bf16_stage0 = train(comm, {.stage = 0, .precision = "bf16"});
     expect_losses_close(fp32, bf16_stage0, 2e-2, "bf16 stage 0 vs fp32");
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       const auto run = train(comm, {.stage = stage, .precision = "bf16", .bucket_size = 5000});
       expect_losses_close(fp32, run, 2e-2, "bf16 stage " + std::to_string(stage) + " vs fp32");
       expect_losses_close(bf16_stage0, run, 5e-3, "bf16 stage " + std::to_string(stage) + " vs bf16 stage 0");
@@ -182,7 +203,7 @@ TEST(ZeroParity, Fp16OverflowSkipsTheSameStepEverywhere) {
     EXPECT_EQ(reference.skipped, expected_skips);
     // Hysteresis 2: the first overflow only uses up one unit of it, the scale stays 2^16.
     EXPECT_EQ(reference.scales, std::vector<double>(6, 65536.0));
-    for (int stage : {1, 2}) {
+    for (int stage : {1, 2, 3}) {
       const auto run = train(comm, {.stage = stage, .precision = "fp16", .bucket_size = 5000, .steps = 6,
                                     .overflow_micro_step = overflow_micro_step});
       EXPECT_EQ(run.skipped, expected_skips) << "stage " << stage;
@@ -199,7 +220,7 @@ TEST(ZeroMemory, ModelStateBytesMatchTheFormula) {
   if (is_rank_process()) {
     auto comm = rank_communicator();
     for (std::string precision : {"fp32", "bf16"}) {
-      for (int stage : {0, 1, 2}) {
+      for (int stage : {0, 1, 2, 3}) {
         const auto run = train(comm, {.stage = stage, .precision = precision, .steps = 1});
         const std::string what = precision + " stage " + std::to_string(stage);
         const int64_t measured[3] = {run.bytes.parameters, run.bytes.gradients, run.bytes.optimizer_states};
@@ -209,11 +230,13 @@ TEST(ZeroMemory, ModelStateBytesMatchTheFormula) {
           EXPECT_LE(measured[role], formula[role] * 1.01) << what << " role " << role;
         }
         // Spot-check the formula itself against design §2 for Adam.
-        const int64_t psi = run.final_parameters.numel();
+        const int64_t psi = run.psi;
         const int world = comm->world_size();
         if (precision == "bf16" && stage == 2)
           EXPECT_EQ(run.formula.total(), 2 * psi + 2 * psi / world + 12 * psi / world);
         if (precision == "fp32" && stage == 1) EXPECT_EQ(run.formula.total(), 4 * psi + 4 * psi + 8 * psi / world);
+        if (precision == "bf16" && stage == 3)
+          EXPECT_EQ(run.formula.total(), 2 * psi / world + 2 * psi / world + 12 * psi / world);
       }
     }
     return;
@@ -283,4 +306,157 @@ TEST(ZeroParity, OutOfOrderAndUnusedGradientsEqualStageZero) {
     return;
   }
   expect_ranks_pass("ZeroParity.OutOfOrderAndUnusedGradientsEqualStageZero", {2, 3});
+}
+
+// ---------------------------------------------------------------- stage 3
+
+namespace {
+
+// Not a GPT: `enc` runs twice per forward (shared weights), `scale` belongs to no block (kept
+// whole on every rank), `mid` is an ordinary block.
+struct Shared : torch::nn::Module {
+  torch::nn::Linear enc{nullptr}, mid{nullptr};
+  torch::Tensor scale;
+  Shared() {
+    enc = register_module("enc", torch::nn::Linear(8, 8));
+    mid = register_module("mid", torch::nn::Linear(8, 8));
+    scale = register_parameter("scale", torch::ones({8}));
+    zt::mark_block(enc.ptr());
+    zt::mark_block(mid.ptr());
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = torch::tanh(zt::run_block(*enc, x, [&](const torch::Tensor& in) { return enc->forward(in); }));
+    h = torch::tanh(zt::run_block(*mid, h, [&](const torch::Tensor& in) { return mid->forward(in); })) * scale;
+    return zt::run_block(*enc, h, [&](const torch::Tensor& in) { return enc->forward(in); });
+  }
+};
+
+std::vector<double> train_shared(std::shared_ptr<zt::Communicator> comm, int stage) {
+  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+      "gradient_clipping": 0.1, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+      "zero_optimization": {"stage": )" + std::to_string(stage) + "}}",
+                                 {}, comm->world_size());
+  torch::manual_seed(9);
+  auto net = std::make_shared<Shared>();
+  zt::Engine engine(net, config, comm);
+  std::vector<double> losses;
+  for (int step = 0; step < 6; ++step)
+    for (int micro = 0; micro < 2; ++micro) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * comm->rank() + 10 * step + micro);
+      auto loss = net->forward(torch::randn({4, 8}, gen)).pow(2).mean();
+      losses.push_back(loss.item<double>());
+      engine.backward(loss);
+      engine.step();
+    }
+  return losses;
+}
+
+}  // namespace
+
+TEST(ZeroStage3, SharedWeightsCustomModelEqualsStageZero) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const auto reference = train_shared(comm, 0);
+    const auto sharded = train_shared(comm, 3);
+    ASSERT_EQ(reference.size(), sharded.size());
+    for (size_t i = 0; i < reference.size(); ++i)
+      EXPECT_LE(std::abs(reference[i] - sharded[i]) / std::abs(reference[i]), 1e-5) << i;
+    return;
+  }
+  expect_ranks_pass("ZeroStage3.SharedWeightsCustomModelEqualsStageZero", {1, 2, 3});
+}
+
+// The instrumented counter: gathered full parameters never exceed the two largest blocks, with
+// prefetch (default) and without; the tied embedding is gathered twice per forward.
+TEST(ZeroStage3, GatheredBytesStayWithinTheTwoLargestBlocks) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    for (int64_t prefetch : {int64_t(50'000'000), int64_t(0)}) {
+      auto config = make_config({.stage = 3}, comm->world_size());
+      config.zero.stage3_prefetch_bucket_size = prefetch;
+      torch::manual_seed(7);
+      auto model = zt::GPT(zt::gpt_preset("tiny"));
+      zt::Engine engine(model.ptr(), config, comm);
+      std::map<int, int64_t> block_bytes;
+      for (const auto& b : engine.layout().buckets)
+        if (b.group >= 0) block_bytes[b.group] += b.numel * 4;
+      std::vector<int64_t> sizes;
+      for (auto& [group, bytes] : block_bytes) sizes.push_back(bytes);
+      std::sort(sizes.rbegin(), sizes.rend());
+      ASSERT_GE(sizes.size(), 2u);
+      EXPECT_EQ(engine.peak_gathered_parameter_bytes(), 0) << "construction leaves every block released";
+      for (int step = 0; step < 3; ++step)
+        for (int micro = 0; micro < 2; ++micro) {
+          auto tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
+          engine.backward(model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)));
+          engine.step();
+        }
+      EXPECT_LE(engine.peak_gathered_parameter_bytes(), sizes[0] + sizes[1]) << "prefetch " << prefetch;
+      EXPECT_GE(engine.peak_gathered_parameter_bytes(), sizes[0]) << "prefetch " << prefetch;
+    }
+    return;
+  }
+  expect_ranks_pass("ZeroStage3.GatheredBytesStayWithinTheTwoLargestBlocks", {2});
+}
+
+namespace {
+struct TwoTwins : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  TwoTwins() {
+    a = register_module("a", torch::nn::Linear(4, 4));
+    b = register_module("b", torch::nn::Linear(4, 4));
+    zt::mark_block(a.ptr());
+    zt::mark_block(b.ptr());
+  }
+};
+}  // namespace
+
+// Blocks of equal size run in another order on rank 1: a named error on every rank, no hang.
+TEST(ZeroStage3, BlockOrderMismatchFailsWithANamedError) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})", {},
+                                   comm->world_size());
+    auto net = std::make_shared<TwoTwins>();
+    zt::Engine engine(net, config, comm);
+    auto x = torch::randn({2, 4});
+    auto run_a = [&](const torch::Tensor& in) { return net->a->forward(in); };
+    auto run_b = [&](const torch::Tensor& in) { return net->b->forward(in); };
+    try {
+      torch::Tensor y = comm->rank() == 0 ? zt::run_block(*net->b, zt::run_block(*net->a, x, run_a), run_b)
+                                          : zt::run_block(*net->a, zt::run_block(*net->b, x, run_b), run_a);
+      ADD_FAILURE() << "expected an error";
+    } catch (const zt::Error& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("ranks ran different blocks at block call 0 of the first forward"), std::string::npos)
+          << message;
+      EXPECT_NE(message.find("'model.a'"), std::string::npos) << message;
+      EXPECT_NE(message.find("'model.b'"), std::string::npos) << message;
+    }
+    return;
+  }
+  auto r = run_ranks(2, "ZeroStage3.BlockOrderMismatchFailsWithANamedError", {{"ZT_COMM_TIMEOUT_SECONDS", "20"}},
+                     std::chrono::seconds(60));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+  EXPECT_LT(r.wall_seconds, 30.0) << "must fail within seconds, not at a timeout";
+}
+
+TEST(ZeroStage3, NestedBlocksAreRejected) {
+  struct Outer : torch::nn::Module {
+    torch::nn::Linear inner{nullptr};
+    Outer() { inner = register_module("inner", torch::nn::Linear(3, 3)); }
+  };
+  auto outer = std::make_shared<Outer>();
+  zt::mark_block(outer);
+  zt::mark_block(outer->inner.ptr());
+  zt::RendezvousInfo info;
+  auto comm = zt::make_communicator(info, {});
+  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})", {}, 1);
+  try {
+    zt::Engine engine(outer, config, comm);
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("belongs to two blocks, 'model' and 'model.inner'"), std::string::npos)
+        << e.what();
+  }
 }

@@ -49,6 +49,10 @@ struct ZeroConfig {
   int64_t reduce_bucket_size = 500'000'000;  // elements
   int64_t allgather_bucket_size = 500'000'000;
   bool overlap_comm = false;
+  // Stage 3 prefetch: a block is gathered ahead only if it has at most stage3_prefetch_bucket_size
+  // elements (0: no prefetch) and the gathered elements stay within stage3_max_live_parameters.
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
   // The switches the engine composes (design §3); derived from `stage` when the configuration is
   // read and never asked for by stage number elsewhere: stage 1 shards optimizer states, stage 2
   // also gradients, stage 3 also parameters.

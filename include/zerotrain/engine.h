@@ -87,11 +87,16 @@ class Engine {
   int64_t buffer_bytes() const;
   int64_t trainable_parameters() const;  // Ψ: elements of all parameters with requires_grad
   const FlatLayout& layout() const;
+  // Stage 3: the most bytes of full (gathered) block parameters held at once since construction
+  // or the last reset; parameters outside every block (kept whole) are not counted.
+  int64_t peak_gathered_parameter_bytes() const;
+  void reset_peak_gathered_parameter_bytes();
   Communicator& communicator() const;
   const TrainConfig& config() const;
 
+  struct Impl;  // public so that the engine's autograd functions can reach it; not an API
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

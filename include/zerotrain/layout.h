@@ -4,9 +4,9 @@
 // Contract
 // - Parameters are placed in reverse registration order, so that buckets fill in the order
 //   backward produces gradients (the last layers first).
-// - Buckets are consecutive ranges of the flat buffer. A bucket takes parameters while its
-//   parameter elements stay within `bucket_size`; a parameter larger than `bucket_size` gets a
-//   bucket of its own. Parameters are never split across buckets.
+// - Buckets are consecutive ranges of the flat buffer. A bucket takes parameters of one group
+//   while its parameter elements stay within `bucket_size`; a parameter larger than
+//   `bucket_size` gets a bucket of its own. Parameters are never split across buckets.
 // - Every bucket is padded at its end to a multiple of world_size × alignment elements and cut
 //   into world_size equal shards: rank r owns shard r of every bucket. A rank's shards, bucket
 //   after bucket, form its partition: a compact buffer of `partition_numel` elements, the same for
@@ -25,6 +25,7 @@ struct ParameterSpec {
   std::string name;
   std::vector<int64_t> shape;
   std::string dtype = "float32";  // every parameter of one layout must have the same dtype
+  int group = -1;  // a stage-3 block id (-1: none); buckets never hold two groups
 };
 
 struct LayoutOptions {
@@ -48,6 +49,7 @@ struct BucketLayout {
   int64_t partition_offset = 0; // offset of this bucket's shard in every rank's partition
   int first_placement = 0;      // placements [first_placement, end_placement) lie in this bucket
   int end_placement = 0;
+  int group = -1;               // the group of all its parameters
 };
 
 // A piece of one rank's partition that lies in one parameter (or in padding).

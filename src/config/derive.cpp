@@ -207,9 +207,6 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
 }
 
 void validate_support(const TrainConfig& c, const Values& values) {
-  if (c.zero.shard_parameters)
-    throw ConfigError(
-        fmt::format("zero_optimization.stage {} is not supported yet (supported: 0, 1, 2)", c.zero.stage));
   if (!c.zero.contiguous_gradients)
     throw ConfigError(
         "zero_optimization.contiguous_gradients = false is not supported: gradients always live in contiguous "

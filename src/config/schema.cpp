@@ -139,9 +139,11 @@ std::vector<Leaf> build_table() {
   t.push_back(reserved(boolean("zero_optimization.reduce_scatter", true, none)));
   t.push_back(reserved(boolean("zero_optimization.allgather_partitions", true, none)));
   t.push_back(reserved(boolean("zero_optimization.round_robin_gradients", false, none)));
-  t.push_back(reserved(integer("zero_optimization.stage3_prefetch_bucket_size", 50'000'000, 0, std::nullopt, none)));
+  t.push_back(integer("zero_optimization.stage3_prefetch_bucket_size", 50'000'000, 0, std::nullopt,
+                      ZT_FIELD(zero.stage3_prefetch_bucket_size)));
   t.push_back(reserved(integer("zero_optimization.stage3_param_persistence_threshold", 100'000, 0, std::nullopt, none)));
-  t.push_back(reserved(integer("zero_optimization.stage3_max_live_parameters", k1e9, 0, std::nullopt, none)));
+  t.push_back(integer("zero_optimization.stage3_max_live_parameters", k1e9, 0, std::nullopt,
+                      ZT_FIELD(zero.stage3_max_live_parameters)));
   t.push_back(reserved(integer("zero_optimization.stage3_max_reuse_distance", k1e9, 0, std::nullopt, none)));
   t.push_back(reserved(boolean("zero_optimization.stage3_gather_16bit_weights_on_model_save", false, none)));
   t.push_back(reserved(integer("zero_optimization.sub_group_size", k1e9, 1, std::nullopt, none)));

@@ -51,12 +51,15 @@ FlatLayout compute_layout(const std::vector<ParameterSpec>& parameters, const La
   for (int i = int(parameters.size()) - 1; i >= 0; --i) {
     const int64_t n = element_count(parameters[i]);
     const bool open = !layout.buckets.empty() && layout.buckets.back().end_placement < 0;
-    if (open && layout.buckets.back().parameter_numel + n > options.bucket_size) close_bucket();
+    if (open && (layout.buckets.back().parameter_numel + n > options.bucket_size ||
+                 layout.buckets.back().group != parameters[i].group))
+      close_bucket();
     if (layout.buckets.empty() || layout.buckets.back().end_placement >= 0) {
       BucketLayout b;
       b.offset = offset;
       b.first_placement = int(layout.placements.size());
       b.end_placement = -1;  // open
+      b.group = parameters[i].group;
       b.partition_offset = layout.buckets.empty()
                                ? 0
                                : layout.buckets.back().partition_offset + layout.buckets.back().shard_numel;

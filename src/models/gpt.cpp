@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "zerotrain/blocks.h"
 #include "zerotrain/error.h"
 
 namespace zt {
@@ -137,6 +138,12 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
     block_list_->push_back(blocks.back());
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
+  // Stage 3 gathers and releases parameters per block (zerotrain/blocks.h): the embeddings, each
+  // transformer block and the final norm. forward() runs each through run_block.
+  mark_block(wte.ptr());
+  mark_block(wpe.ptr());
+  for (auto& b : blocks) mark_block(b.ptr());
+  mark_block(ln_f.ptr());
   init_weights();
 }
 
@@ -180,7 +187,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
 
   torch::Tensor tok;
   try {
-    tok = wte(idx);
+    tok = run_block(*wte, idx, [this](const torch::Tensor& in) { return wte(in); });
   } catch (const c10::Error& e) {
     // Out-of-range ids: on CPU the embedding throws "index out of range"; report it in our terms.
     auto [lo, hi] = std::pair(idx.min().item<int64_t>(), idx.max().item<int64_t>());
@@ -188,19 +195,19 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
               std::to_string(lo) + ", " + std::to_string(hi) + "] (" + e.what_without_backtrace() + ")");
   }
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  auto x = drop_(tok + wpe(pos));  // [B,T,C] + [T,C]
+  auto x = drop_(tok + run_block(*wpe, pos, [this](const torch::Tensor& in) { return wpe(in); }));  // [B,T,C] + [T,C]
 
   for (int64_t i = 0; i < static_cast<int64_t>(blocks.size()); ++i) {
-    if (block_wrapper_) {
-      Block& b = blocks[i];
-      x = block_wrapper_(i, [&b](const torch::Tensor& in) { return b->forward(in); }, x);
-    } else {
-      x = blocks[i]->forward(x);
-    }
+    Block& b = blocks[i];
+    x = run_block(*b, x, [&](const torch::Tensor& in) {
+      if (block_wrapper_) return block_wrapper_(i, [&b](const torch::Tensor& t) { return b->forward(t); }, in);
+      return b->forward(in);
+    });
   }
-  x = ln_f(x);
-  // Tied head: the same tensor as the token embedding, used transposed.
-  return torch::nn::functional::linear(x, wte->weight);
+  x = run_block(*ln_f, x, [this](const torch::Tensor& in) { return ln_f(in); });
+  // Tied head: the same tensor as the token embedding, used transposed; the embedding's block
+  // runs a second time (stage 3 gathers it again).
+  return run_block(*wte, x, [this](const torch::Tensor& in) { return torch::nn::functional::linear(in, wte->weight); });
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {

@@ -1,5 +1,7 @@
 #include "zerotrain/engine.h"
 
+#include <ATen/native/Resize.h>
+#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
@@ -8,6 +10,7 @@
 
 #include "common/check.h"
 #include "optim/cpu_kernels.h"
+#include "zerotrain/blocks.h"
 #include "zero/loss_scaler.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -28,6 +31,10 @@
 //
 // Without optimizer-state sharding the layout is computed for a world of one, so "this rank's
 // partition" is the whole buffer and the same code serves stage 0.
+//
+// With sharded parameters (stage 3) the working parameters are the owned partition
+// `param_partition`; each bucket has a full-size tensor `bucket_params[b]` whose storage exists
+// only while its block is gathered (docs/zero.md "Stage 3").
 
 namespace zt {
 namespace {
@@ -98,9 +105,23 @@ struct BucketProgress {
   std::optional<CollectiveHandle> handle;  // AllReduce / ReduceScatterInPlace
 };
 
+// Identity on a block's output whose backward gathers the block's parameters again before the
+// block's own backward runs (design §10: it fires before the block's parameter gradients).
+struct Regather : public torch::autograd::Function<Regather> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y, int64_t runner,
+                               int64_t block, int64_t position) {
+    ctx->saved_data["runner"] = runner;
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["position"] = position;
+    return y.view_as(y);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads);
+};
+
 }  // namespace
 
-struct Engine::Impl {
+struct Engine::Impl : BlockRunner {
   std::shared_ptr<torch::nn::Module> model;
   TrainConfig config;
   std::shared_ptr<Communicator> comm;
@@ -113,6 +134,7 @@ struct Engine::Impl {
 
   // Composition, fixed at construction.
   GradientReduction reduction = GradientReduction::AllReduce;
+  bool shard_parameters = false;
   torch::ScalarType working_dtype = torch::kFloat32;
   bool separate_master = false;  // 16-bit working parameters
   int world = 1, rank = 0;
@@ -128,6 +150,30 @@ struct Engine::Impl {
   int next_buffer = 0;
   std::vector<BucketProgress> progress;
 
+  // Sharded parameters (stage 3).
+  enum class Residence { Released, Gathering, Gathered };
+  struct BlockState {
+    std::string name;
+    std::vector<int> buckets;
+    int trainable = 0;      // trainable parameters in the block
+    int remaining = 0;      // their gradients still to come in this backward
+    Residence residence = Residence::Released;
+    std::vector<CollectiveHandle> gathering;  // while Gathering
+    int64_t bytes = 0;      // full size of its buckets in the working dtype
+    int64_t numel = 0;
+  };
+  torch::Tensor param_partition;
+  std::vector<torch::Tensor> bucket_params;
+  std::vector<BlockState> blocks;
+  std::unordered_map<const torch::nn::Module*, int> block_ids;
+  int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
+  int live_blocks = 0;               // Gathering or Gathered
+  // Block order: recorded (and checked across ranks) until the first backward, then used to
+  // prefetch. docs/zero.md "Stage 3".
+  std::vector<int> recorded_order;
+  bool order_known = false;
+  int64_t forward_position = 0;
+
   int64_t micro_step = 0;   // micro-steps done in the current accumulation window
   int64_t global_step = 0;  // optimizer steps taken
   int64_t skipped = 0;
@@ -142,8 +188,7 @@ struct Engine::Impl {
     adam = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction};
     lamb = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction, o.min_coeff, o.max_coeff};
     sgd = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov};
-    if (c.zero.shard_parameters)
-      throw ConfigError("engine: zero_optimization.stage 3 (sharded parameters) is not supported yet");
+    shard_parameters = c.zero.shard_parameters;
     world = comm->world_size();
     rank = comm->rank();
     working_dtype = working_dtype_of(c.precision);
@@ -156,12 +201,19 @@ struct Engine::Impl {
                 : c.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
                                                 : GradientReduction::AllReduce;
     build();
+    if (shard_parameters) install_block_runner(this);
+  }
+
+  ~Impl() override {
+    if (shard_parameters) install_block_runner(nullptr);
   }
 
   // ---------------------------------------------------------------- construction
   void build() {
     std::vector<torch::Tensor> trainable;
     std::vector<ParameterSpec> specs;
+    std::unordered_map<const void*, int> group_of;  // TensorImpl -> block id
+    if (shard_parameters) find_blocks(group_of);
     for (auto& named : model->named_parameters(/*recurse=*/true)) {
       const torch::Tensor& p = named.value();
       if (!p.requires_grad()) continue;
@@ -170,7 +222,8 @@ struct Engine::Impl {
                           std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
                           named.key() + "'");
       trainable.push_back(p);
-      specs.push_back({named.key(), p.sizes().vec(), "float32"});
+      auto group = group_of.find(p.unsafeGetTensorImpl());
+      specs.push_back({named.key(), p.sizes().vec(), "float32", group == group_of.end() ? -1 : group->second});
     }
     if (trainable.empty())
       throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
@@ -195,11 +248,26 @@ struct Engine::Impl {
       for (int b = 0; b < int(layout.buckets.size()); ++b)
         master.narrow(0, layout.buckets[b].partition_offset, layout.buckets[b].shard_numel)
             .copy_(initial.narrow(0, layout.shard_offset(b, shard_rank), layout.buckets[b].shard_numel));
-      flat_params = initial.to(working_dtype);
-      initial = torch::Tensor();
       grad_scratch = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, fp32);
+    }
+    if (shard_parameters) {
+      param_partition = torch::empty({partition}, torch::TensorOptions().dtype(working_dtype));
+      for (int b = 0; b < int(layout.buckets.size()); ++b) {
+        const BucketLayout& lb = layout.buckets[b];
+        param_partition.narrow(0, lb.partition_offset, lb.shard_numel)
+            .copy_(initial.narrow(0, layout.shard_offset(b, shard_rank), lb.shard_numel));
+        // An own storage per bucket, so that releasing one block frees exactly its bytes.
+        bucket_params.push_back(initial.narrow(0, lb.offset, lb.numel).to(working_dtype, false, /*copy=*/true));
+        if (lb.group >= 0) {
+          blocks[lb.group].buckets.push_back(b);
+          blocks[lb.group].bytes += bucket_params[b].nbytes();
+          blocks[lb.group].numel += lb.numel;
+        }
+      }
+      initial = torch::Tensor();
     } else {
-      flat_params = initial;
+      flat_params = separate_master ? initial.to(working_dtype) : initial;
+      initial = torch::Tensor();
     }
     const bool first_moment = kind != OptimizerKind::Sgd || sgd.momentum != 0.0;
     exp_avg = torch::zeros({first_moment ? partition : 0}, fp32);
@@ -247,9 +315,10 @@ struct Engine::Impl {
       slot.numel = placement.numel;
       auto shape = slot.param.sizes();
       // set_data keeps the parameter's autograd identity (and version counter) intact.
-      slot.param.set_data(flat_params.narrow(0, slot.offset, slot.numel).view(shape));
+      const int64_t in_bucket = slot.offset - layout.buckets[slot.bucket].offset;
+      slot.param.set_data(shard_parameters ? bucket_params[slot.bucket].narrow(0, in_bucket, slot.numel).view(shape)
+                                           : flat_params.narrow(0, slot.offset, slot.numel).view(shape));
       if (reduction == GradientReduction::ReduceScatterBuckets) {
-        const int64_t in_bucket = slot.offset - layout.buckets[slot.bucket].offset;
         for (int k = 0; k < buffer_count; ++k)
           slot.bucket_grad_view[k] = buffers[k].data.narrow(0, in_bucket, slot.numel).view(shape);
         slot.param.mutable_grad() = torch::Tensor();
@@ -257,6 +326,13 @@ struct Engine::Impl {
         slot.param.mutable_grad() = flat_grads.narrow(0, slot.offset, slot.numel).view(shape);
       }
       slots.push_back(std::move(slot));
+    }
+    if (shard_parameters) {
+      for (const Slot& slot : slots)
+        if (int g = layout.buckets[slot.bucket].group; g >= 0) ++blocks[g].trainable;
+      // Blocks start released: from here on a rank holds only its shards of them.
+      for (const auto& block : blocks)
+        for (int b : block.buckets) at::native::resize_bytes_cpu(bucket_params[b].storage().unsafeGetStorageImpl(), 0);
     }
     for (int i = 0; i < int(slots.size()); ++i) {
       auto accumulator = torch::autograd::impl::grad_accumulator(slots[i].param);
@@ -269,6 +345,135 @@ struct Engine::Impl {
           }));
       grad_accumulators.push_back(std::move(accumulator));
     }
+  }
+
+  // Stage 3: the marked modules of the model are its blocks; each trainable parameter under one
+  // belongs to it. Nesting or sharing between blocks is refused.
+  void find_blocks(std::unordered_map<const void*, int>& group_of) {
+    for (const auto& item : model->named_modules("model", /*include_self=*/true)) {
+      if (!is_marked_block(*item.value())) continue;
+      int trainable = 0;
+      for (const auto& p : item.value()->named_parameters(true)) {
+        if (!p.value().requires_grad()) continue;
+        ++trainable;
+        auto [it, fresh] = group_of.emplace(p.value().unsafeGetTensorImpl(), int(blocks.size()));
+        if (!fresh)
+          throw ConfigError("stage 3: parameter '" + item.key() + "." + p.key() + "' belongs to two blocks, '" +
+                            blocks[it->second].name + "' and '" + item.key() +
+                            "' (blocks must not nest or share parameters)");
+      }
+      if (trainable == 0) continue;  // nothing to gather
+      block_ids[item.value().get()] = int(blocks.size());
+      blocks.push_back(BlockState{item.key()});
+    }
+  }
+
+  int block_of(const torch::nn::Module& module) const override {
+    auto it = block_ids.find(&module);
+    return it == block_ids.end() ? -1 : it->second;
+  }
+
+  // Starts gathering the block's full parameters (one all-gather per bucket, normally one).
+  void launch_gather(int block) {
+    BlockState& state = blocks[block];
+    ZT_CHECK_STATE(state.residence == Residence::Released, "gathering a block that is not released");
+    for (int b : state.buckets) {
+      const BucketLayout& lb = layout.buckets[b];
+      torch::Tensor& full = bucket_params[b];
+      at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(), full.nbytes());
+      state.gathering.push_back(comm->all_gather(param_partition.narrow(0, lb.partition_offset, lb.shard_numel),
+                                                 full, "params." + state.name));
+    }
+    state.residence = Residence::Gathering;
+    ++live_blocks;
+    gathered_bytes += state.bytes;
+    peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
+  }
+
+  void gather(int block) {
+    BlockState& state = blocks[block];
+    if (state.residence == Residence::Released) launch_gather(block);
+    if (state.residence == Residence::Gathering) {
+      for (auto& h : state.gathering) h.wait();
+      state.gathering.clear();
+      state.residence = Residence::Gathered;
+    }
+  }
+
+  // Frees the block's full parameters; their tensors (and views autograd saved) stay valid as
+  // metadata and see the data again after gather() (design §10).
+  void release(int block) {
+    BlockState& state = blocks[block];
+    if (state.residence == Residence::Released) return;
+    gather(block);  // an in-flight gather must land before its buffer goes
+    for (int b : state.buckets) at::native::resize_bytes_cpu(bucket_params[b].storage().unsafeGetStorageImpl(), 0);
+    state.residence = Residence::Released;
+    --live_blocks;
+    gathered_bytes -= state.bytes;
+  }
+
+  // Gathers the block at `position` of the recorded order ahead of its use, when the budget
+  // allows: at most stage3_prefetch_bucket_size elements, the gathered elements within
+  // stage3_max_live_parameters, and never more than two blocks live (the one computing and the
+  // next), which bounds gathered memory by the two largest blocks.
+  void prefetch(int64_t position) {
+    if (!order_known || position < 0 || position >= int64_t(recorded_order.size())) return;
+    BlockState& next = blocks[recorded_order[position]];
+    if (next.residence != Residence::Released || live_blocks >= 2) return;
+    if (next.numel > config.zero.stage3_prefetch_bucket_size) return;
+    int64_t live_numel = 0;
+    for (const auto& b : blocks)
+      if (b.residence != Residence::Released) live_numel += b.numel;
+    if (live_numel + next.numel > config.zero.stage3_max_live_parameters) return;
+    launch_gather(recorded_order[position]);
+  }
+
+  // First step: every rank must run the same block at every call (or end its forward at the same
+  // call); checked with one small all-gather per call, so that a mismatch is an error naming the
+  // ranks and blocks on every rank instead of a hang or silently mixed parameters.
+  void check_block_call(int block) {
+    const int64_t call = int64_t(recorded_order.size());
+    torch::Tensor mine = torch::tensor({int64_t(block), call}, torch::kLong);
+    torch::Tensor all = torch::empty({2 * int64_t(world)}, torch::kLong);
+    comm->all_gather(mine, all, "blocks.order").wait();
+    auto a = all.accessor<int64_t, 1>();
+    auto describe = [&](int64_t b) { return b < 0 ? std::string("no block (its forward had ended)") : "'" + blocks[b].name + "'"; };
+    for (int r = 0; r < world; ++r)
+      if (a[2 * r] != block)
+        throw Error("stage 3: ranks ran different blocks at block call " + std::to_string(call) +
+                    " of the first forward: rank " + std::to_string(rank) + " ran " + describe(block) + ", rank " +
+                    std::to_string(r) + " ran " + describe(a[2 * r]) +
+                    " (every rank must run the same blocks in the same order)");
+  }
+
+  torch::Tensor run(int block, const torch::Tensor& x, const BlockFunction& fn) override {
+    int64_t position;
+    if (!order_known) {
+      check_block_call(block);
+      position = int64_t(recorded_order.size());
+      recorded_order.push_back(block);
+    } else {
+      // Expected next in the recorded order; else (a forward of another shape, e.g. evaluation)
+      // the block's first occurrence.
+      position = forward_position < int64_t(recorded_order.size()) && recorded_order[forward_position] == block
+                     ? forward_position
+                     : std::find(recorded_order.begin(), recorded_order.end(), block) - recorded_order.begin();
+    }
+    forward_position = position + 1;
+    gather(block);
+    prefetch(position + 1);
+    torch::Tensor y = fn(x);
+    release(block);
+    if (y.requires_grad() && torch::GradMode::is_enabled())
+      y = Regather::apply(y, reinterpret_cast<int64_t>(this), int64_t(block), position);
+    return y;
+  }
+
+  // Backward reaches the block's use at `position`: its parameters must be whole again; the use
+  // before it in forward order is the next to come in backward.
+  void gather_for_backward(int block, int64_t position) {
+    gather(block);
+    prefetch(position - 1);
   }
 
   void plan_optimizer_chunks(const std::vector<OwnedFragment>& fragments) {
@@ -306,6 +511,12 @@ struct Engine::Impl {
           progress[i].handle.reset();
         }
       }
+    for (auto& block : blocks) block.remaining = block.trainable;
+    if (shard_parameters && !order_known) {
+      check_block_call(-1);  // every rank's first forward ends here
+      order_known = true;
+    }
+    forward_position = 0;
     in_backward = true;
     try {
       (loss * (scaler.scale() / double(config.gradient_accumulation_steps))).backward();
@@ -335,6 +546,8 @@ struct Engine::Impl {
     // A gradient that arrives after its bucket was launched (out-of-order backward) makes its
     // bucket fill again; it is launched from flush_buckets(). remaining then stays below zero.
     if (--b.remaining == 0) launch(bucket);
+    if (shard_parameters)
+      if (int g = layout.buckets[bucket].group; g >= 0 && --blocks[g].remaining == 0) release(g);
   }
 
   void acquire_buffer(int bucket) {
@@ -405,6 +618,8 @@ struct Engine::Impl {
     for (int bucket = 0; bucket < int(progress.size()); ++bucket)
       if (progress[bucket].state == BucketState::Filling) launch(bucket);
     for (int k = 0; k < buffer_count; ++k) complete(k);
+    // A block some of whose parameters got no gradient is still gathered: release it.
+    for (int g = 0; g < int(blocks.size()); ++g) release(g);
   }
 
   // ---------------------------------------------------------------- step
@@ -448,12 +663,15 @@ struct Engine::Impl {
         torch::Tensor converted = grad_scratch.narrow(0, 0, c.numel);
         converted.copy_(g);
         grads = converted.data_ptr<float>();
-        options.half_out = reinterpret_cast<uint16_t*>(flat_params.data_ptr()) + c.flat_offset;
+        options.half_out = shard_parameters
+                               ? reinterpret_cast<uint16_t*>(param_partition.data_ptr()) + c.partition_offset
+                               : reinterpret_cast<uint16_t*>(flat_params.data_ptr()) + c.flat_offset;
       } else {
         grads = g.data_ptr<float>();
       }
-      float* p = separate_master ? master.data_ptr<float>() + c.partition_offset
-                                 : flat_params.data_ptr<float>() + c.flat_offset;
+      float* p = separate_master    ? master.data_ptr<float>() + c.partition_offset
+                 : shard_parameters ? param_partition.data_ptr<float>() + c.partition_offset
+                                    : flat_params.data_ptr<float>() + c.flat_offset;
       float* m = exp_avg.numel() ? exp_avg.data_ptr<float>() + c.partition_offset : nullptr;
       float* v = exp_avg_sq.numel() ? exp_avg_sq.data_ptr<float>() + c.partition_offset : nullptr;
       kernel(c, p, grads, m, v);
@@ -529,6 +747,18 @@ struct Engine::Impl {
     for (auto& [handle, numel] : in_flight) handle.wait();
   }
 
+  // Stage 3: parameters outside every block stay whole on every rank; refresh them after a step.
+  void gather_persistent_parameters() {
+    std::vector<CollectiveHandle> handles;
+    for (int b = 0; b < int(layout.buckets.size()); ++b) {
+      const BucketLayout& lb = layout.buckets[b];
+      if (lb.group >= 0) continue;
+      handles.push_back(comm->all_gather(param_partition.narrow(0, lb.partition_offset, lb.shard_numel),
+                                         bucket_params[b], "params.persistent" + std::to_string(b)));
+    }
+    for (auto& h : handles) h.wait();
+  }
+
   void clear_gradients() {
     if (reduction == GradientReduction::ReduceScatterBuckets) {
       for (auto& b : progress) b.received = false;
@@ -583,7 +813,13 @@ struct Engine::Impl {
     if (config.gradient_clipping > 0 && norm > config.gradient_clipping)
       scale *= config.gradient_clipping / (norm + 1e-6);
     apply_optimizer(result.lr, global_step - skipped, float(scale));
-    if (shard_world > 1) gather_parameters();
+    if (shard_parameters) {
+      // A block gathered ahead (prefetched for a forward that did not come) holds old values.
+      for (int g = 0; g < int(blocks.size()); ++g) release(g);
+      gather_persistent_parameters();
+    }
+    else if (shard_world > 1)
+      gather_parameters();
     clear_gradients();
     result.stepped = true;
     return result;
@@ -591,7 +827,13 @@ struct Engine::Impl {
 
   ModelStateBytes model_state_bytes() const {
     ModelStateBytes bytes;
-    bytes.parameters = flat_params.nbytes();
+    if (shard_parameters) {
+      bytes.parameters = param_partition.nbytes();
+      for (int b = 0; b < int(layout.buckets.size()); ++b)
+        if (layout.buckets[b].group < 0) bytes.parameters += bucket_params[b].nbytes();
+    } else {
+      bytes.parameters = flat_params.nbytes();
+    }
     bytes.gradients = reduction == GradientReduction::ReduceScatterBuckets ? grad_partition.nbytes() : flat_grads.nbytes();
     bytes.optimizer_states = (master.defined() ? master.nbytes() : 0) + exp_avg.nbytes() + exp_avg_sq.nbytes();
     return bytes;
@@ -604,6 +846,15 @@ struct Engine::Impl {
     return bytes;
   }
 };
+
+namespace {
+torch::autograd::variable_list Regather::backward(torch::autograd::AutogradContext* ctx,
+                                                  torch::autograd::variable_list grads) {
+  auto* impl = reinterpret_cast<Engine::Impl*>(ctx->saved_data["runner"].toInt());
+  impl->gather_for_backward(int(ctx->saved_data["block"].toInt()), ctx->saved_data["position"].toInt());
+  return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+}
+}  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
                std::shared_ptr<Communicator> comm)
@@ -623,5 +874,7 @@ ModelStateBytes Engine::model_state_bytes() const { return impl_->model_state_by
 int64_t Engine::buffer_bytes() const { return impl_->buffer_bytes(); }
 int64_t Engine::trainable_parameters() const { return impl_->layout.parameter_numel; }
 const FlatLayout& Engine::layout() const { return impl_->layout; }
+int64_t Engine::peak_gathered_parameter_bytes() const { return impl_->peak_gathered_bytes; }
+void Engine::reset_peak_gathered_parameter_bytes() { impl_->peak_gathered_bytes = impl_->gathered_bytes; }
 
 }  // namespace zt

@@ -1,0 +1,55 @@
+// Blocks: the unit whose parameters ZeRO stage 3 gathers and releases together (design §4).
+//
+// A model marks its blocks once and runs each through run_block; these are the only lines a
+// user adds for stage 3 (the built-in GPT does the same, see src/models/gpt.cpp):
+//
+//   Net() { layer = register_module("layer", Layer(...)); zt::mark_block(layer.ptr()); }
+//   Tensor forward(Tensor x) {
+//     x = zt::run_block(*layer, x, [&](const at::Tensor& in) { return layer->forward(in); });
+//     ...
+//   }
+//
+// Contract
+// - mark_block records the module (held weakly; a destroyed module is forgotten). Every
+//   trainable parameter under it belongs to that block. Blocks must not nest or share a
+//   parameter (the engine rejects that with zt::ConfigError naming both).
+// - run_block(module, x, fn) returns fn(x). When a stage-3 engine owns `module`, the block's
+//   parameters are gathered before fn runs and released after, and the output carries an
+//   identity autograd function that gathers them again before the block's backward. A block may
+//   run several times in one step (shared weights; a tied embedding and head): every run
+//   gathers, and the parameters are released for good once all their gradients are in.
+// - Without such an engine (stages 0–2, or no engine) run_block is just fn(x).
+// - Thread-safety: mark_block may be called from any thread; run_block from the thread that
+//   drives the engine.
+#pragma once
+#include <functional>
+#include <memory>
+
+namespace at {
+class Tensor;
+}
+namespace torch::nn {
+class Module;
+}
+
+namespace zt {
+
+using BlockFunction = std::function<at::Tensor(const at::Tensor&)>;
+
+void mark_block(const std::shared_ptr<torch::nn::Module>& module);
+bool is_marked_block(const torch::nn::Module& module);
+at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const BlockFunction& fn);
+
+// What run_block calls when a stage-3 engine owns a module; implemented by the engine. One
+// runner may be installed at a time.
+class BlockRunner {
+ public:
+  virtual ~BlockRunner() = default;
+  // The block id of `module`, or -1 when this runner does not own it.
+  virtual int block_of(const torch::nn::Module& module) const = 0;
+  virtual at::Tensor run(int block, const at::Tensor& x, const BlockFunction& fn) = 0;
+};
+// Installs `runner` (nullptr removes it); throws zt::Error when another one is installed.
+void install_block_runner(BlockRunner* runner);
+
+}  // namespace zt
