@@ -234,40 +234,52 @@ struct Engine::Impl : BlockRunner {
     plan_optimizer_chunks(layout.owned_fragments(shard_rank));
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
-    // anything is rounded to the working dtype.
+    // anything is rounded to the working dtype. Bucket by bucket, so that with sharded
+    // parameters construction holds at most the model as built plus one bucket: each parameter
+    // moves into its bucket (its own storage is freed) and a block's bucket is released at once.
     auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
-    torch::Tensor initial = torch::zeros({layout.total_numel}, fp32);
     torch::NoGradGuard no_grad;
-    for (const auto& placement : layout.placements)
-      initial.narrow(0, placement.offset, placement.numel).copy_(trainable[placement.index].detach().reshape({-1}));
-    comm->broadcast(initial, 0, "engine.init.params").wait();
-
     const int64_t partition = layout.partition_numel;
     if (separate_master) {
       master = torch::empty({partition}, fp32);
-      for (int b = 0; b < int(layout.buckets.size()); ++b)
-        master.narrow(0, layout.buckets[b].partition_offset, layout.buckets[b].shard_numel)
-            .copy_(initial.narrow(0, layout.shard_offset(b, shard_rank), layout.buckets[b].shard_numel));
       grad_scratch = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, fp32);
     }
-    if (shard_parameters) {
+    if (shard_parameters)
       param_partition = torch::empty({partition}, torch::TensorOptions().dtype(working_dtype));
-      for (int b = 0; b < int(layout.buckets.size()); ++b) {
-        const BucketLayout& lb = layout.buckets[b];
-        param_partition.narrow(0, lb.partition_offset, lb.shard_numel)
-            .copy_(initial.narrow(0, layout.shard_offset(b, shard_rank), lb.shard_numel));
-        // An own storage per bucket, so that releasing one block frees exactly its bytes.
-        bucket_params.push_back(initial.narrow(0, lb.offset, lb.numel).to(working_dtype, false, /*copy=*/true));
-        if (lb.group >= 0) {
-          blocks[lb.group].buckets.push_back(b);
-          blocks[lb.group].bytes += bucket_params[b].nbytes();
-          blocks[lb.group].numel += lb.numel;
-        }
+    else
+      flat_params = torch::zeros({layout.total_numel}, torch::TensorOptions().dtype(working_dtype));
+    for (int b = 0; b < int(layout.buckets.size()); ++b) {
+      const BucketLayout& lb = layout.buckets[b];
+      // fp32 replicated parameters receive the values in place; otherwise a bucket-sized fp32 copy.
+      const bool in_place = !shard_parameters && !separate_master;
+      torch::Tensor initial = in_place ? flat_params.narrow(0, lb.offset, lb.numel) : torch::zeros({lb.numel}, fp32);
+      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
+        const ParameterPlacement& placement = layout.placements[pi];
+        initial.narrow(0, placement.offset - lb.offset, placement.numel)
+            .copy_(trainable[placement.index].detach().reshape({-1}));
       }
-      initial = torch::Tensor();
-    } else {
-      flat_params = separate_master ? initial.to(working_dtype) : initial;
-      initial = torch::Tensor();
+      comm->broadcast(initial, 0, "engine.init.params").wait();
+      const torch::Tensor owned = initial.narrow(0, int64_t(shard_rank) * lb.shard_numel, lb.shard_numel);
+      if (separate_master) master.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
+      if (!shard_parameters) {
+        if (!in_place) flat_params.narrow(0, lb.offset, lb.numel).copy_(initial);
+        continue;
+      }
+      param_partition.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
+      // An own storage per bucket, so that releasing one block frees exactly its bytes.
+      bucket_params.push_back(separate_master ? initial.to(working_dtype) : initial);
+      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
+        const ParameterPlacement& placement = layout.placements[pi];
+        torch::Tensor& param = trainable[placement.index];
+        param.set_data(bucket_params[b].narrow(0, placement.offset - lb.offset, placement.numel).view(param.sizes()));
+      }
+      if (lb.group >= 0) {
+        blocks[lb.group].buckets.push_back(b);
+        blocks[lb.group].bytes += bucket_params[b].nbytes();
+        blocks[lb.group].numel += lb.numel;
+        // Released from the start: from here on this rank holds only its shards of the block.
+        at::native::resize_bytes_cpu(bucket_params[b].storage().unsafeGetStorageImpl(), 0);
+      }
     }
     const bool first_moment = kind != OptimizerKind::Sgd || sgd.momentum != 0.0;
     exp_avg = torch::zeros({first_moment ? partition : 0}, fp32);
@@ -316,8 +328,8 @@ struct Engine::Impl : BlockRunner {
       auto shape = slot.param.sizes();
       // set_data keeps the parameter's autograd identity (and version counter) intact.
       const int64_t in_bucket = slot.offset - layout.buckets[slot.bucket].offset;
-      slot.param.set_data(shard_parameters ? bucket_params[slot.bucket].narrow(0, in_bucket, slot.numel).view(shape)
-                                           : flat_params.narrow(0, slot.offset, slot.numel).view(shape));
+      // (With sharded parameters this was done bucket by bucket above.)
+      if (!shard_parameters) slot.param.set_data(flat_params.narrow(0, slot.offset, slot.numel).view(shape));
       if (reduction == GradientReduction::ReduceScatterBuckets) {
         for (int k = 0; k < buffer_count; ++k)
           slot.bucket_grad_view[k] = buffers[k].data.narrow(0, in_bucket, slot.numel).view(shape);
@@ -327,13 +339,9 @@ struct Engine::Impl : BlockRunner {
       }
       slots.push_back(std::move(slot));
     }
-    if (shard_parameters) {
+    if (shard_parameters)
       for (const Slot& slot : slots)
         if (int g = layout.buckets[slot.bucket].group; g >= 0) ++blocks[g].trainable;
-      // Blocks start released: from here on a rank holds only its shards of them.
-      for (const auto& block : blocks)
-        for (int b : block.buckets) at::native::resize_bytes_cpu(bucket_params[b].storage().unsafeGetStorageImpl(), 0);
-    }
     for (int i = 0; i < int(slots.size()); ++i) {
       auto accumulator = torch::autograd::impl::grad_accumulator(slots[i].param);
       if (reduction == GradientReduction::ReduceScatterBuckets)
