@@ -339,26 +339,14 @@ class ProcessGroupCommunicator final : public Communicator {
     bool widen = is_low_precision(input) && !caps_.low_precision_reduce;
     bool divide = op == ReduceOp::Avg && !caps_.avg;
     at::Tensor in = widen ? input.to(at::kFloat) : input;
-    if (input_use == InputUse::Scratch && !widen && input.device().is_cpu() && !options_.native_gloo_reduce_scatter) {
-      // All-reduce the input where it is and keep our block: no temporary, and Gloo's ring
-      // all-reduce beats its reduce-scatter (bench/comm_bench.cpp, docs/benchmarks.md).
-      c10d::AllreduceOptions o;
-      o.reduceOp = c10d_op(op);
-      o.timeout = options_.timeout;
-      std::vector<at::Tensor> tensors{input};
-      issue(*state, [&] { return backend_for(input, *state).allreduce(tensors, o); });
-      state->keep_alive = {input, output};
-      state->finalize = [input, output, divide, world, begin_at, n] {
-        at::Tensor block = input.narrow(0, begin_at, n);
-        if (divide) block.div_(world);
-        if (block.data_ptr() != output.data_ptr()) output.copy_(block);
-      };
-      return CollectiveHandle(state);
-    }
-    if (!caps_.reduce_scatter) {
-      // Emulation: all-reduce the whole buffer and keep our block. Costs about twice the
-      // traffic of a true reduce-scatter. Works on a copy so that `input` stays unchanged.
-      at::Tensor whole = widen ? in : input.clone();
+    const bool all_reduce_in_place =
+        input_use == InputUse::Scratch && !widen && input.device().is_cpu() && !options_.native_gloo_reduce_scatter;
+    if (!caps_.reduce_scatter || all_reduce_in_place) {
+      // All-reduce the whole buffer and keep our block. As an emulation (no reduce-scatter in
+      // the backend) it works on a copy so that `input` stays unchanged and costs about twice the
+      // traffic of a true reduce-scatter. For a scratch input on CPU it runs in place: no
+      // temporary, and Gloo's ring all-reduce beats its reduce-scatter (docs/benchmarks.md).
+      at::Tensor whole = all_reduce_in_place || widen ? in : input.clone();
       c10d::AllreduceOptions o;
       o.reduceOp = c10d_op(op);
       o.timeout = options_.timeout;
@@ -368,7 +356,7 @@ class ProcessGroupCommunicator final : public Communicator {
       state->finalize = [output, whole, divide, world, begin_at, n] {
         at::Tensor block = whole.narrow(0, begin_at, n);
         if (divide) block.div_(world);
-        output.copy_(block);
+        if (block.data_ptr() != output.data_ptr()) output.copy_(block);
       };
       return CollectiveHandle(state);
     }

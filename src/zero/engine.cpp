@@ -72,7 +72,6 @@ class PreHook : public torch::autograd::FunctionPreHook {
 
 struct Slot {
   torch::Tensor param;
-  int placement = 0;
   int bucket = 0;
   int64_t offset = 0;  // in the flat buffer
   int64_t numel = 0;
@@ -321,7 +320,6 @@ struct Engine::Impl : BlockRunner {
       const ParameterPlacement& placement = layout.placements[i];
       Slot slot;
       slot.param = trainable[placement.index];
-      slot.placement = i;
       slot.bucket = placement.bucket;
       slot.offset = placement.offset;
       slot.numel = placement.numel;
