@@ -54,6 +54,8 @@ TEST(Config, DefaultsMatchDeepSpeed) {
   EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
   EXPECT_EQ(c.steps_per_print, 10);
   EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_EQ(c.train.retain_freed_memory, "auto");
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100'000);
   // Reserved DeepSpeed keys still show their defaults in the resolved configuration.
   EXPECT_EQ(c.resolved.at("zero_optimization.stage3_prefetch_bucket_size"), "50000000");
   EXPECT_EQ(c.resolved.at("zero_optimization.stage3_param_persistence_threshold"), "100000");
@@ -203,6 +205,8 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {R"({"wall_clock_breakdown": "yes"})", {}, "wall_clock_breakdown: expected true or false, found \"yes\""},
       {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})", {},
        "scheduler.params.warmup_type: expected one of \"log\", \"linear\", found \"cosine\""},
+      {R"({"train": {"retain_freed_memory": "sometimes"}})", {},
+       "train.retain_freed_memory: expected one of \"auto\", \"always\", \"never\", found \"sometimes\""},
       {R"({"scheduler": {"type": "WarmupCosine"}})", {}, "did you mean \"WarmupCosineLR\"?"},
       {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": -3}}})", {},
        "scheduler.params.warmup_num_steps: expected a non-negative integer, found -3"},
@@ -254,8 +258,8 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})", {},
        "zero_optimization.offload_optimizer.device = \"cpu\" is not supported yet (only the default \"none\" is "
        "accepted)"},
-      {R"({"zero_optimization": {"stage3_param_persistence_threshold": 1e6}})", {},
-       "zero_optimization.stage3_param_persistence_threshold = 1000000 is not supported yet"},
+      {R"({"zero_optimization": {"stage3_param_persistence_threshold": -1}})", {},
+       "zero_optimization.stage3_param_persistence_threshold"},
       {R"({"activation_checkpointing": {"partition_activations": true}})", {},
        "activation_checkpointing.partition_activations = true is not supported yet"},
       // Overrides: same checks, same messages.

@@ -112,7 +112,7 @@ TEST(TrainSummary, ShardedBytesMatchTheFormula) {
     int64_t bytes_per_parameter_whole, bytes_per_parameter_sharded;
   };
   for (const Case& c : {Case{{"zero_optimization.stage=2", "bf16.enabled=true"}, "bf16", 2, 14},
-                        Case{{"zero_optimization.stage=3"}, "fp32", 0, 16}}) {
+                        Case{{"zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0"}, "fp32", 0, 16}}) {
     auto run = train(2, c.overrides);
     const auto& s = run.summary;
     ASSERT_EQ(s["losses"].size(), 5u) << c.overrides[0];
@@ -178,6 +178,16 @@ TEST(Example, CustomModelTrainsOnTwoRanks) {
   auto r = run_process({cli_path(), "launch", "--nproc", "2", "--log-dir", dir, "--",
                         std::string(ZT_BIN_DIR) + "/custom_model_example"},
                        {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("final loss"), std::string::npos) << r.output;
+  // The same example at stage 3: its marked blocks, built already sharded.
+  const std::string config = dir + "/stage3.json";
+  std::ofstream(config) << R"({"train_micro_batch_size_per_gpu": 32, "gradient_clipping": 1.0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+      "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})";
+  r = run_process({cli_path(), "launch", "--nproc", "2", "--log-dir", dir, "--",
+                   std::string(ZT_BIN_DIR) + "/custom_model_example", config},
+                  {}, std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("final loss"), std::string::npos) << r.output;
 }

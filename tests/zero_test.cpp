@@ -2,7 +2,11 @@
 // a bf16 tolerance, fp16 overflow skipping, and the model-state bytes against design §2.
 #include <gtest/gtest.h>
 
+#include <c10/core/CPUAllocator.h>
+
 #include <cmath>
+#include <mutex>
+#include <optional>
 
 #include "support/multirank.h"
 #include "zerotrain/blocks.h"
@@ -31,6 +35,8 @@ struct RunOptions {
   int steps = 10;
   int overflow_micro_step = -1;  // on rank 0, make one gradient element overflow (fp16)
   std::string optimizer = "AdamW";
+  int64_t persistence_threshold = 0;  // stage 3: 0 shards every parameter of a block
+  bool sharded_construction = false;  // build the model under zt::ShardedConstruction
 };
 
 struct RunResult {
@@ -50,7 +56,8 @@ zt::TrainConfig make_config(const RunOptions& o, int world) {
     "optimizer": {"type": ")" + o.optimizer + R"(", "params": {"lr": 0.003, "weight_decay": 0.01}},
     "zero_optimization": {"stage": )" + std::to_string(o.stage) +
                      R"(, "overlap_comm": )" + (o.overlap_comm ? "true" : "false") +
-                     R"(, "reduce_bucket_size": )" + std::to_string(o.bucket_size) + "}";
+                     R"(, "reduce_bucket_size": )" + std::to_string(o.bucket_size) +
+                     R"(, "stage3_param_persistence_threshold": )" + std::to_string(o.persistence_threshold) + "}";
   if (o.precision == "bf16") json += R"(, "bf16": {"enabled": true})";
   if (o.precision == "fp16") json += R"(, "fp16": {"enabled": true})";
   return zt::parse_config(json + "}", {}, world);
@@ -63,7 +70,10 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
   const auto config = make_config(o, world);
   torch::manual_seed(7);
   auto gpt_config = zt::gpt_preset("tiny");
+  std::optional<zt::ShardedConstruction> sharded;
+  if (o.sharded_construction) sharded.emplace(rank, world);
   auto model = zt::GPT(gpt_config);
+  sharded.reset();
   model->wpe->weight.set_requires_grad(false);
   zt::Engine engine(model.ptr(), config, comm);
   RunResult result;
@@ -149,6 +159,18 @@ TEST(ZeroParity, Fp32StagesOneToThreeEqualStageZero) {
         }
       }
     }
+    // Stage 3 with small parameters kept whole (biases and norms below 1000 elements; ln_f is then
+    // no block at all), and with the model built already sharded.
+    for (bool sharded_construction : {false, true}) {
+      const auto run = train(comm, {.stage = 3, .overlap_comm = true, .bucket_size = 5000,
+                                    .persistence_threshold = 1000, .sharded_construction = sharded_construction});
+      expect_losses_close(reference, run, 1e-5, sharded_construction ? "stage 3 sharded construction" : "stage 3 persistent");
+    }
+    // The engine adopts a sharded build at any stage: stage 0 then trains exactly as from an
+    // unsharded build (same initial values, same arithmetic).
+    const auto adopted = train(comm, {.stage = 0, .sharded_construction = true});
+    EXPECT_EQ(adopted.losses, reference.losses);
+    EXPECT_TRUE(torch::equal(adopted.final_parameters, reference.final_parameters));
     return;
   }
   expect_ranks_pass("ZeroParity.Fp32StagesOneToThreeEqualStageZero", {1, 2, 3});
@@ -334,7 +356,7 @@ struct Shared : torch::nn::Module {
 std::vector<double> train_shared(std::shared_ptr<zt::Communicator> comm, int stage) {
   auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
       "gradient_clipping": 0.1, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-      "zero_optimization": {"stage": )" + std::to_string(stage) + "}}",
+      "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})",
                                  {}, comm->world_size());
   torch::manual_seed(9);
   auto net = std::make_shared<Shared>();
@@ -415,8 +437,9 @@ struct TwoTwins : torch::nn::Module {
 TEST(ZeroStage3, BlockOrderMismatchFailsWithANamedError) {
   if (is_rank_process()) {
     auto comm = rank_communicator();
-    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3}})", {},
-                                   comm->world_size());
+    auto config = zt::parse_config(
+        R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}})",
+        {}, comm->world_size());
     auto net = std::make_shared<TwoTwins>();
     zt::Engine engine(net, config, comm);
     auto x = torch::randn({2, 4});
@@ -457,6 +480,133 @@ TEST(ZeroStage3, NestedBlocksAreRejected) {
     ADD_FAILURE() << "expected ConfigError";
   } catch (const zt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("belongs to two blocks, 'model' and 'model.inner'"), std::string::npos)
+        << e.what();
+  }
+}
+
+namespace {
+
+// Counts the live bytes of CPU allocations made while installed (frees of older allocations are
+// not counted) and their peak: what a rank really holds, not what the code says it holds.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  static CountingAllocator& instance() {
+    static auto* allocator = new CountingAllocator();  // storages keep a pointer to it: never destroyed
+    return *allocator;
+  }
+  void install() {
+    base_ = c10::GetCPUAllocator();
+    std::lock_guard lock(mutex_);
+    live_ = peak_ = 0;
+    c10::SetCPUAllocator(this);
+    ASSERT_EQ(c10::GetCPUAllocator(), this) << "the counting allocator must take over CPU allocations";
+  }
+  void uninstall() { c10::SetCPUAllocator(base_); }
+  int64_t peak() const {
+    std::lock_guard lock(mutex_);
+    return peak_;
+  }
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    auto* context = new Context{std::move(inner), int64_t(n)};
+    {
+      std::lock_guard lock(mutex_);
+      live_ += int64_t(n);
+      peak_ = std::max(peak_, live_);
+    }
+    return {data, context, &CountingAllocator::release, c10::Device(c10::DeviceType::CPU)};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+
+ private:
+  struct Context {
+    c10::DataPtr inner;
+    int64_t bytes;
+  };
+  static void release(void* p) {
+    auto* context = static_cast<Context*>(p);
+    {
+      std::lock_guard lock(instance().mutex_);
+      instance().live_ -= context->bytes;
+    }
+    delete context;
+  }
+  c10::Allocator* base_ = nullptr;
+  mutable std::mutex mutex_;
+  int64_t live_ = 0, peak_ = 0;
+};
+
+}  // namespace
+
+// Building the GPT under ShardedConstruction: measured by the allocator, a rank never holds more
+// than its shards plus one block, against the whole model for an unsharded build; an engine
+// adopting it sees exactly the parameters of the unsharded build.
+TEST(ZeroStage3, ShardedConstructionHoldsShardsPlusOneBlock) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const int rank = comm->rank(), world = comm->world_size();
+    const auto gpt_config = zt::gpt_preset("tiny");
+    auto& counter = CountingAllocator::instance();
+
+    torch::manual_seed(7);
+    counter.install();
+    auto whole = zt::GPT(gpt_config);
+    counter.uninstall();
+    const int64_t whole_peak = counter.peak();
+
+    torch::manual_seed(7);
+    counter.install();
+    std::optional<zt::ShardedConstruction> sharded(std::in_place, rank, world);
+    auto model = zt::GPT(gpt_config);
+    counter.uninstall();
+    EXPECT_EQ(sharded->blocks_sharded(), 2 + gpt_config.n_layer + 1);
+    const int64_t bound = sharded->shard_bytes() + sharded->largest_block_bytes();
+    EXPECT_LE(counter.peak(), bound) << "whole build: " << whole_peak;
+    std::printf("rank %d of %d: construction peak %lld bytes, bound (shards %lld + largest block %lld) %lld, whole build %lld\n",
+                rank, world, (long long)counter.peak(), (long long)sharded->shard_bytes(),
+                (long long)sharded->largest_block_bytes(), (long long)bound, (long long)whole_peak);
+    sharded.reset();
+    EXPECT_GE(whole_peak, zt::gpt_parameter_count(gpt_config) * 4);
+    EXPECT_GT(whole_peak, bound) << "the bound must be below the whole model to mean anything";
+
+    auto config = make_config({.stage = 0}, world);
+    zt::Engine engine(model.ptr(), config, comm);
+    auto expected = whole->named_parameters();
+    auto found = model->named_parameters();
+    ASSERT_EQ(expected.size(), found.size());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_EQ(expected[i].key(), found[i].key());
+      EXPECT_TRUE(torch::equal(expected[i].value(), found[i].value())) << expected[i].key();
+    }
+    return;
+  }
+  expect_ranks_pass("ZeroStage3.ShardedConstructionHoldsShardsPlusOneBlock", {2, 3});
+}
+
+// A sharded build has no data until an engine of the same rank and world adopts it.
+TEST(ZeroStage3, ShardedBuildNeedsAnEngineOfItsWorld) {
+  EXPECT_THROW(zt::ShardedConstruction(2, 2), zt::ConfigError);
+  std::optional<zt::ShardedConstruction> sharded(std::in_place, 0, 2);
+  EXPECT_THROW(zt::ShardedConstruction(0, 2), zt::Error) << "one at a time";
+  auto net = std::make_shared<TwoTwins>();
+  sharded.reset();
+  try {
+    zt::run_block(*net->a, torch::ones({1, 4}), [&](const torch::Tensor& in) { return net->a->forward(in); });
+    ADD_FAILURE() << "expected zt::Error";
+  } catch (const zt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was built under ShardedConstruction"), std::string::npos) << e.what();
+  }
+  zt::RendezvousInfo info;
+  auto comm = zt::make_communicator(info, {});
+  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})", {}, 1);
+  try {
+    zt::Engine engine(net, config, comm);
+    ADD_FAILURE() << "expected zt::ConfigError";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("block 'model.a' was built under ShardedConstruction as rank 0 of 2, but "
+                                         "this engine is rank 0 of 1"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <optional>
 
+#include "zerotrain/blocks.h"  // zerotrain: (stage 3 only)
 #include "zerotrain/comm.h"    // zerotrain:
 #include "zerotrain/config.h"  // zerotrain:
 #include "zerotrain/engine.h"  // zerotrain:
@@ -20,11 +22,17 @@ struct RegressorImpl : torch::nn::Module {
     hidden = register_module("hidden", torch::nn::Linear(width, width));
     norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
     out = register_module("out", torch::nn::Linear(width, 1));
+    // zerotrain: (stage 3 only) the modules whose parameters are gathered together; each marked
+    // after its parameters hold their initial values. Unmarked ones (norm) stay whole.
+    zt::mark_block(in.ptr());
+    zt::mark_block(hidden.ptr());
+    zt::mark_block(out.ptr());
   }
   torch::Tensor forward(torch::Tensor x) {
-    auto h = torch::gelu(in(x));
-    h = h + torch::gelu(hidden(norm(h)));
-    return out(h).squeeze(-1);
+    // zerotrain: (stage 3 only) each marked module runs through zt::run_block.
+    auto h = torch::gelu(zt::run_block(*in, x, [&](const torch::Tensor& t) { return in(t); }));
+    h = h + torch::gelu(zt::run_block(*hidden, norm(h), [&](const torch::Tensor& t) { return hidden(t); }));
+    return zt::run_block(*out, h, [&](const torch::Tensor& t) { return out(t); }).squeeze(-1);
   }
 };
 TORCH_MODULE(Regressor);
@@ -39,7 +47,10 @@ int main(int argc, char** argv) try {
                          : zt::parse_config(config_json, {}, comm->world_size());    // zerotrain:
 
   torch::manual_seed(7);
+  std::optional<zt::ShardedConstruction> sharded;  // zerotrain: (stage 3 only) build already sharded
+  if (config.zero.shard_parameters) sharded.emplace(comm->rank(), comm->world_size());  // zerotrain:
   Regressor model(features, 64);
+  sharded.reset();  // zerotrain:
   auto target_weights = torch::randn({features});
   // Before: torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(3e-3));
   zt::Engine engine(model.ptr(), config, comm);  // zerotrain: replaces the optimizer

@@ -21,7 +21,30 @@
 // - Without such an engine (stages 0–2, or no engine) run_block is just fn(x).
 // - Thread-safety: mark_block may be called from any thread; run_block from the thread that
 //   drives the engine.
+//
+// Building a model already sharded (the counterpart of DeepSpeed's zero.Init): while a
+// ShardedConstruction is alive, mark_block also shards the block at once, so that no rank ever
+// holds more than its shards plus the block being built (docs/zero.md "Sharded construction"):
+//
+//   torch::manual_seed(seed);                                    // the same seed on every rank
+//   std::optional<zt::ShardedConstruction> sharded;
+//   if (config.zero.shard_parameters) sharded.emplace(comm->rank(), comm->world_size());
+//   auto model = MyNet(...);        // each block marked right after its parameters are initialised
+//   sharded.reset();
+//   zt::Engine engine(model.ptr(), config, comm);                // adopts the shards (any stage)
+//
+// - mark_block under a ShardedConstruction keeps this rank's 1/world of the block's parameters
+//   (all of them, concatenated in registration order, fp32 or whatever dtype they share) and
+//   frees their storage. Values written to those parameters after mark_block are lost, so a
+//   model initialises each block before marking it (the GPT does).
+// - Until an Engine adopts the model, a sharded block has no data: run_block on it throws
+//   zt::Error. The Engine gathers each block once at construction (a collective: every rank must
+//   build the same model the same way) and then proceeds as with an unsharded model; with the
+//   same seed the values equal those of an unsharded build.
+// - One ShardedConstruction at a time per process (a second one throws zt::Error); it affects
+//   mark_block on every thread while alive. Shards outlive it until an Engine adopts them.
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 
@@ -51,5 +74,24 @@ class BlockRunner {
 };
 // Installs `runner` (nullptr removes it); throws zt::Error when another one is installed.
 void install_block_runner(BlockRunner* runner);
+
+class ShardedConstruction {
+ public:
+  // This process is rank `rank` of `world_size`; throws zt::ConfigError on an impossible pair.
+  ShardedConstruction(int rank, int world_size);
+  ~ShardedConstruction();
+  ShardedConstruction(const ShardedConstruction&) = delete;
+  ShardedConstruction& operator=(const ShardedConstruction&) = delete;
+
+  int blocks_sharded() const;
+  int64_t shard_bytes() const;          // bytes of the shards this rank kept, all blocks
+  int64_t largest_block_bytes() const;  // full bytes of the largest block sharded
+
+ private:
+  int rank_, world_size_;
+  int blocks_ = 0;
+  int64_t shard_bytes_ = 0, largest_block_bytes_ = 0;
+  friend void mark_block(const std::shared_ptr<torch::nn::Module>& module);
+};
 
 }  // namespace zt

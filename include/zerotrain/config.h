@@ -53,6 +53,9 @@ struct ZeroConfig {
   // elements (0: no prefetch) and the gathered elements stay within stage3_max_live_parameters.
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
+  // Stage 3: a trainable parameter with fewer elements stays gathered on every rank (its
+  // optimizer state is still sharded); small tensors are not worth a collective each.
+  int64_t stage3_param_persistence_threshold = 100'000;
   // The switches the engine composes (design §3); derived from `stage` when the configuration is
   // read and never asked for by stage number elsewhere: stage 1 shards optimizer states, stage 2
   // also gradients, stage 3 also parameters.
@@ -92,6 +95,10 @@ struct TrainLoopConfig {
   int64_t eval_iters = 4;       // micro-batches per evaluation
   int threads = 0;              // intra-op threads per rank; 0: cores / local ranks
   std::string log_dir = "runs"; // CSV log, rank logs
+  // Whether the process keeps freed heap pages for reuse instead of returning them to the OS:
+  // "auto" keeps them unless parameters are sharded (docs/benchmarks.md "training speed" and
+  // "stage 3"), "always", "never".
+  std::string retain_freed_memory = "auto";
 };
 
 struct CommConfig {

@@ -14,7 +14,9 @@
 //   parameter's data and gradient become views into flat arenas (one allocation per role,
 //   docs/architecture.md "memory"); the user keeps using the model as before. Frozen
 //   parameters (requires_grad false) get neither gradient nor optimizer memory.
-// - At construction rank 0's parameter values are broadcast so every rank starts equal.
+// - At construction rank 0's parameter values are broadcast so every rank starts equal. A model
+//   built under zt::ShardedConstruction (zerotrain/blocks.h) is adopted at any stage: each block
+//   is gathered whole once, just before the engine moves it into its arenas.
 // - backward(loss) divides the loss by gradient_accumulation_steps before differentiating, so
 //   the gradient of an optimizer step is the mean over all micro-batches of all ranks; this is
 //   the engine's one scaling of the loss and it is stated here so it is never a surprise.

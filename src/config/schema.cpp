@@ -141,7 +141,8 @@ std::vector<Leaf> build_table() {
   t.push_back(reserved(boolean("zero_optimization.round_robin_gradients", false, none)));
   t.push_back(integer("zero_optimization.stage3_prefetch_bucket_size", 50'000'000, 0, std::nullopt,
                       ZT_FIELD(zero.stage3_prefetch_bucket_size)));
-  t.push_back(reserved(integer("zero_optimization.stage3_param_persistence_threshold", 100'000, 0, std::nullopt, none)));
+  t.push_back(integer("zero_optimization.stage3_param_persistence_threshold", 100'000, 0, std::nullopt,
+                      ZT_FIELD(zero.stage3_param_persistence_threshold)));
   t.push_back(integer("zero_optimization.stage3_max_live_parameters", k1e9, 0, std::nullopt,
                       ZT_FIELD(zero.stage3_max_live_parameters)));
   t.push_back(reserved(integer("zero_optimization.stage3_max_reuse_distance", k1e9, 0, std::nullopt, none)));
@@ -221,6 +222,8 @@ std::vector<Leaf> build_table() {
   t.push_back(integer("train.eval_iters", 4, 1, std::nullopt, ZT_FIELD(train.eval_iters)));
   t.push_back(integer("train.threads", 0, 0, 4096, ZT_FIELD(train.threads)));
   t.push_back(string("train.log_dir", "runs", ZT_FIELD(train.log_dir)));
+  t.push_back(string("train.retain_freed_memory", "auto", ZT_FIELD(train.retain_freed_memory),
+                     {"auto", "always", "never"}));
   t.push_back(positive("comm.timeout_seconds", 300.0, ZT_FIELD(comm.timeout_seconds)));
   return t;
 }

@@ -128,39 +128,44 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 
 GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   config_.validate();
+  // Each parameterised module is initialised and marked as a stage-3 block (zerotrain/blocks.h)
+  // right after it is built: under a ShardedConstruction marking shards it at once, so no rank
+  // ever holds more than its shards plus one block, and the values drawn do not depend on it.
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  finish_block(wte.ptr(), false);
   wpe = register_module("wpe", torch::nn::Embedding(config.context_length, config.n_embd));
+  finish_block(wpe.ptr(), false);
   drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
   block_list_ = register_module("blocks", torch::nn::ModuleList());
   blocks.reserve(config.n_layer);
   for (int64_t i = 0; i < config.n_layer; ++i) {
     blocks.emplace_back(config);
     block_list_->push_back(blocks.back());
+    finish_block(blocks.back().ptr(), false);
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
-  // Stage 3 gathers and releases parameters per block (zerotrain/blocks.h): the embeddings, each
-  // transformer block and the final norm. forward() runs each through run_block.
-  mark_block(wte.ptr());
-  mark_block(wpe.ptr());
-  for (auto& b : blocks) mark_block(b.ptr());
-  mark_block(ln_f.ptr());
-  init_weights();
+  finish_block(ln_f.ptr(), true);
 }
 
-void GPTImpl::init_weights() {
-  // The torch::nn constructors above already drew (Kaiming-uniform) values; redraw every tensor in
+void GPTImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module, bool is_norm) {
+  init_parameters(*module, is_norm);
+  mark_block(module);
+}
+
+void GPTImpl::init_parameters(torch::nn::Module& module, bool is_norm_module) {
+  // The torch::nn constructors already drew (Kaiming-uniform) values; redraw every tensor in
   // registration order so the result depends only on the global seed and the GPT-2 recipe.
   torch::NoGradGuard no_grad;
   const double std = 0.02;
   const double resid_std = std / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  for (auto& item : named_parameters(/*recurse=*/true)) {
+  for (auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
     auto ends_with = [&](std::string_view s) {
       return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
     };
-    const bool is_norm = name.find("ln_") != std::string::npos;
-    if (ends_with(".bias")) {
+    const bool is_norm = is_norm_module || name.find("ln_") != std::string::npos;
+    if (ends_with("bias")) {
       p.zero_();
     } else if (is_norm) {
       p.fill_(1.0);

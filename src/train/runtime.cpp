@@ -21,7 +21,7 @@ int available_cores() {
 
 }  // namespace
 
-RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks) {
+RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, bool retain_freed_memory) {
   RuntimeSettings settings;
   settings.intra_op_threads =
       requested_threads > 0 ? requested_threads : std::max(1, available_cores() / std::max(1, local_ranks));
@@ -31,12 +31,22 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks) {
   } catch (const c10::Error&) {
     // Already fixed by an earlier call in this process (tests run several ranks' code paths).
   }
-  // Keep freed memory in the process: large temporaries (logits, their gradients) are otherwise
-  // returned to the OS on free and page-faulted in again on the next step (design §10).
+  // Retained: keep freed memory in the process. Large temporaries (logits, their gradients) are
+  // otherwise returned to the OS on free and page-faulted in again on the next step (design §10).
   // Measured on GPT-2 124M (docs/benchmarks.md): 2.5x fewer page faults and 7% more tokens/s
   // than glibc's defaults, for about 8% more peak RSS.
-  mallopt(M_MMAP_MAX, 0);                 // serve large blocks from the heap, where they are reused
-  mallopt(M_TRIM_THRESHOLD, INT_MAX);     // and never give the heap's top back between steps
+  // Not retained (the default with sharded parameters, where memory is the point): every block
+  // of 1 MiB or more is mapped on its own and unmapped when freed. A fixed threshold also stops
+  // glibc from raising it on its own (up to 32 MiB), after which blocks of the size of a
+  // transformer block would stay in the heap and fragment it: measured at stage 3, the retained
+  // heap costs about 1 GiB of peak RSS on GPT-2 124M (docs/benchmarks.md "stage 3"). Stage 3
+  // keeps its gathered blocks' memory itself (GatherPool in src/zero/engine.cpp).
+  if (retain_freed_memory) {
+    mallopt(M_MMAP_MAX, 0);              // serve large blocks from the heap, where they are reused
+    mallopt(M_TRIM_THRESHOLD, INT_MAX);  // and never give the heap's top back between steps
+  } else {
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+  }
   return settings;
 }
 

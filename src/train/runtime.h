@@ -10,8 +10,9 @@ struct RuntimeSettings {
 };
 
 // Sets LibTorch's intra-op threads (requested > 0, else available cores / `local_ranks`), one
-// inter-op thread, and an allocator policy that retains freed pages. Call once, before large
-// allocations.
-RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks);
+// inter-op thread, and an allocator policy: with `retain_freed_memory` freed pages stay in the
+// process for reuse, else blocks of 1 MiB or more go back to the OS when freed. Call once,
+// before large allocations.
+RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, bool retain_freed_memory);
 
 }  // namespace zt

@@ -5,12 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "common/check.h"
 #include "train/runtime.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
+#include "zerotrain/blocks.h"
 #include "zerotrain/data.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
@@ -142,7 +144,10 @@ void check_training_inputs(const TrainConfig& config) {
 
 int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& options) {
   auto rendezvous = rendezvous_from_environment();
-  RuntimeSettings runtime = apply_runtime_settings(config_in.train.threads, rendezvous.local_world_size);
+  const std::string& retain = config_in.train.retain_freed_memory;
+  RuntimeSettings runtime =
+      apply_runtime_settings(config_in.train.threads, rendezvous.local_world_size,
+                             retain == "always" || (retain == "auto" && !config_in.zero.shard_parameters));
   TrainConfig config = config_in;
   if (config.world_size != rendezvous.world_size)
     throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks but this run has {} "
@@ -171,7 +176,11 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   }
 
   torch::manual_seed(config.train.seed);
+  // With sharded parameters the model is built already sharded: no rank ever holds all of it.
+  std::optional<ShardedConstruction> sharded;
+  if (config.zero.shard_parameters) sharded.emplace(rank, world);
   GPT model(gpt_config);
+  sharded.reset();
   const int64_t n_params = gpt_parameter_count(gpt_config);
   // Dropout masks differ per rank (as with one process per device elsewhere).
   torch::manual_seed(config.train.seed + 1000003ull * (rank + 1));

@@ -1,10 +1,15 @@
 #include "zerotrain/blocks.h"
 
+#include <ATen/native/Resize.h>
 #include <torch/nn/module.h>
 
+#include <atomic>
 #include <mutex>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
+#include "zero/sharded_blocks.h"
 #include "zerotrain/error.h"
 
 namespace zt {
@@ -13,6 +18,44 @@ namespace {
 std::mutex registry_mutex;
 std::vector<std::weak_ptr<torch::nn::Module>> marked;  // expired entries are pruned on use
 BlockRunner* active_runner = nullptr;
+ShardedConstruction* active_construction = nullptr;
+
+struct PendingShards {
+  std::weak_ptr<torch::nn::Module> module;
+  ShardedBlock block;
+};
+std::vector<PendingShards> pending;           // built sharded, not adopted by an engine yet
+std::atomic<int> pending_count{0};            // lets run_block skip the lookup when none
+
+// Keeps this rank's slice of the concatenation of `parameters` and frees their storage
+// (resized to zero bytes, so every tensor keeps its shape and autograd identity).
+ShardedBlock shard_parameters(const std::vector<at::Tensor>& parameters, const std::string& module_name, int rank,
+                              int world) {
+  ShardedBlock block;
+  block.rank = rank;
+  block.world_size = world;
+  block.parameters = parameters;
+  const auto dtype = parameters.front().scalar_type();
+  for (const auto& p : parameters) {
+    if (p.scalar_type() != dtype || !p.device().is_cpu() || !p.is_contiguous())
+      throw ConfigError("mark_block under ShardedConstruction: the parameters of '" + module_name +
+                        "' must be contiguous CPU tensors of one dtype, found " + std::string(c10::toString(dtype)) +
+                        " and " + c10::toString(p.scalar_type()) + " on " + p.device().str());
+    block.total_numel += p.numel();
+  }
+  const int64_t shard_numel = (block.total_numel + world - 1) / world;
+  block.shard = at::zeros({shard_numel}, at::TensorOptions().dtype(dtype));
+  const int64_t begin = int64_t(rank) * shard_numel, end = std::min(begin + shard_numel, block.total_numel);
+  int64_t offset = 0;
+  at::NoGradGuard no_grad;
+  for (const auto& p : parameters) {
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + p.numel());
+    if (lo < hi) block.shard.narrow(0, lo - begin, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
+    offset += p.numel();
+  }
+  for (const auto& p : parameters) at::native::resize_bytes_cpu(p.storage().unsafeGetStorageImpl(), 0);
+  return block;
+}
 
 }  // namespace
 
@@ -22,6 +65,29 @@ void mark_block(const std::shared_ptr<torch::nn::Module>& module) {
   std::erase_if(marked, [](const auto& weak) { return weak.expired(); });
   for (const auto& weak : marked)
     if (weak.lock() == module) return;
+  if (active_construction != nullptr) {
+    std::vector<at::Tensor> parameters;
+    std::unordered_set<const void*> seen;
+    for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+      const at::Tensor& p = item.value();
+      if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+      if (p.numel() > 0 && p.storage().nbytes() == 0)
+        throw ConfigError("mark_block: parameter '" + item.key() + "' of '" + module->name() +
+                          "' is already sharded as part of another block (blocks must not nest or share parameters)");
+      parameters.push_back(p);
+    }
+    if (!parameters.empty()) {
+      ShardedConstruction& c = *active_construction;
+      ShardedBlock block = shard_parameters(parameters, module->name(), c.rank_, c.world_size_);
+      ++c.blocks_;
+      c.shard_bytes_ += int64_t(block.shard.nbytes());
+      c.largest_block_bytes_ =
+          std::max<int64_t>(c.largest_block_bytes_, block.total_numel * int64_t(block.shard.element_size()));
+      std::erase_if(pending, [](const auto& entry) { return entry.module.expired(); });
+      pending.push_back({module, std::move(block)});
+      pending_count = int(pending.size());
+    }
+  }
   marked.push_back(module);
 }
 
@@ -36,6 +102,14 @@ at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const Block
   BlockRunner* runner = active_runner;
   if (runner != nullptr)
     if (int block = runner->block_of(module); block >= 0) return runner->run(block, x, fn);
+  if (pending_count.load() > 0) {
+    std::lock_guard lock(registry_mutex);
+    for (const auto& entry : pending)
+      if (auto m = entry.module.lock(); m.get() == &module)
+        throw Error("run_block: block '" + module.name() +
+                    "' was built under ShardedConstruction and holds only this rank's shard; construct the Engine "
+                    "on the model before running it");
+  }
   return fn(x);
 }
 
@@ -44,6 +118,37 @@ void install_block_runner(BlockRunner* runner) {
   if (runner != nullptr && active_runner != nullptr && active_runner != runner)
     throw Error("stage 3: another engine with sharded parameters is alive in this process; one at a time is supported");
   active_runner = runner;
+}
+
+ShardedConstruction::ShardedConstruction(int rank, int world_size) : rank_(rank), world_size_(world_size) {
+  if (world_size < 1 || rank < 0 || rank >= world_size)
+    throw ConfigError("ShardedConstruction: expected 0 <= rank < world_size, found rank " + std::to_string(rank) +
+                      " of world size " + std::to_string(world_size));
+  std::lock_guard lock(registry_mutex);
+  if (active_construction != nullptr)
+    throw Error("ShardedConstruction: another one is already active in this process; one at a time is supported");
+  active_construction = this;
+}
+
+ShardedConstruction::~ShardedConstruction() {
+  std::lock_guard lock(registry_mutex);
+  active_construction = nullptr;
+}
+
+int ShardedConstruction::blocks_sharded() const { return blocks_; }
+int64_t ShardedConstruction::shard_bytes() const { return shard_bytes_; }
+int64_t ShardedConstruction::largest_block_bytes() const { return largest_block_bytes_; }
+
+std::optional<ShardedBlock> take_sharded_block(const torch::nn::Module& module) {
+  std::lock_guard lock(registry_mutex);
+  for (auto it = pending.begin(); it != pending.end(); ++it)
+    if (auto m = it->module.lock(); m.get() == &module) {
+      ShardedBlock block = std::move(it->block);
+      pending.erase(it);
+      pending_count = int(pending.size());
+      return block;
+    }
+  return std::nullopt;
 }
 
 }  // namespace zt

@@ -1,17 +1,20 @@
 #include "zerotrain/engine.h"
 
-#include <ATen/native/Resize.h>
+#include <c10/core/CPUAllocator.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <cmath>
 #include <limits>
+#include <numeric>
+#include <unordered_set>
 
 #include "common/check.h"
 #include "optim/cpu_kernels.h"
 #include "zerotrain/blocks.h"
 #include "zero/loss_scaler.h"
+#include "zero/sharded_blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -118,6 +121,45 @@ struct Regather : public torch::autograd::Function<Regather> {
                                                  torch::autograd::variable_list grads);
 };
 
+// Memory for gathered blocks (stage 3). A released block's buffer is kept for the next gather
+// of the same size instead of being freed, so that gathering does not page-fault fresh memory
+// every time; what is live plus what is kept stays within `limit` (twice the largest block, which
+// holds the largest block plus two others), older kept buffers being freed first. docs/zero.md
+// "Stage 3".
+class GatherPool {
+ public:
+  explicit GatherPool(int64_t limit = 0) : limit_(limit) {}
+  c10::DataPtr take(int64_t bytes) {
+    for (auto it = kept_.begin(); it != kept_.end(); ++it)
+      if (it->second == bytes) {
+        c10::DataPtr data = std::move(it->first);
+        kept_.erase(it);
+        kept_bytes_ -= bytes;
+        live_bytes_ += bytes;
+        return data;
+      }
+    while (!kept_.empty() && live_bytes_ + kept_bytes_ + bytes > limit_) {
+      kept_bytes_ -= kept_.front().second;
+      kept_.erase(kept_.begin());
+    }
+    live_bytes_ += bytes;
+    return c10::GetCPUAllocator()->allocate(size_t(bytes));
+  }
+  void give(c10::DataPtr data, int64_t bytes) {
+    live_bytes_ -= bytes;
+    if (live_bytes_ + kept_bytes_ + bytes > limit_) return;  // freed here
+    kept_.emplace_back(std::move(data), bytes);
+    kept_bytes_ += bytes;
+  }
+  // Counts a buffer allocated elsewhere as live, so that it can be given back.
+  void adopt_live(int64_t bytes) { live_bytes_ += bytes; }
+  int64_t kept_bytes() const { return kept_bytes_; }
+
+ private:
+  int64_t limit_ = 0, live_bytes_ = 0, kept_bytes_ = 0;
+  std::vector<std::pair<c10::DataPtr, int64_t>> kept_;  // oldest first
+};
+
 }  // namespace
 
 struct Engine::Impl : BlockRunner {
@@ -163,6 +205,7 @@ struct Engine::Impl : BlockRunner {
   };
   torch::Tensor param_partition;
   std::vector<torch::Tensor> bucket_params;
+  GatherPool gather_pool;
   std::vector<BlockState> blocks;
   std::unordered_map<const torch::nn::Module*, int> block_ids;
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
@@ -209,10 +252,13 @@ struct Engine::Impl : BlockRunner {
 
   // ---------------------------------------------------------------- construction
   void build() {
+    std::vector<PendingBlock> pending = adopt_sharded_blocks();
     std::vector<torch::Tensor> trainable;
     std::vector<ParameterSpec> specs;
-    std::unordered_map<const void*, int> group_of;  // TensorImpl -> block id
-    if (shard_parameters) find_blocks(group_of);
+    std::vector<int> owners;                        // per spec: the marked module holding it, or -1
+    std::unordered_map<const void*, int> owner_of;  // TensorImpl -> marked module
+    std::vector<std::pair<std::string, const torch::nn::Module*>> owner_modules;
+    if (shard_parameters) find_marked_modules(owner_of, owner_modules);
     for (auto& named : model->named_parameters(/*recurse=*/true)) {
       const torch::Tensor& p = named.value();
       if (!p.requires_grad()) continue;
@@ -221,11 +267,13 @@ struct Engine::Impl : BlockRunner {
                           std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
                           named.key() + "'");
       trainable.push_back(p);
-      auto group = group_of.find(p.unsafeGetTensorImpl());
-      specs.push_back({named.key(), p.sizes().vec(), "float32", group == group_of.end() ? -1 : group->second});
+      auto owner = owner_of.find(p.unsafeGetTensorImpl());
+      owners.push_back(owner == owner_of.end() ? -1 : owner->second);
+      specs.push_back({named.key(), p.sizes().vec(), "float32", -1});
     }
     if (trainable.empty())
       throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
+    if (shard_parameters) assign_blocks(trainable, specs, owners, owner_modules);
     LayoutOptions options;
     options.world_size = shard_world;
     options.bucket_size = std::max<int64_t>(1, config.zero.reduce_bucket_size);
@@ -234,8 +282,9 @@ struct Engine::Impl : BlockRunner {
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
     // anything is rounded to the working dtype. Bucket by bucket, so that with sharded
-    // parameters construction holds at most the model as built plus one bucket: each parameter
-    // moves into its bucket (its own storage is freed) and a block's bucket is released at once.
+    // parameters construction holds at most the model as given plus one bucket (a model built
+    // under ShardedConstruction: its shards plus about one block): each parameter moves into its
+    // bucket (its own storage is freed) and a block's bucket is released at once.
     auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
     torch::NoGradGuard no_grad;
     const int64_t partition = layout.partition_numel;
@@ -247,39 +296,8 @@ struct Engine::Impl : BlockRunner {
       param_partition = torch::empty({partition}, torch::TensorOptions().dtype(working_dtype));
     else
       flat_params = torch::zeros({layout.total_numel}, torch::TensorOptions().dtype(working_dtype));
-    for (int b = 0; b < int(layout.buckets.size()); ++b) {
-      const BucketLayout& lb = layout.buckets[b];
-      // fp32 replicated parameters receive the values in place; otherwise a bucket-sized fp32 copy.
-      const bool in_place = !shard_parameters && !separate_master;
-      torch::Tensor initial = in_place ? flat_params.narrow(0, lb.offset, lb.numel) : torch::zeros({lb.numel}, fp32);
-      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
-        const ParameterPlacement& placement = layout.placements[pi];
-        initial.narrow(0, placement.offset - lb.offset, placement.numel)
-            .copy_(trainable[placement.index].detach().reshape({-1}));
-      }
-      comm->broadcast(initial, 0, "engine.init.params").wait();
-      const torch::Tensor owned = initial.narrow(0, int64_t(shard_rank) * lb.shard_numel, lb.shard_numel);
-      if (separate_master) master.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
-      if (!shard_parameters) {
-        if (!in_place) flat_params.narrow(0, lb.offset, lb.numel).copy_(initial);
-        continue;
-      }
-      param_partition.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
-      // An own storage per bucket, so that releasing one block frees exactly its bytes.
-      bucket_params.push_back(separate_master ? initial.to(working_dtype) : initial);
-      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
-        const ParameterPlacement& placement = layout.placements[pi];
-        torch::Tensor& param = trainable[placement.index];
-        param.set_data(bucket_params[b].narrow(0, placement.offset - lb.offset, placement.numel).view(param.sizes()));
-      }
-      if (lb.group >= 0) {
-        blocks[lb.group].buckets.push_back(b);
-        blocks[lb.group].bytes += bucket_params[b].nbytes();
-        blocks[lb.group].numel += lb.numel;
-        // Released from the start: from here on this rank holds only its shards of the block.
-        at::native::resize_bytes_cpu(bucket_params[b].storage().unsafeGetStorageImpl(), 0);
-      }
-    }
+    // The long-lived arenas come first, so that the transients of the loop below leave no holes
+    // beneath them (with the heap retained, such holes would count in the peak for good).
     const bool first_moment = kind != OptimizerKind::Sgd || sgd.momentum != 0.0;
     exp_avg = torch::zeros({first_moment ? partition : 0}, fp32);
     exp_avg_sq = torch::zeros({kind == OptimizerKind::Sgd ? 0 : partition}, fp32);
@@ -305,6 +323,59 @@ struct Engine::Impl : BlockRunner {
     } else {
       flat_grads = torch::zeros({layout.total_numel}, working);
     }
+    if (shard_parameters) {
+      for (int b = 0; b < int(layout.buckets.size()); ++b)
+        if (const BucketLayout& lb = layout.buckets[b]; lb.group >= 0) {
+          blocks[lb.group].buckets.push_back(b);
+          blocks[lb.group].bytes += lb.numel * int64_t(c10::elementSize(working_dtype));
+          blocks[lb.group].numel += lb.numel;
+        }
+      int64_t largest = 0;
+      for (const BlockState& state : blocks) largest = std::max(largest, state.bytes);
+      gather_pool = GatherPool(2 * largest);
+    }
+    // A block built sharded is gathered whole just before its first bucket: with sharded
+    // parameters construction then holds the shards plus about one block at a time.
+    std::unordered_map<const void*, int> pending_of;
+    for (int k = 0; k < int(pending.size()); ++k)
+      for (const auto& p : pending[k].shards.parameters) pending_of[p.unsafeGetTensorImpl()] = k;
+    std::unordered_set<const void*> moved;
+    for (const auto& p : trainable) moved.insert(p.unsafeGetTensorImpl());
+    for (int b = 0; b < int(layout.buckets.size()); ++b) {
+      const BucketLayout& lb = layout.buckets[b];
+      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi)
+        if (auto k = pending_of.find(trainable[layout.placements[pi].index].unsafeGetTensorImpl()); k != pending_of.end())
+          materialize(pending[k->second], moved);
+      // fp32 replicated parameters receive the values in place; otherwise a bucket-sized fp32 copy.
+      const bool in_place = !shard_parameters && !separate_master;
+      torch::Tensor initial = in_place ? flat_params.narrow(0, lb.offset, lb.numel) : torch::zeros({lb.numel}, fp32);
+      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
+        const ParameterPlacement& placement = layout.placements[pi];
+        initial.narrow(0, placement.offset - lb.offset, placement.numel)
+            .copy_(trainable[placement.index].detach().reshape({-1}));
+      }
+      comm->broadcast(initial, 0, "engine.init.params").wait();
+      const torch::Tensor owned = initial.narrow(0, int64_t(shard_rank) * lb.shard_numel, lb.shard_numel);
+      if (separate_master) master.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
+      if (!shard_parameters) {
+        if (!in_place) flat_params.narrow(0, lb.offset, lb.numel).copy_(initial);
+        continue;
+      }
+      param_partition.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
+      // An own storage per bucket, so that releasing one block frees exactly its bytes.
+      bucket_params.push_back(separate_master ? initial.to(working_dtype) : initial);
+      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
+        const ParameterPlacement& placement = layout.placements[pi];
+        torch::Tensor& param = trainable[placement.index];
+        param.set_data(bucket_params[b].narrow(0, placement.offset - lb.offset, placement.numel).view(param.sizes()));
+      }
+      if (lb.group >= 0) {
+        // Released from the start: from here on this rank holds only its shards of the block.
+        gather_pool.adopt_live(int64_t(bucket_params[b].nbytes()));
+        release_storage(b);
+      }
+    }
+    for (PendingBlock& p : pending) materialize(p, moved);  // blocks without trainable parameters
     progress.resize(layout.buckets.size());
 
     // Frozen parameters and floating-point buffers follow the working dtype so that the model's
@@ -353,25 +424,112 @@ struct Engine::Impl : BlockRunner {
     }
   }
 
-  // Stage 3: the marked modules of the model are its blocks; each trainable parameter under one
-  // belongs to it. Nesting or sharing between blocks is refused.
-  void find_blocks(std::unordered_map<const void*, int>& group_of) {
+  // Stage 3: the marked modules of the model; each trainable parameter under one belongs to it.
+  // Nesting or sharing between blocks is refused.
+  void find_marked_modules(std::unordered_map<const void*, int>& owner_of,
+                           std::vector<std::pair<std::string, const torch::nn::Module*>>& modules) {
     for (const auto& item : model->named_modules("model", /*include_self=*/true)) {
       if (!is_marked_block(*item.value())) continue;
-      int trainable = 0;
       for (const auto& p : item.value()->named_parameters(true)) {
         if (!p.value().requires_grad()) continue;
-        ++trainable;
-        auto [it, fresh] = group_of.emplace(p.value().unsafeGetTensorImpl(), int(blocks.size()));
+        auto [it, fresh] = owner_of.emplace(p.value().unsafeGetTensorImpl(), int(modules.size()));
         if (!fresh)
           throw ConfigError("stage 3: parameter '" + item.key() + "." + p.key() + "' belongs to two blocks, '" +
-                            blocks[it->second].name + "' and '" + item.key() +
+                            modules[it->second].first + "' and '" + item.key() +
                             "' (blocks must not nest or share parameters)");
       }
-      if (trainable == 0) continue;  // nothing to gather
-      block_ids[item.value().get()] = int(blocks.size());
-      blocks.push_back(BlockState{item.key()});
+      modules.emplace_back(item.key(), item.value().get());
     }
+  }
+
+  // Stage 3: a marked module with trainable parameters of at least
+  // stage3_param_persistence_threshold elements is a block, and those parameters are its group in
+  // the layout; every other parameter is persistent (group -1: kept whole on every rank). Within
+  // a module the persistent parameters are moved before the others, so that in the layout's
+  // reverse order each block is one contiguous run of buckets followed by its persistent bucket,
+  // and both complete during that block's backward.
+  void assign_blocks(std::vector<torch::Tensor>& trainable, std::vector<ParameterSpec>& specs,
+                     const std::vector<int>& owners,
+                     const std::vector<std::pair<std::string, const torch::nn::Module*>>& modules) {
+    const int64_t threshold = config.zero.stage3_param_persistence_threshold;
+    std::vector<int> block_of_module(modules.size(), -1);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const int owner = owners[i];
+      if (owner < 0 || trainable[i].numel() < threshold) continue;
+      if (block_of_module[owner] < 0) {
+        block_of_module[owner] = int(blocks.size());
+        block_ids[modules[owner].second] = int(blocks.size());
+        blocks.emplace_back().name = modules[owner].first;
+      }
+      specs[i].group = block_of_module[owner];
+    }
+    std::vector<size_t> order(specs.size());
+    std::iota(order.begin(), order.end(), size_t(0));
+    for (size_t begin = 0; begin < order.size();) {
+      size_t end = begin + 1;
+      while (end < order.size() && owners[end] == owners[begin]) ++end;
+      if (owners[begin] >= 0)
+        std::stable_partition(order.begin() + begin, order.begin() + end, [&](size_t i) { return specs[i].group < 0; });
+      begin = end;
+    }
+    std::vector<torch::Tensor> sorted_trainable;
+    std::vector<ParameterSpec> sorted_specs;
+    for (size_t i : order) {
+      sorted_trainable.push_back(trainable[i]);
+      sorted_specs.push_back(specs[i]);
+    }
+    trainable = std::move(sorted_trainable);
+    specs = std::move(sorted_specs);
+  }
+
+  // Blocks built under a ShardedConstruction (zerotrain/blocks.h) hold only this rank's shard
+  // until materialize() gathers them.
+  struct PendingBlock {
+    std::string name;
+    ShardedBlock shards;
+    bool materialized = false;
+  };
+
+  std::vector<PendingBlock> adopt_sharded_blocks() {
+    std::vector<PendingBlock> found;
+    for (const auto& item : model->named_modules("model", /*include_self=*/true))
+      if (auto shards = take_sharded_block(*item.value())) found.push_back({item.key(), std::move(*shards)});
+    // Every rank must have built the model the same way: the gathers below are collectives.
+    if (world > 1) {
+      torch::Tensor mine = torch::tensor({int64_t(found.size())}, torch::kLong);
+      torch::Tensor all = torch::empty({int64_t(world)}, torch::kLong);
+      comm->all_gather(mine, all, "engine.init.sharded_blocks").wait();
+      for (int r = 0; r < world; ++r)
+        if (all[r].item<int64_t>() != int64_t(found.size()))
+          throw Error("engine: ranks built the model differently: rank " + std::to_string(rank) + " has " +
+                      std::to_string(found.size()) + " blocks built under ShardedConstruction, rank " +
+                      std::to_string(r) + " has " + std::to_string(all[r].item<int64_t>()) +
+                      " (every rank must build the model the same way)");
+    }
+    for (const PendingBlock& b : found)
+      if (b.shards.rank != rank || b.shards.world_size != world)
+        throw ConfigError("engine: block '" + b.name + "' was built under ShardedConstruction as rank " +
+                          std::to_string(b.shards.rank) + " of " + std::to_string(b.shards.world_size) +
+                          ", but this engine is rank " + std::to_string(rank) + " of " + std::to_string(world));
+    return found;
+  }
+
+  // Gathers a sharded block's parameters whole (one collective). Parameters in `moved` are about
+  // to be copied into the engine's arenas and may stay views of the gathered buffer; the others
+  // (frozen, persistent) get their own storage so that the buffer is freed with the last move.
+  void materialize(PendingBlock& pending, const std::unordered_set<const void*>& moved) {
+    if (pending.materialized) return;
+    ShardedBlock& s = pending.shards;
+    torch::Tensor full = torch::empty({s.shard.numel() * world}, s.shard.options());
+    comm->all_gather(s.shard, full, "engine.init.block." + pending.name).wait();
+    int64_t offset = 0;
+    for (torch::Tensor& p : s.parameters) {
+      torch::Tensor view = full.narrow(0, offset, p.numel()).view(p.sizes());
+      p.set_data(moved.count(p.unsafeGetTensorImpl()) ? view : view.clone());
+      offset += p.numel();
+    }
+    s = ShardedBlock();
+    pending.materialized = true;
   }
 
   int block_of(const torch::nn::Module& module) const override {
@@ -386,7 +544,9 @@ struct Engine::Impl : BlockRunner {
     for (int b : state.buckets) {
       const BucketLayout& lb = layout.buckets[b];
       torch::Tensor& full = bucket_params[b];
-      at::native::resize_bytes_cpu(full.storage().unsafeGetStorageImpl(), full.nbytes());
+      c10::StorageImpl* storage = full.storage().unsafeGetStorageImpl();
+      storage->set_data_ptr_noswap(gather_pool.take(int64_t(full.nbytes())));
+      storage->set_nbytes(full.nbytes());
       state.gathering.push_back(comm->all_gather(param_partition.narrow(0, lb.partition_offset, lb.shard_numel),
                                                  full, "params." + state.name));
     }
@@ -412,10 +572,19 @@ struct Engine::Impl : BlockRunner {
     BlockState& state = blocks[block];
     if (state.residence == Residence::Released) return;
     gather(block);  // an in-flight gather must land before its buffer goes
-    for (int b : state.buckets) at::native::resize_bytes_cpu(bucket_params[b].storage().unsafeGetStorageImpl(), 0);
+    for (int b : state.buckets) release_storage(b);
     state.residence = Residence::Released;
     --live_blocks;
     gathered_bytes -= state.bytes;
+  }
+
+  // The bucket's full tensor keeps its shape, and every view of it (the parameters, what autograd
+  // saved) stays valid, with zero bytes behind it until the next gather.
+  void release_storage(int b) {
+    c10::StorageImpl* storage = bucket_params[b].storage().unsafeGetStorageImpl();
+    const int64_t bytes = int64_t(bucket_params[b].nbytes());
+    gather_pool.give(storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU))), bytes);
+    storage->set_nbytes(0);
   }
 
   // Gathers the block at `position` of the recorded order ahead of its use, when the budget

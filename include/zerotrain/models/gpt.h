@@ -128,7 +128,10 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::LayerNorm ln_f{nullptr};
 
  private:
-  void init_weights();
+  // GPT-2's initial values for one module's parameters, drawn in registration order.
+  void init_parameters(torch::nn::Module& module, bool is_norm);
+  // Initialises `module` and marks it as a stage-3 block (zerotrain/blocks.h).
+  void finish_block(const std::shared_ptr<torch::nn::Module>& module, bool is_norm);
 
   GPTConfig config_;
   torch::nn::Dropout drop_{nullptr};
