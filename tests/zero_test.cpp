@@ -104,6 +104,15 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
     result.scales.push_back(r.loss_scale);
     result.grad_norms.push_back(r.grad_norm);
   }
+  if (o.stage == 3 && o.persistence_threshold > 0) {
+    // Between steps a block's parameters have no memory behind them, persistent ones stay whole.
+    for (const auto& named : model->named_parameters()) {
+      const torch::Tensor& p = named.value();
+      if (!p.requires_grad()) continue;
+      const bool persistent = p.numel() < o.persistence_threshold;
+      EXPECT_EQ(p.storage().nbytes() > 0, persistent) << named.key() << " (" << p.numel() << " elements)";
+    }
+  }
   // At stage 3 a rank holds only shards between steps; the losses and norms are compared there.
   if (o.stage < 3) {
     std::vector<torch::Tensor> flat;
