@@ -17,7 +17,7 @@ torch_dir="$deps_dir/torch-$torch_version"
 log() { echo "[bootstrap] $*" >&2; }
 
 apt_packages=(g++ cmake make git python3 python3-pip pkg-config
-  libgloo-dev nlohmann-json3-dev libcli11-dev 
+  libgloo-dev nlohmann-json3-dev libcli11-dev zlib1g-dev 
   libgtest-dev libgmock-dev)
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -1,0 +1,360 @@
+#include "checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "zerotrain/error.h"
+
+namespace zt {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr const char* kTensorCrcPrefix = "zerotrain.crc32:";
+constexpr const char* kHeaderCrcKey = "zerotrain.crc32";  // of the header with this value zeroed
+constexpr const char* kZeroCrc = "00000000";
+// The format's own bound on the header (safetensors rejects larger ones).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+};
+const DtypeName kDtypes[] = {
+    {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+    {at::kLong, "I64"},  {at::kInt, "I32"},    {at::kShort, "I16"}, {at::kChar, "I8"},
+    {at::kByte, "U8"},   {at::kBool, "BOOL"},
+};
+
+std::string hex32(uint32_t v) {
+  char text[9];
+  std::snprintf(text, sizeof text, "%08x", v);
+  return text;
+}
+
+uint32_t crc_of(const void* data, int64_t n, uint32_t crc = 0) {
+  const auto* bytes = static_cast<const Bytef*>(data);
+  while (n > 0) {  // zlib takes 32-bit lengths
+    const uInt chunk = uInt(std::min<int64_t>(n, 1 << 30));
+    crc = uint32_t(::crc32(crc, bytes, chunk));
+    bytes += chunk;
+    n -= chunk;
+  }
+  return crc;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+void write_all(int fd, const void* data, int64_t n, int64_t offset, const std::filesystem::path& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t done = ::pwrite(fd, p, size_t(std::min<int64_t>(n, 1 << 30)), offset);
+    if (done < 0) {
+      if (errno == EINTR) continue;
+      throw Error("writing '" + path.string() + "': " + errno_text());
+    }
+    p += done;
+    n -= done;
+    offset += done;
+  }
+}
+
+void read_all(int fd, void* data, int64_t n, int64_t offset, const std::filesystem::path& path) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t done = ::pread(fd, p, size_t(std::min<int64_t>(n, 1 << 30)), offset);
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0)
+      throw DataError("reading '" + path.string() + "': " + (done < 0 ? errno_text() : std::string("unexpected end of file")));
+    p += done;
+    n -= done;
+    offset += done;
+  }
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// The header text: dtype/shape/offsets per tensor and the metadata with the given checksums,
+// padded with spaces so that the data section starts 8-byte aligned.
+std::string render_header(const std::vector<SafetensorsEntry>& entries, const std::map<std::string, std::string>& metadata,
+                          const std::string& header_crc) {
+  ordered_json header = ordered_json::object();
+  ordered_json meta = ordered_json::object();
+  for (const auto& [key, value] : metadata) meta[key] = value;
+  for (const auto& e : entries) meta[kTensorCrcPrefix + e.name] = hex32(e.crc32);
+  meta[kHeaderCrcKey] = header_crc;
+  header["__metadata__"] = meta;
+  int64_t data_offset = 0;
+  for (const auto& e : entries) {
+    header[e.name] = {{"dtype", safetensors_dtype(e.dtype)}, {"shape", e.shape},
+                      {"data_offsets", {data_offset, data_offset + e.nbytes}}};
+    data_offset += e.nbytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - (text.size() + 8) % 8) % 8, ' ');
+  return text;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  void reset(int fd) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+}  // namespace
+
+std::string safetensors_dtype(at::ScalarType dtype) {
+  for (const auto& d : kDtypes)
+    if (d.type == dtype) return d.name;
+  throw Error(std::string("safetensors: no dtype name for ") + c10::toString(dtype));
+}
+
+// ---------------------------------------------------------------- writer
+
+struct SafetensorsWriter::State {
+  std::filesystem::path path;
+  Fd fd;
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, std::string> metadata;
+  size_t next = 0;
+  int64_t header_bytes = 0, file_bytes = 0;
+  bool finished = false;
+};
+
+SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, std::vector<TensorRecord> records,
+                                     std::map<std::string, std::string> metadata)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.path = std::move(path);
+  s.metadata = std::move(metadata);
+  for (const auto& [key, value] : s.metadata)
+    if (key.rfind(kHeaderCrcKey, 0) == 0)
+      throw Error("safetensors: metadata key '" + key + "' is reserved for checksums ('" + s.path.string() + "')");
+  std::set<std::string> names;
+  for (auto& r : records) {
+    if (r.name.empty() || r.name == "__metadata__" || !names.insert(r.name).second)
+      throw Error("safetensors: tensor name '" + r.name + "' is empty, reserved or repeated ('" + s.path.string() + "')");
+    for (int64_t d : r.shape)
+      if (d < 0) throw Error("safetensors: tensor '" + r.name + "' has a negative dimension");
+    SafetensorsEntry e;
+    e.name = std::move(r.name);
+    e.dtype = r.dtype;
+    e.shape = std::move(r.shape);
+    e.nbytes = numel_of(e.shape) * int64_t(c10::elementSize(e.dtype));
+    safetensors_dtype(e.dtype);  // throws for types the format cannot name
+    s.entries.push_back(std::move(e));
+  }
+  const std::string header = render_header(s.entries, s.metadata, kZeroCrc);
+  s.header_bytes = int64_t(header.size());
+  int64_t offset = 8 + s.header_bytes;
+  for (auto& e : s.entries) {
+    e.offset = offset;
+    offset += e.nbytes;
+  }
+  s.file_bytes = offset;
+  s.fd.reset(::open(s.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (s.fd.get() < 0) throw Error("cannot create '" + s.path.string() + "': " + errno_text());
+  // The header with zero checksums goes first, so that an interrupted write is never valid.
+  const uint64_t length = header.size();
+  unsigned char prefix[8];
+  for (int i = 0; i < 8; ++i) prefix[i] = uint8_t(length >> (8 * i));
+  write_all(s.fd.get(), prefix, 8, 0, s.path);
+  write_all(s.fd.get(), header.data(), int64_t(header.size()), 8, s.path);
+}
+
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::write(const at::Tensor& tensor) {
+  State& s = *state_;
+  if (s.finished || s.next >= s.entries.size())
+    throw Error("safetensors: more tensors written than planned for '" + s.path.string() + "'");
+  SafetensorsEntry& e = s.entries[s.next];
+  if (tensor.scalar_type() != e.dtype || tensor.sizes().vec() != e.shape)
+    throw Error("safetensors: tensor '" + e.name + "' planned as " + safetensors_dtype(e.dtype) + " " +
+                c10::str(at::IntArrayRef(e.shape)) + ", written as " + c10::toString(tensor.scalar_type()) + " " +
+                c10::str(tensor.sizes()) + " ('" + s.path.string() + "')");
+  const at::Tensor data = tensor.cpu().contiguous();
+  e.crc32 = crc_of(data.data_ptr(), e.nbytes);
+  write_all(s.fd.get(), data.data_ptr(), e.nbytes, e.offset, s.path);
+  ++s.next;
+}
+
+void SafetensorsWriter::finish() {
+  State& s = *state_;
+  if (s.finished) return;
+  if (s.next != s.entries.size())
+    throw Error("safetensors: " + std::to_string(s.next) + " of " + std::to_string(s.entries.size()) +
+                " tensors written to '" + s.path.string() + "' before finish()");
+  std::string header = render_header(s.entries, s.metadata, kZeroCrc);
+  header = render_header(s.entries, s.metadata, hex32(crc_of(header.data(), int64_t(header.size()))));
+  if (int64_t(header.size()) != s.header_bytes)  // fixed-width checksums keep the size
+    throw Error("safetensors: header of '" + s.path.string() + "' changed size when its checksums were filled in");
+  write_all(s.fd.get(), header.data(), int64_t(header.size()), 8, s.path);
+  if (::fsync(s.fd.get()) != 0) throw Error("flushing '" + s.path.string() + "' to disk: " + errno_text());
+  if (::close(s.fd.release()) != 0) throw Error("closing '" + s.path.string() + "': " + errno_text());
+  s.finished = true;
+}
+
+int64_t SafetensorsWriter::bytes() const { return state_->file_bytes; }
+
+// ---------------------------------------------------------------- reader
+
+struct SafetensorsReader::State {
+  std::filesystem::path path;
+  Fd fd;
+  std::map<std::string, std::string> metadata;
+  std::vector<SafetensorsEntry> entries;
+  std::map<std::string, size_t> index;
+};
+
+SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.path = std::move(path);
+  const std::string where = "'" + s.path.string() + "'";
+  auto bad = [&](const std::string& problem) -> DataError { return DataError(where + ": " + problem); };
+  s.fd.reset(::open(s.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (s.fd.get() < 0) throw DataError("cannot open " + where + ": " + errno_text());
+  struct stat st {};
+  if (::fstat(s.fd.get(), &st) != 0) throw DataError("cannot stat " + where + ": " + errno_text());
+  const int64_t file_bytes = st.st_size;
+  if (file_bytes < 8) throw bad("truncated: " + std::to_string(file_bytes) + " bytes, not even the header length");
+  unsigned char prefix[8];
+  read_all(s.fd.get(), prefix, 8, 0, s.path);
+  uint64_t length = 0;
+  for (int i = 7; i >= 0; --i) length = (length << 8) | prefix[i];
+  if (length > kMaxHeaderBytes || int64_t(length) > file_bytes - 8)
+    throw bad("header length " + std::to_string(length) + " does not fit in the file's " + std::to_string(file_bytes) +
+              " bytes (truncated or not a safetensors file)");
+  std::string text(length, '\0');
+  read_all(s.fd.get(), text.data(), int64_t(length), 8, s.path);
+
+  ordered_json header;
+  try {
+    header = ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("header is not valid JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) throw bad("header is not a JSON object");
+  std::map<std::string, std::string> meta;
+  if (auto m = header.find("__metadata__"); m != header.end()) {
+    if (!m->is_object()) throw bad("__metadata__ is not an object");
+    for (const auto& [key, value] : m->items()) {
+      if (!value.is_string()) throw bad("__metadata__ value of '" + key + "' is not a string");
+      meta[key] = value.get<std::string>();
+    }
+  }
+  // The header checksum covers the header as written with that checksum zeroed.
+  auto stored_header_crc = meta.find(kHeaderCrcKey);
+  if (stored_header_crc == meta.end()) throw bad("no header checksum (" + std::string(kHeaderCrcKey) + ")");
+  {
+    const std::string stored = "\"" + std::string(kHeaderCrcKey) + "\":\"" + stored_header_crc->second + "\"";
+    std::string zeroed = text;
+    const size_t at = zeroed.find(stored);
+    if (at == std::string::npos || stored_header_crc->second.size() != 8) throw bad("malformed header checksum");
+    zeroed.replace(at, stored.size(), "\"" + std::string(kHeaderCrcKey) + "\":\"" + kZeroCrc + "\"");
+    const std::string computed = hex32(crc_of(zeroed.data(), int64_t(zeroed.size())));
+    if (computed != stored_header_crc->second)
+      throw bad("header fails its checksum (stored " + stored_header_crc->second + ", computed " + computed +
+                "; corrupted, or written incompletely)");
+  }
+
+  const int64_t data_start = 8 + int64_t(length);
+  int64_t expected_offset = 0;
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string tensor = "tensor '" + name + "'";
+    if (!value.is_object() || value.size() != 3 || !value.contains("dtype") || !value.contains("shape") ||
+        !value.contains("data_offsets"))
+      throw bad(tensor + ": expected exactly dtype, shape and data_offsets");
+    SafetensorsEntry e;
+    e.name = name;
+    const auto& dtype = value["dtype"];
+    bool known = false;
+    for (const auto& d : kDtypes)
+      if (dtype.is_string() && dtype.get<std::string>() == d.name) {
+        e.dtype = d.type;
+        known = true;
+      }
+    if (!known) throw bad(tensor + ": unknown dtype " + dtype.dump());
+    if (!value["shape"].is_array()) throw bad(tensor + ": shape is not an array");
+    for (const auto& d : value["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) throw bad(tensor + ": shape " + value["shape"].dump());
+      e.shape.push_back(d.get<int64_t>());
+    }
+    const auto& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() || !offsets[1].is_number_integer())
+      throw bad(tensor + ": data_offsets " + offsets.dump());
+    const int64_t begin = offsets[0].get<int64_t>(), end = offsets[1].get<int64_t>();
+    e.nbytes = numel_of(e.shape) * int64_t(c10::elementSize(e.dtype));
+    // Our files list tensors in data order; the ranges must tile the data section.
+    if (begin != expected_offset || end - begin != e.nbytes)
+      throw bad(tensor + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") expected [" +
+                std::to_string(expected_offset) + ", " + std::to_string(expected_offset + e.nbytes) + ")");
+    expected_offset = end;
+    e.offset = data_start + begin;
+    auto crc = meta.find(kTensorCrcPrefix + name);
+    if (crc == meta.end() || crc->second.size() != 8 || crc->second.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw bad(tensor + ": no checksum");
+    e.crc32 = uint32_t(std::stoul(crc->second, nullptr, 16));
+    s.index[name] = s.entries.size();
+    s.entries.push_back(std::move(e));
+  }
+  if (data_start + expected_offset != file_bytes)
+    throw bad("expected " + std::to_string(data_start + expected_offset) + " bytes from the header, found " +
+              std::to_string(file_bytes) + (file_bytes < data_start + expected_offset ? " (truncated)" : ""));
+  for (auto& [key, value] : meta)
+    if (key.rfind(kHeaderCrcKey, 0) != 0) s.metadata[key] = value;
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+
+const std::filesystem::path& SafetensorsReader::path() const { return state_->path; }
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const { return state_->metadata; }
+const std::vector<SafetensorsEntry>& SafetensorsReader::entries() const { return state_->entries; }
+bool SafetensorsReader::contains(const std::string& name) const { return state_->index.count(name) > 0; }
+
+const SafetensorsEntry& SafetensorsReader::entry(const std::string& name) const {
+  auto it = state_->index.find(name);
+  if (it == state_->index.end())
+    throw DataError("'" + state_->path.string() + "': no tensor named '" + name + "'");
+  return state_->entries[it->second];
+}
+
+at::Tensor SafetensorsReader::read(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  at::Tensor out = at::empty(e.shape, at::TensorOptions().dtype(e.dtype));
+  read_all(state_->fd.get(), out.data_ptr(), e.nbytes, e.offset, state_->path);
+  const uint32_t crc = crc_of(out.data_ptr(), e.nbytes);
+  if (crc != e.crc32)
+    throw DataError("'" + state_->path.string() + "': tensor '" + name + "' fails its checksum (stored " + hex32(e.crc32) +
+                    ", computed " + hex32(crc) + ")");
+  return out;
+}
+
+}  // namespace zt

@@ -1,0 +1,90 @@
+// The file container of checkpoints and exports: the safetensors layout (an 8-byte little-endian
+// header length, a JSON header with each tensor's dtype, shape and byte range, then the raw
+// bytes), which other tools open as is, plus checksums that make every corruption an error:
+// a CRC-32 per tensor and one of the header, stored in the header's "__metadata__" (string
+// values, as the format requires). docs/checkpoint.md has the layout and the rationale.
+//
+// Contract
+// - SafetensorsWriter streams: the header is planned from the records before any data (the format
+//   puts every offset first), tensors are then written one by one in record order, and finish()
+//   fills in the checksums (fixed-width, so the header keeps its size), flushes and fsyncs. Memory
+//   stays at the tensor being written. A writer destroyed before finish() leaves an incomplete file
+//   that every reader rejects (its checksums are zeros).
+// - SafetensorsReader validates on open: the length prefix, the JSON, every entry (known dtype,
+//   shape, byte range of exactly numel × element size), that the ranges tile the data section, that
+//   the file has exactly that many bytes, and the header checksum. read() checks the tensor's
+//   checksum. Every failure is a zt::DataError naming the file and the problem.
+// - Neither class is thread-safe; distinct objects may be used from distinct threads.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace zt {
+
+struct TensorRecord {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+};
+
+// The safetensors dtype name ("F32", "BF16", ...) of a scalar type; throws zt::Error if none.
+std::string safetensors_dtype(at::ScalarType dtype);
+
+class SafetensorsWriter {
+ public:
+  // Creates (or truncates) `path`. Names must be unique, not empty and not "__metadata__";
+  // metadata keys must not start with "zerotrain.crc32" (reserved for the checksums).
+  SafetensorsWriter(std::filesystem::path path, std::vector<TensorRecord> records,
+                    std::map<std::string, std::string> metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Appends the data of the next record; `tensor` must have its dtype and shape (any device
+  // layout: it is made contiguous on the CPU first).
+  void write(const at::Tensor& tensor);
+  // Writes the checksums and makes the file durable (fsync). Every record must have been written.
+  void finish();
+
+  int64_t bytes() const;  // the whole file's size
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+struct SafetensorsEntry {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // from the start of the file
+  int64_t nbytes = 0;
+  uint32_t crc32 = 0;
+};
+
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(std::filesystem::path path);
+  ~SafetensorsReader();
+  SafetensorsReader(const SafetensorsReader&) = delete;
+  SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+  const std::filesystem::path& path() const;
+  const std::map<std::string, std::string>& metadata() const;  // without the checksums
+  const std::vector<SafetensorsEntry>& entries() const;        // in file order
+  bool contains(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;  // zt::DataError if absent
+  // The whole tensor, checksum verified.
+  at::Tensor read(const std::string& name) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace zt

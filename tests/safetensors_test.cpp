@@ -1,0 +1,167 @@
+// The checkpoint container: a round trip of every supported dtype, and every truncation, every
+// byte flip and an interrupted write detected as a zt::DataError that names the file.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "checkpoint/safetensors.h"
+#include "support/process.h"
+#include "zerotrain/error.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_file(const std::string& name) {
+  static const fs::path dir = zt::testing::make_temp_dir("safetensors");
+  return dir / name;
+}
+
+std::vector<torch::Tensor> sample_tensors() {
+  torch::manual_seed(3);
+  return {torch::randn({3, 5}),
+          torch::randn({7}).to(torch::kBFloat16),
+          torch::randn({2, 2}).to(torch::kHalf),
+          torch::arange(4, torch::kLong) * 1'000'000'007LL,
+          torch::empty({0}, torch::kByte),
+          torch::tensor({true, false, true}),
+          torch::tensor(2.5, torch::kDouble)};
+}
+
+fs::path write_sample(const fs::path& path) {
+  auto tensors = sample_tensors();
+  std::vector<zt::TensorRecord> records;
+  for (size_t i = 0; i < tensors.size(); ++i)
+    records.push_back({"t" + std::to_string(i), tensors[i].scalar_type(), tensors[i].sizes().vec()});
+  zt::SafetensorsWriter writer(path, records, {{"format", "test"}, {"step", "12"}});
+  for (const auto& t : tensors) writer.write(t);
+  writer.finish();
+  EXPECT_EQ(int64_t(fs::file_size(path)), writer.bytes());
+  return path;
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+void spit(const fs::path& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+// Opening and reading every tensor: throws on any detected problem.
+void read_everything(const fs::path& path) {
+  zt::SafetensorsReader reader(path);
+  for (const auto& e : reader.entries()) reader.read(e.name);
+}
+
+}  // namespace
+
+TEST(Safetensors, RoundTripKeepsDtypesShapesValuesAndMetadata) {
+  const auto path = write_sample(temp_file("roundtrip.safetensors"));
+  const auto tensors = sample_tensors();
+  zt::SafetensorsReader reader(path);
+  ASSERT_EQ(reader.entries().size(), tensors.size());
+  EXPECT_EQ(reader.metadata(), (std::map<std::string, std::string>{{"format", "test"}, {"step", "12"}}));
+  EXPECT_EQ(reader.entries().front().offset % 8, 0) << "the data section starts 8-byte aligned";
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& e = reader.entries()[i];
+    EXPECT_EQ(e.name, "t" + std::to_string(i));
+    auto t = reader.read(e.name);
+    EXPECT_EQ(t.scalar_type(), tensors[i].scalar_type()) << e.name;
+    EXPECT_EQ(t.sizes(), tensors[i].sizes()) << e.name;
+    EXPECT_TRUE(torch::equal(t, tensors[i])) << e.name;
+  }
+  EXPECT_THROW(reader.read("missing"), zt::DataError);
+}
+
+// The layout is the published one: an 8-byte little-endian length, a JSON object of
+// {dtype, shape, data_offsets} per tensor plus string-valued __metadata__, then the bytes.
+TEST(Safetensors, LayoutFollowsTheFormat) {
+  const auto path = write_sample(temp_file("layout.safetensors"));
+  const std::string script = R"(
+import json, struct, sys
+data = open(sys.argv[1], 'rb').read()
+n, = struct.unpack('<Q', data[:8])
+header = json.loads(data[8:8 + n])
+assert all(isinstance(v, str) for v in header.pop('__metadata__').values())
+end = 0
+for name, info in sorted(header.items(), key=lambda kv: kv[1]['data_offsets']):
+    assert set(info) == {'dtype', 'shape', 'data_offsets'}, info
+    begin, stop = info['data_offsets']
+    assert begin == end, (name, begin, end)
+    end = stop
+assert 8 + n + end == len(data)
+assert abs(struct.unpack('<f', data[8 + n:8 + n + 4])[0] - float(sys.argv[2])) < 1e-5
+print('ok')
+)";
+  const float first = sample_tensors()[0].reshape({-1})[0].item<float>();
+  auto r = zt::testing::run_process({"/usr/bin/env", "python3", "-c", script, path.string(), std::to_string(first)}, {},
+                                    std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+TEST(Safetensors, EveryTruncationIsDetected) {
+  const auto path = write_sample(temp_file("truncate.safetensors"));
+  const std::string bytes = slurp(path);
+  const auto damaged = temp_file("truncated.safetensors");
+  for (size_t length = 0; length < bytes.size(); ++length) {
+    spit(damaged, bytes.substr(0, length));
+    try {
+      read_everything(damaged);
+      ADD_FAILURE() << "truncation to " << length << " of " << bytes.size() << " bytes not detected";
+    } catch (const zt::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(damaged.string()), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Safetensors, EveryByteFlipIsDetected) {
+  const auto path = write_sample(temp_file("flip.safetensors"));
+  const std::string bytes = slurp(path);
+  const auto damaged = temp_file("flipped.safetensors");
+  std::mt19937 rng(11);
+  for (size_t at = 0; at < bytes.size(); ++at) {
+    std::string copy = bytes;
+    copy[at] = char(copy[at] ^ (1 << (rng() % 8)));
+    spit(damaged, copy);
+    try {
+      read_everything(damaged);
+      ADD_FAILURE() << "flip at byte " << at << " of " << bytes.size() << " not detected";
+    } catch (const zt::DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(damaged.string()), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Safetensors, AnInterruptedWriteIsNeverValid) {
+  const auto path = temp_file("interrupted.safetensors");
+  {
+    zt::SafetensorsWriter writer(path, {{"a", torch::kFloat, {4}}, {"b", torch::kFloat, {4}}});
+    writer.write(torch::ones({4}));
+    writer.write(torch::ones({4}));
+    // destroyed without finish(): the checksums were never written
+  }
+  try {
+    read_everything(path);
+    ADD_FAILURE() << "an unfinished file must be rejected";
+  } catch (const zt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("header fails its checksum"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, WriterMisuseIsAnError) {
+  const auto path = temp_file("misuse.safetensors");
+  EXPECT_THROW(zt::SafetensorsWriter(path, {{"a", torch::kFloat, {2}}, {"a", torch::kFloat, {2}}}), zt::Error);
+  EXPECT_THROW(zt::SafetensorsWriter(path, {{"a", torch::kFloat, {2}}}, {{"zerotrain.crc32", "x"}}), zt::Error);
+  zt::SafetensorsWriter writer(path, {{"a", torch::kFloat, {2}}, {"b", torch::kLong, {3}}});
+  EXPECT_THROW(writer.write(torch::ones({3})), zt::Error) << "wrong shape";
+  writer.write(torch::ones({2}));
+  EXPECT_THROW(writer.finish(), zt::Error) << "one tensor missing";
+  EXPECT_THROW(writer.write(torch::ones({3})), zt::Error) << "wrong dtype";
+  writer.write(torch::ones({3}, torch::kLong));
+  writer.finish();
+  EXPECT_NO_THROW(read_everything(path));
+  EXPECT_THROW(zt::SafetensorsReader(temp_file("absent.safetensors")), zt::DataError);
+}
