@@ -7,6 +7,7 @@
 #     toolkit does not provide: cudart and cupti (libtorch_cpu.so needs them even on a CPU-only
 #     machine) and cuSPARSELt, NVSHMEM, cuFile (libtorch_cuda.so, for the -DZT_CUDA=ON build).
 #     Pins are the ones torch's own metadata gives.
+#   - Python's safetensors package (pinned below) into $ZT_DEPS_DIR/python-tools, for the tests.
 # Prints the torch CMake prefix path on its last line of stdout.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -46,5 +47,18 @@ if [ "$(cat "$torch_dir/.complete" 2>/dev/null)" != "${wheels[*]}" ]; then
   rm -rf "$torch_dir"
   mv "$torch_dir.partial" "$torch_dir"
   echo "${wheels[*]}" > "$torch_dir/.complete"
+fi
+# Python's own safetensors reader, with which the tests check that our files open in other tools
+# (it imports torch from the wheel above through PYTHONPATH; see tests/CMakeLists.txt).
+py_tools=("safetensors==0.7.0" "packaging==24.2")
+py_dir="$deps_dir/python-tools"
+if [ "$(cat "$py_dir/.complete" 2>/dev/null)" != "${py_tools[*]}" ]; then
+  log "installing ${py_tools[*]} into $py_dir"
+  rm -rf "$py_dir.partial"
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+    --no-deps --no-compile --target "$py_dir.partial" "${py_tools[@]}" >&2
+  rm -rf "$py_dir"
+  mv "$py_dir.partial" "$py_dir"
+  echo "${py_tools[*]}" > "$py_dir/.complete"
 fi
 echo "$torch_dir/torch/share/cmake"

@@ -1,6 +1,7 @@
 // The checkpoint container: a round trip of every supported dtype, and every truncation, every
 // byte flip and an interrupted write detected as a zt::DataError that names the file.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -100,6 +101,44 @@ print('ok')
   auto r = zt::testing::run_process({"/usr/bin/env", "python3", "-c", script, path.string(), std::to_string(first)}, {},
                                     std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// Python's safetensors package (the reference reader) opens the file and sees the same dtypes,
+// shapes, values and metadata.
+TEST(Safetensors, OpensInPythonsSafetensors) {
+  const auto path = write_sample(temp_file("python.safetensors"));
+  const std::string script = R"(
+import json, sys
+from safetensors import safe_open
+out = {}
+with safe_open(sys.argv[1], 'pt') as f:
+    out['__metadata__'] = f.metadata()
+    for name in f.keys():
+        t = f.get_tensor(name)
+        out[name] = {'dtype': str(t.dtype), 'shape': list(t.shape), 'values': t.double().flatten().tolist()}
+print('RESULT ' + json.dumps(out))
+)";
+  auto r = zt::testing::run_process({"/usr/bin/env", "python3", "-c", script, path.string()},
+                                    {{"PYTHONPATH", ZT_PYTHONPATH}, {"PYTHONWARNINGS", "ignore"}},
+                                    std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto at = r.output.find("RESULT ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const auto found = nlohmann::json::parse(r.output.substr(at + 7, r.output.find('\n', at) - at - 7));
+  EXPECT_EQ(found["__metadata__"]["format"], "test");
+  EXPECT_EQ(found["__metadata__"]["step"], "12");
+  const auto tensors = sample_tensors();
+  const char* torch_names[] = {"torch.float32", "torch.bfloat16", "torch.float16", "torch.int64",
+                               "torch.uint8",   "torch.bool",     "torch.float64"};
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = found["t" + std::to_string(i)];
+    EXPECT_EQ(t["dtype"], torch_names[i]) << i;
+    EXPECT_EQ(t["shape"].get<std::vector<int64_t>>(), tensors[i].sizes().vec()) << i;
+    const auto expected = tensors[i].to(torch::kDouble).reshape({-1});
+    ASSERT_EQ(int64_t(t["values"].size()), expected.numel()) << i;
+    for (int64_t k = 0; k < expected.numel(); ++k)
+      EXPECT_EQ(t["values"][k].get<double>(), expected[k].item<double>()) << "t" << i << "[" << k << "]";
+  }
 }
 
 TEST(Safetensors, EveryTruncationIsDetected) {
