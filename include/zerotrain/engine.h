@@ -39,7 +39,9 @@
 //   the same number of times in the same order (they run collectives).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "zerotrain/memory.h"
 
@@ -93,6 +95,16 @@ class Engine {
   // or the last reset; parameters outside every block (kept whole) are not counted.
   int64_t peak_gathered_parameter_bytes() const;
   void reset_peak_gathered_parameter_bytes();
+  // Checkpoints (docs/checkpoint.md): collectives, called between optimizer steps (not inside an
+  // accumulation window). save_checkpoint writes dir/tag — this rank's master weights and
+  // optimizer moments by parameter name and element range, the step counters, the loss scaler and
+  // `client_state` (saved and returned as is) — atomically, then points dir/latest at it, keeping
+  // the newest `keep_last` (0: all). load_checkpoint reads dir/tag (empty: dir/latest), saved at
+  // any world size and stage, and returns the client state; throws zt::DataError for a missing,
+  // damaged or foreign checkpoint without changing this engine.
+  void save_checkpoint(const std::string& dir, const std::string& tag,
+                       const std::map<std::string, std::string>& client_state = {}, int keep_last = 0);
+  std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag = "");
   Communicator& communicator() const;
   const TrainConfig& config() const;
 

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "checkpoint/checkpoint.h"
 #include "common/check.h"
 #include "optim/cpu_kernels.h"
 #include "zerotrain/blocks.h"
@@ -182,11 +183,13 @@ struct Engine::Impl : BlockRunner {
   int shard_world = 1, shard_rank = 0;
 
   FlatLayout layout;
+  std::vector<ParameterSpec> specs;      // what the layout was computed from (names, shapes)
   std::vector<OptimizerChunk> chunks;   // this rank's partition, in partition order
   std::vector<Slot> slots;               // in placement order
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
   torch::Tensor flat_params, flat_grads, grad_partition, master, exp_avg, exp_avg_sq, grad_scratch;
   BucketBuffer buffers[2];
+  int64_t largest_shard = 0;             // ReduceScatterBuckets: the largest bucket shard
   int buffer_count = 0;
   int next_buffer = 0;
   std::vector<BucketProgress> progress;
@@ -278,6 +281,7 @@ struct Engine::Impl : BlockRunner {
     options.world_size = shard_world;
     options.bucket_size = std::max<int64_t>(1, config.zero.reduce_bucket_size);
     layout = compute_layout(specs, options);
+    this->specs = specs;
     plan_optimizer_chunks(layout.owned_fragments(shard_rank));
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
@@ -305,13 +309,14 @@ struct Engine::Impl : BlockRunner {
     auto working = torch::TensorOptions().dtype(working_dtype);
     if (reduction == GradientReduction::ReduceScatterBuckets) {
       grad_partition = torch::zeros({partition}, working);
-      int64_t largest = 0, largest_shard = 0;
+      int64_t largest = 0;
       for (const auto& b : layout.buckets) {
         largest = std::max(largest, b.numel);
         largest_shard = std::max(largest_shard, b.shard_numel);
       }
       // The scratch receives the reductions of later micro-steps of a window, which are added;
-      // without gradient accumulation there are none.
+      // without gradient accumulation there are none (unless a bucket is refilled by a gradient
+      // that came after it was launched; then launch() allocates it).
       const int64_t scratch = config.gradient_accumulation_steps > 1 ? largest_shard : 0;
       // Two buffers let one fill while the other is in flight; without overlap_comm a bucket's
       // reduction completes before the next bucket starts, so one is enough.
@@ -761,6 +766,9 @@ struct Engine::Impl : BlockRunner {
         BucketBuffer& buffer = buffers[b.buffer];
         // The first reduction of a window writes the owned slice; later ones are added to it.
         buffer.add_into_partition = b.received;
+        // Without accumulation only a bucket refilled by a late gradient needs the scratch.
+        if (buffer.add_into_partition && buffer.scratch.numel() < lb.shard_numel)
+          buffer.scratch = torch::empty({largest_shard}, buffer.data.options());
         torch::Tensor owned = buffer.add_into_partition ? buffer.scratch.narrow(0, 0, lb.shard_numel)
                                                          : grad_partition.narrow(0, lb.partition_offset, lb.shard_numel);
         buffer.handle =
@@ -1000,6 +1008,108 @@ struct Engine::Impl : BlockRunner {
     return result;
   }
 
+  // ---------------------------------------------------------------- checkpoints
+  std::vector<CheckpointParameter> checkpoint_parameters() const {
+    std::vector<CheckpointParameter> out;
+    for (const auto& spec : specs) out.push_back({spec.name, spec.shape});
+    return out;
+  }
+
+  // This rank's pieces of the optimizer state as fp32 views into the arenas, by parameter name and
+  // element range. Without sharded optimizer states every rank holds all of it; rank 0 saves it.
+  std::vector<StateFragment> owned_state(bool saving) {
+    std::vector<StateFragment> out;
+    if (saving && rank >= shard_world) return out;
+    for (const OwnedFragment& f : layout.owned_fragments(shard_rank)) {
+      if (f.placement < 0) continue;  // padding
+      StateFragment s;
+      s.parameter = specs[layout.placements[f.placement].index].name;
+      s.begin = f.parameter_offset;
+      s.numel = f.numel;
+      s.roles["master"] = separate_master    ? master.narrow(0, f.partition_offset, f.numel)
+                          : shard_parameters ? param_partition.narrow(0, f.partition_offset, f.numel)
+                                             : flat_params.narrow(0, f.flat_offset, f.numel);
+      if (exp_avg.numel()) s.roles["exp_avg"] = exp_avg.narrow(0, f.partition_offset, f.numel);
+      if (exp_avg_sq.numel()) s.roles["exp_avg_sq"] = exp_avg_sq.narrow(0, f.partition_offset, f.numel);
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+
+  void save_checkpoint(const std::string& dir, const std::string& tag,
+                       const std::map<std::string, std::string>& client_state, int keep_last) {
+    if (micro_step != 0)
+      throw Error("save_checkpoint: expected a call between optimizer steps, found micro-step " +
+                  std::to_string(micro_step) + " of an accumulation window of " +
+                  std::to_string(config.gradient_accumulation_steps));
+    CheckpointContents contents;
+    contents.parameters = checkpoint_parameters();
+    const LossScaler::State s = scaler.state();
+    contents.scalars = {{"global_step", std::to_string(global_step)},
+                        {"skipped_steps", std::to_string(skipped)},
+                        {"optimizer", config.optimizer.type},
+                        {"loss_scale", fmt_double(s.scale)},
+                        {"loss_scale.hysteresis_left", std::to_string(s.hysteresis_left)},
+                        {"loss_scale.iteration", std::to_string(s.iteration)},
+                        {"loss_scale.last_overflow_iteration", std::to_string(s.last_overflow_iteration)}};
+    for (const auto& [key, value] : client_state) contents.scalars["client." + key] = value;
+    save_sharded_checkpoint(*comm, dir, tag, contents, owned_state(true), keep_last);
+  }
+
+  std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag) {
+    if (micro_step != 0)
+      throw Error("load_checkpoint: expected a call between optimizer steps, found micro-step " +
+                  std::to_string(micro_step));
+    // Read into copies first, so that a failure leaves this engine as it was.
+    std::vector<StateFragment> fragments = owned_state(false);
+    std::vector<StateFragment> staged = fragments;
+    for (StateFragment& f : staged)
+      for (auto& [role, tensor] : f.roles) tensor = torch::empty({f.numel}, torch::kFloat32);
+    const auto scalars = load_sharded_checkpoint(*comm, dir, tag, checkpoint_parameters(), staged);
+    auto number = [&](const std::string& key) {
+      auto it = scalars.find(key);
+      if (it == scalars.end()) throw DataError("checkpoint '" + dir + "': no '" + key + "' in its manifest");
+      return std::stod(it->second);
+    };
+    LossScaler::State s;
+    s.scale = number("loss_scale");
+    s.hysteresis_left = int(number("loss_scale.hysteresis_left"));
+    s.iteration = int64_t(number("loss_scale.iteration"));
+    s.last_overflow_iteration = int64_t(number("loss_scale.last_overflow_iteration"));
+    const int64_t step = int64_t(number("global_step")), skipped_steps = int64_t(number("skipped_steps"));
+
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < fragments.size(); ++i)
+      for (auto& [role, tensor] : fragments[i].roles) tensor.copy_(staged[i].roles.at(role));
+    if (separate_master)  // the working copy of the owned region, rounded from the masters
+      for (const OwnedFragment& f : layout.owned_fragments(shard_rank)) {
+        if (f.placement < 0) continue;
+        torch::Tensor working = shard_parameters ? param_partition.narrow(0, f.partition_offset, f.numel)
+                                                 : flat_params.narrow(0, f.flat_offset, f.numel);
+        working.copy_(master.narrow(0, f.partition_offset, f.numel));
+      }
+    if (shard_parameters) {
+      for (int g = 0; g < int(blocks.size()); ++g) release(g);
+      gather_persistent_parameters();
+    } else if (shard_world > 1) {
+      gather_parameters();
+    }
+    clear_gradients();
+    global_step = step;
+    skipped = skipped_steps;
+    scaler.restore(s);
+    std::map<std::string, std::string> client;
+    for (const auto& [key, value] : scalars)
+      if (key.rfind("client.", 0) == 0) client[key.substr(7)] = value;
+    return client;
+  }
+
+  static std::string fmt_double(double v) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.17g", v);
+    return text;
+  }
+
   ModelStateBytes model_state_bytes() const {
     ModelStateBytes bytes;
     if (shard_parameters) {
@@ -1043,6 +1153,13 @@ int64_t Engine::global_step() const { return impl_->global_step; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
 double Engine::learning_rate() const { return impl_->schedule.lr_at(impl_->global_step); }
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
+void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
+                             const std::map<std::string, std::string>& client_state, int keep_last) {
+  impl_->save_checkpoint(dir, tag, client_state, keep_last);
+}
+std::map<std::string, std::string> Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
+  return impl_->load_checkpoint(dir, tag);
+}
 Communicator& Engine::communicator() const { return *impl_->comm; }
 const TrainConfig& Engine::config() const { return impl_->config; }
 ModelStateBytes Engine::model_state_bytes() const { return impl_->model_state_bytes(); }

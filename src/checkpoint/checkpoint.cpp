@@ -1,0 +1,239 @@
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <fstream>
+#include <memory>
+
+#include "checkpoint/safetensors.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/error.h"
+
+namespace zt {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kFormat = "zerotrain-checkpoint";
+constexpr int kVersion = 1;
+
+std::string rank_file_name(int rank, int world) {
+  char name[64];
+  std::snprintf(name, sizeof name, "rank-%05d-of-%05d.safetensors", rank, world);
+  return name;
+}
+
+// Tensor names inside a rank file: "<role>:<parameter>:<first element>".
+std::string fragment_name(const std::string& role, const std::string& parameter, int64_t begin) {
+  return role + ":" + parameter + ":" + std::to_string(begin);
+}
+
+void fsync_path(const fs::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot open '" + path.string() + "' to flush it: " + std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) throw Error("flushing '" + path.string() + "' to disk: " + std::strerror(errno));
+}
+
+// Writes `text` to `path` durably and atomically (temporary file, fsync, rename).
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const fs::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw Error("cannot write '" + temporary.string() + "'");
+  }
+  fsync_path(temporary, false);
+  fs::rename(temporary, path);
+  fsync_path(path.parent_path(), true);
+}
+
+// Runs `work` on this rank; every rank learns whether all succeeded, and all throw if one failed
+// (so that no rank waits in a later collective for one that gave up). A rank's own error keeps
+// its type (a DataError stays a DataError).
+void on_every_rank(Communicator& comm, const std::string& what, const std::function<void()>& work) {
+  std::exception_ptr error;
+  try {
+    work();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  at::Tensor failed = at::full({1}, error ? double(comm.rank() + 1) : 0.0, at::kDouble);
+  comm.all_reduce(failed, ReduceOp::Max, "checkpoint." + what).wait();
+  if (error) std::rethrow_exception(error);
+  if (failed.item<double>() > 0)
+    throw Error("checkpoint " + what + ": failed on rank " + std::to_string(int(failed.item<double>()) - 1) +
+                " (see its log)");
+}
+
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw DataError("cannot read '" + path.string() + "'");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    throw DataError("'" + path.string() + "' is not valid JSON (" + e.what() + ")");
+  }
+}
+
+std::map<std::string, std::string> load_fragments(const fs::path& dir, const std::string& tag_in,
+                                                  const std::vector<CheckpointParameter>& parameters,
+                                                  std::vector<StateFragment>& fragments);
+
+}  // namespace
+
+void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std::string& tag,
+                             const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
+                             int keep_last) {
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.')
+    throw ConfigError("checkpoint tag '" + tag + "': expected a plain name (not empty, 'latest', or starting with '.')");
+  const int rank = comm.rank(), world = comm.world_size();
+  const fs::path final_dir = dir / tag;
+  const fs::path staging = dir / (".partial-" + tag);
+  on_every_rank(comm, "save (preparing '" + staging.string() + "')", [&] {
+    if (rank != 0) return;
+    if (fs::exists(final_dir))
+      throw Error("'" + final_dir.string() + "' already exists; a checkpoint is never overwritten");
+    fs::create_directories(dir);
+    fs::remove_all(staging);  // what an interrupted save left
+    fs::create_directories(staging);
+  });
+  // Every rank with state writes its own file, in parallel.
+  on_every_rank(comm, "save (writing '" + (staging / rank_file_name(rank, world)).string() + "')", [&] {
+    if (fragments.empty()) return;
+    std::vector<TensorRecord> records;
+    for (const StateFragment& f : fragments)
+      for (const auto& [role, tensor] : f.roles)
+        records.push_back({fragment_name(role, f.parameter, f.begin), at::kFloat, {f.numel}});
+    SafetensorsWriter writer(staging / rank_file_name(rank, world), records, {{"format", kFormat}});
+    for (const StateFragment& f : fragments)
+      for (const auto& [role, tensor] : f.roles) writer.write(tensor.reshape({-1}).to(at::kFloat));
+    writer.finish();
+  });
+  // Which ranks wrote a file: the manifest lists them, so that a missing one is an error on load.
+  at::Tensor wrote = at::zeros({world}, at::kLong);
+  wrote[rank] = fragments.empty() ? 0 : 1;
+  comm.all_reduce(wrote, ReduceOp::Sum, "checkpoint.save.files").wait();
+  on_every_rank(comm, "save (publishing '" + final_dir.string() + "')", [&] {
+    if (rank != 0) return;
+    json manifest;
+    manifest["format"] = kFormat;
+    manifest["version"] = kVersion;
+    manifest["tag"] = tag;
+    manifest["world_size"] = world;
+    manifest["files"] = json::array();
+    for (int r = 0; r < world; ++r)
+      if (wrote[r].item<int64_t>() > 0) manifest["files"].push_back(rank_file_name(r, world));
+    manifest["parameters"] = json::array();
+    for (const auto& p : contents.parameters) manifest["parameters"].push_back({{"name", p.name}, {"shape", p.shape}});
+    manifest["scalars"] = contents.scalars;
+    write_file_atomically(staging / "manifest.json", manifest.dump(1));
+    fsync_path(staging, true);
+    fs::rename(staging, final_dir);
+    fsync_path(dir, true);
+    write_file_atomically(dir / "latest", tag + "\n");
+    if (keep_last > 0) {
+      // The newest by save order (the manifest's sequence is the directory's modification order).
+      std::vector<std::pair<fs::file_time_type, fs::path>> saved;
+      for (const auto& entry : fs::directory_iterator(dir))
+        if (entry.is_directory() && fs::exists(entry.path() / "manifest.json") &&
+            entry.path().filename().string()[0] != '.')
+          saved.emplace_back(fs::last_write_time(entry.path() / "manifest.json"), entry.path());
+      std::sort(saved.begin(), saved.end());
+      for (size_t i = 0; i + size_t(keep_last) < saved.size(); ++i)
+        if (saved[i].second != final_dir) fs::remove_all(saved[i].second);
+    }
+  });
+}
+
+std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, const fs::path& dir,
+                                                           const std::string& tag_in,
+                                                           const std::vector<CheckpointParameter>& parameters,
+                                                           std::vector<StateFragment>& fragments) {
+  std::map<std::string, std::string> scalars;
+  on_every_rank(comm, "load", [&] { scalars = load_fragments(dir, tag_in, parameters, fragments); });
+  return scalars;
+}
+
+namespace {
+std::map<std::string, std::string> load_fragments(const fs::path& dir, const std::string& tag_in,
+                                                  const std::vector<CheckpointParameter>& parameters,
+                                                  std::vector<StateFragment>& fragments) {
+  std::string tag = tag_in;
+  if (tag.empty()) {
+    std::ifstream latest(dir / "latest");
+    if (!latest) throw DataError("no checkpoint in '" + dir.string() + "': '" + (dir / "latest").string() + "' is missing");
+    std::getline(latest, tag);
+    if (tag.empty() || !fs::is_directory(dir / tag))
+      throw DataError("'" + (dir / "latest").string() + "' names '" + tag + "', which is not a checkpoint directory in '" +
+                      dir.string() + "'");
+  }
+  const fs::path root = dir / tag;
+  const json manifest = read_json(root / "manifest.json");
+  const std::string where = "'" + (root / "manifest.json").string() + "'";
+  if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
+    throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));
+  // The same model: the same parameter names with the same shapes.
+  std::map<std::string, std::vector<int64_t>> saved_shapes;
+  for (const auto& p : manifest.at("parameters")) saved_shapes[p.at("name")] = p.at("shape").get<std::vector<int64_t>>();
+  for (const auto& p : parameters) {
+    auto it = saved_shapes.find(p.name);
+    if (it == saved_shapes.end())
+      throw DataError(where + ": checkpoint of another model: it has no parameter '" + p.name + "'");
+    if (it->second != p.shape)
+      throw DataError(where + ": checkpoint of another model: parameter '" + p.name + "' has shape " +
+                      json(it->second).dump() + " there and " + json(p.shape).dump() + " here");
+  }
+  if (saved_shapes.size() != parameters.size())
+    throw DataError(where + ": checkpoint of another model: " + std::to_string(saved_shapes.size()) +
+                    " parameters there, " + std::to_string(parameters.size()) + " here");
+
+  // Every file's header (validated and checksummed on open); then only the overlapping pieces.
+  struct Piece {
+    size_t file;
+    std::string tensor;
+    int64_t begin, numel;
+  };
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces;  // (role, parameter) -> pieces
+  for (const auto& name : manifest.at("files")) {
+    files.push_back(std::make_unique<SafetensorsReader>(root / name.get<std::string>()));
+    for (const auto& e : files.back()->entries()) {
+      const auto first = e.name.find(':'), last = e.name.rfind(':');
+      if (first == std::string::npos || first == last || e.shape.size() != 1)
+        throw DataError("'" + files.back()->path().string() + "': unexpected tensor '" + e.name + "'");
+      pieces[{e.name.substr(0, first), e.name.substr(first + 1, last - first - 1)}].push_back(
+          {files.size() - 1, e.name, std::stoll(e.name.substr(last + 1)), e.shape[0]});
+    }
+  }
+  for (StateFragment& f : fragments)
+    for (auto& [role, destination] : f.roles) {
+      int64_t covered = 0;
+      for (const Piece& piece : pieces[{role, f.parameter}]) {
+        const int64_t lo = std::max(piece.begin, f.begin), hi = std::min(piece.begin + piece.numel, f.begin + f.numel);
+        if (lo >= hi) continue;
+        const at::Tensor saved = files[piece.file]->read(piece.tensor);
+        destination.reshape({-1}).narrow(0, lo - f.begin, hi - lo).copy_(saved.narrow(0, lo - piece.begin, hi - lo));
+        covered += hi - lo;
+      }
+      if (covered != f.numel)
+        throw DataError(where + ": elements [" + std::to_string(f.begin) + ", " + std::to_string(f.begin + f.numel) +
+                        ") of '" + role + "' of parameter '" + f.parameter + "' are not all in the listed files (" +
+                        std::to_string(covered) + " found; a shard is missing, or it was saved with another optimizer)");
+    }
+  return manifest.at("scalars").get<std::map<std::string, std::string>>();
+}
+}  // namespace
+
+}  // namespace zt

@@ -1,0 +1,60 @@
+// Sharded checkpoints: state by parameter name and global element range, never by bucket or
+// rank, so that a checkpoint saved by N ranks at any stage loads on M ranks at any stage
+// (docs/checkpoint.md). Internal; the engine's save_checkpoint/load_checkpoint use it.
+//
+// Contract
+// - Both functions are collectives: every rank calls them with the same dir and tag.
+// - save: ranks with fragments write them (their own file, in parallel) into a temporary
+//   directory; rank 0 adds the manifest, makes everything durable and renames the directory to
+//   dir/tag, then replaces dir/latest; only then does any rank return. A failure on any rank throws
+//   on every rank and leaves the previous checkpoints and `latest` untouched.
+// - load: each rank reads only the saved fragments that overlap the ranges it owns now, verifying
+//   checksums, and fails with zt::DataError naming the file and the problem for a missing
+//   `latest` target, a missing or damaged file, a checkpoint of another model, or a range no file
+//   holds.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace zt {
+
+class Communicator;
+
+struct CheckpointParameter {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// A contiguous range of one parameter's flattened elements, with one fp32 tensor of `numel`
+// elements per role ("master", "exp_avg", "exp_avg_sq"): the source when saving, the destination
+// when loading.
+struct StateFragment {
+  std::string parameter;
+  int64_t begin = 0;
+  int64_t numel = 0;
+  std::map<std::string, at::Tensor> roles;
+};
+
+struct CheckpointContents {
+  std::vector<CheckpointParameter> parameters;  // every trainable parameter: the model's identity
+  std::map<std::string, std::string> scalars;   // counters, loss scaler, the caller's own state
+};
+
+// Keeps the newest `keep_last` checkpoints of dir (0: all); the one `latest` names is never removed.
+void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir, const std::string& tag,
+                             const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
+                             int keep_last);
+
+// tag empty: the one dir/latest names. Checks `parameters` against the checkpoint's, fills every
+// role of every fragment, and returns the saved scalars.
+std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir,
+                                                           const std::string& tag,
+                                                           const std::vector<CheckpointParameter>& parameters,
+                                                           std::vector<StateFragment>& fragments);
+
+}  // namespace zt
