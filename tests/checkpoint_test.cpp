@@ -5,10 +5,18 @@
 // what to do from ZT_CKPT_* variables and writes its global losses to a file the parent compares.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <random>
+#include <set>
+#include <thread>
 
 #include "checkpoint/safetensors.h"
 #include "support/multirank.h"
@@ -154,4 +162,180 @@ TEST(Checkpoint, ResumesOnAnotherWorldSizeAndStage) {
           << "saved at N=" << c.save_world << " stage " << c.save_stage << ", loaded at N=" << c.load_world
           << " stage " << c.load_stage << ", step " << i << ": " << found[i] << " vs " << expected[i];
   }
+}
+
+namespace {
+
+// One process, one rank: the tiny GPT after one step, saved as "first" and (after another step)
+// as "second".
+struct SingleRank {
+  std::shared_ptr<zt::Communicator> comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  zt::GPT model{nullptr};
+  std::unique_ptr<zt::Engine> engine;
+  explicit SingleRank(int seed = 7) {
+    torch::manual_seed(seed);
+    model = zt::GPT(zt::gpt_preset("tiny"));
+    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}})", {}, 1);
+    engine = std::make_unique<zt::Engine>(model.ptr(), config, comm);
+  }
+  void step() {
+    auto tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
+    engine->backward(model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)));
+    engine->step();
+  }
+  torch::Tensor parameters() {
+    std::vector<torch::Tensor> flat;
+    for (auto& p : model->parameters()) flat.push_back(p.detach().reshape({-1}).clone());
+    return torch::cat(flat);
+  }
+};
+
+// Every file under `dir` with its bytes: to show that a failed load changed nothing.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) {
+      std::ifstream in(e.path(), std::ios::binary);
+      out[e.path().string()] = {std::istreambuf_iterator<char>(in), {}};
+    }
+  return out;
+}
+
+}  // namespace
+
+// A missing shard, a truncated or bit-flipped file, a damaged manifest, a checkpoint of another
+// model and a `latest` that points nowhere: each a zt::DataError naming the file and the problem,
+// with the engine and the checkpoint directory left as they were.
+TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefusedWithoutHarm) {
+  const fs::path base = fresh_dir("damaged");
+  {
+    SingleRank saver;
+    saver.step();
+    saver.engine->save_checkpoint(base.string(), "first");
+    saver.step();
+    saver.engine->save_checkpoint(base.string(), "second");
+  }
+  const fs::path shard = base / "second" / "rank-00000-of-00001.safetensors";
+  const fs::path manifest = base / "second" / "manifest.json";
+  auto edit = [](const fs::path& path, const std::function<void(std::string&)>& change) {
+    std::ifstream in(path, std::ios::binary);
+    std::string bytes{std::istreambuf_iterator<char>(in), {}};
+    in.close();
+    change(bytes);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  struct Case {
+    std::string what, expected;
+    std::function<void(const fs::path& dir)> damage;
+  };
+  const std::vector<Case> cases = {
+      {"latest points nowhere", "names 'third', which is not a checkpoint directory",
+       [&](const fs::path& dir) { std::ofstream(dir / "latest") << "third\n"; }},
+      {"missing shard", "cannot open",
+       [&](const fs::path& dir) { fs::remove(dir / "second" / shard.filename()); }},
+      {"truncated shard", "truncated",
+       [&](const fs::path& dir) {
+         fs::resize_file(dir / "second" / shard.filename(), fs::file_size(dir / "second" / shard.filename()) - 100);
+       }},
+      {"flipped byte in a shard", "fails its checksum",
+       [&](const fs::path& dir) {
+         edit(dir / "second" / shard.filename(), [](std::string& b) { b[b.size() - 1000] ^= 0x10; });
+       }},
+      {"damaged manifest", "is not valid JSON",
+       [&](const fs::path& dir) { edit(dir / "second" / manifest.filename(), [](std::string& b) { b.resize(b.size() / 2); }); }},
+      {"another model", "checkpoint of another model: parameter 'wte.weight' has shape",
+       [&](const fs::path& dir) {
+         edit(dir / "second" / manifest.filename(), [](std::string& b) {
+           const auto at = b.find("256,");  // wte.weight [256, 64] -> [255, 64]
+           ASSERT_NE(at, std::string::npos);
+           b.replace(at, 3, "255");
+         });
+       }},
+  };
+  for (const Case& c : cases) {
+    const fs::path dir = fresh_dir("damaged-case");
+    fs::copy(base, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    c.damage(dir);
+    const auto before = snapshot(dir);
+    SingleRank loader(99);
+    const auto parameters = loader.parameters();
+    try {
+      loader.engine->load_checkpoint(dir.string());
+      ADD_FAILURE() << c.what << ": expected zt::DataError";
+    } catch (const zt::DataError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(c.expected), std::string::npos) << c.what << ": " << message;
+      EXPECT_NE(message.find(dir.string()), std::string::npos) << c.what << " must name the file: " << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << c.what << ": one line";
+    }
+    EXPECT_TRUE(torch::equal(loader.parameters(), parameters)) << c.what << ": the engine must be unchanged";
+    EXPECT_EQ(snapshot(dir), before) << c.what << ": nothing in the directory may change";
+    // The other checkpoint is still loadable by name.
+    EXPECT_NO_THROW(loader.engine->load_checkpoint(dir.string(), "first")) << c.what;
+  }
+}
+
+// The saver of the crash test (does nothing unless ZT_CKPT_CRASH_DIR is set): one checkpoint,
+// a "ready" mark, then checkpoints back to back (keeping 3) until it is killed.
+TEST(CheckpointCrash, SaverBody) {
+  const std::string dir = env("ZT_CKPT_CRASH_DIR");
+  if (dir.empty()) return;
+  SingleRank saver;
+  saver.step();
+  saver.engine->save_checkpoint(dir, "t-0", {}, 3);
+  std::ofstream(dir + "/ready") << "1";
+  for (int i = 1;; ++i) saver.engine->save_checkpoint(dir, "t-" + std::to_string(i), {}, 3);
+}
+
+// A save killed with SIGKILL at random moments always leaves `latest` naming a checkpoint that
+// loads (interrupted saves leave only a staging directory, which loading ignores).
+TEST(Checkpoint, SaveKilledAnywhereLeavesTheLastCheckpointLoadable) {
+  std::mt19937 rng(5);
+  int interrupted = 0;
+  const int trials = 12;
+  for (int trial = 0; trial < trials; ++trial) {
+    const fs::path dir = fresh_dir("crash");
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      ::setenv("ZT_CKPT_CRASH_DIR", dir.c_str(), 1);
+      const std::string self = zt::testing::self_executable();
+      ::execl(self.c_str(), self.c_str(), "--gtest_filter=CheckpointCrash.SaverBody", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    while (!fs::exists(dir / "ready") && std::chrono::steady_clock::now() - start < std::chrono::seconds(60))
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 150));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the saver must have been running until killed (trial " << trial << ")";
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind(".partial-", 0) == 0) ++interrupted;
+    SingleRank loader(99);
+    EXPECT_NO_THROW(loader.engine->load_checkpoint(dir.string())) << "trial " << trial;
+  }
+  std::printf("%d of %d kills interrupted a save in progress\n", interrupted, trials);
+}
+
+// keep_last keeps the newest checkpoints, `latest` names the newest, and staging directories of
+// interrupted saves are cleared by the next save.
+TEST(Checkpoint, KeepsTheNewestAndClearsInterruptedSaves) {
+  const fs::path dir = fresh_dir("keep");
+  SingleRank saver;
+  fs::create_directories(dir / ".partial-old");
+  for (int i = 1; i <= 5; ++i) {
+    saver.step();
+    saver.engine->save_checkpoint(dir.string(), "step-" + std::to_string(i), {}, 2);
+  }
+  std::set<std::string> found;
+  for (const auto& e : fs::directory_iterator(dir)) found.insert(e.path().filename().string());
+  EXPECT_EQ(found, (std::set<std::string>{"latest", "step-4", "step-5"}));
+  std::ifstream latest(dir / "latest");
+  std::string tag;
+  std::getline(latest, tag);
+  EXPECT_EQ(tag, "step-5");
+  EXPECT_THROW(saver.engine->save_checkpoint(dir.string(), "step-5"), zt::Error) << "never overwritten";
+  EXPECT_THROW(saver.engine->save_checkpoint(dir.string(), "../x"), zt::ConfigError);
 }

@@ -106,7 +106,9 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
     if (fs::exists(final_dir))
       throw Error("'" + final_dir.string() + "' already exists; a checkpoint is never overwritten");
     fs::create_directories(dir);
-    fs::remove_all(staging);  // what an interrupted save left
+    // What interrupted saves left (one job saves into a directory at a time).
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.path().filename().string().rfind(".partial-", 0) == 0) fs::remove_all(entry.path());
     fs::create_directories(staging);
   });
   // Every rank with state writes its own file, in parallel.
