@@ -11,6 +11,14 @@ struct TrainConfig;
 struct TrainRunOptions {
   std::string summary_path;  // "" : no summary; else rank 0 writes the JSON summary there
   bool quiet = false;        // no progress lines (tests)
+  // Checkpoints (docs/checkpoint.md): with save_dir, one every save_every steps (0: only at the
+  // end) and at the end, tagged "step-<N>", keeping the newest keep_last (0: all). With
+  // resume_dir, the run continues from its latest checkpoint (any world size and stage) up to
+  // train.steps.
+  std::string save_dir;
+  int64_t save_every = 0;
+  int keep_last = 3;
+  std::string resume_dir;
 };
 
 // Runs this process as one rank (rank and world from the environment, see comm.h). Returns 0 on

@@ -32,7 +32,20 @@ struct TrainArgs {
   int64_t steps = 0;
   std::vector<std::string> overrides;
   std::string summary;
+  std::string save_dir, resume_dir;
+  int64_t save_every = 0;
+  int keep_last = 3;
 };
+
+zt::TrainRunOptions run_options(const TrainArgs& args) {
+  zt::TrainRunOptions options;
+  options.summary_path = args.summary;
+  options.save_dir = args.save_dir;
+  options.save_every = args.save_every;
+  options.keep_last = args.keep_last;
+  options.resume_dir = args.resume_dir;
+  return options;
+}
 
 int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   std::vector<std::string> overrides = args.overrides;
@@ -41,9 +54,17 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
     // We are one rank: the world size comes from the launcher's environment.
     const int world_size = zt::rendezvous_from_environment().world_size;
     auto config = zt::load_config(args.config_path, overrides, world_size);
-    return zt::run_training_rank(config, zt::TrainRunOptions{args.summary, false});
+    return zt::run_training_rank(config, run_options(args));
   }
   if (args.nproc < 1) throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", args.nproc));
+  if (args.save_every < 0 || args.keep_last < 0)
+    throw zt::ConfigError(fmt::format("--save-every and --keep-last: expected >= 0, found {} and {}", args.save_every,
+                                      args.keep_last));
+  if (args.save_every > 0 && args.save_dir.empty())
+    throw zt::ConfigError("--save-every: needs --save-dir DIR (where to save)");
+  if (!args.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(args.resume_dir) / "latest"))
+    throw zt::DataError(fmt::format("--resume: no checkpoint in '{}' ('{}/latest' is missing)", args.resume_dir,
+                                    args.resume_dir));
   // Validate everything before any process starts: bad input must not cost a launch.
   auto config = zt::load_config(args.config_path, overrides, args.nproc);
   zt::check_training_inputs(config);
@@ -73,6 +94,10 @@ int main(int argc, char** argv) {
   train->add_option("--set", train_args.overrides, "override a configuration value: key.path=value")
       ->take_all()->allow_extra_args(false);
   train->add_option("--summary", train_args.summary, "write a JSON summary of the run to this file");
+  train->add_option("--save-dir", train_args.save_dir, "save checkpoints into this directory (at the end, and see --save-every)");
+  train->add_option("--save-every", train_args.save_every, "also save every K optimizer steps (needs --save-dir)");
+  train->add_option("--keep-last", train_args.keep_last, "keep the newest K checkpoints in --save-dir (0: all; default 3)");
+  train->add_option("--resume", train_args.resume_dir, "continue from the latest checkpoint in this directory");
 
   zt::LaunchOptions launch_options;
   auto* launch = app.add_subcommand("launch", "start N local ranks of a program with torchrun's variables");

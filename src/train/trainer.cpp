@@ -182,15 +182,26 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   GPT model(gpt_config);
   sharded.reset();
   const int64_t n_params = gpt_parameter_count(gpt_config);
-  // Dropout masks differ per rank (as with one process per device elsewhere).
-  torch::manual_seed(config.train.seed + 1000003ull * (rank + 1));
   Engine engine(model.ptr(), config, comm);
+  // Resuming: the checkpoint holds the engine's state; the sampler position is the step (batches
+  // are a function of seed, step and micro-step) and so are the dropout masks (reseeded every step
+  // below), so nothing else is needed for an exact continuation.
+  int64_t first_step = 0;
+  if (!options.resume_dir.empty()) {
+    const auto client = engine.load_checkpoint(options.resume_dir);
+    if (auto it = client.find("seed"); it != client.end() && it->second != std::to_string(config.train.seed) && leader)
+      fmt::print("note: the checkpoint was saved with train.seed {}; this run uses {}\n", it->second, config.train.seed);
+    first_step = engine.global_step();
+    if (leader)
+      fmt::print("resumed from {}: the latest checkpoint, at step {}\n", options.resume_dir,
+                 first_step);
+  }
 
   const int64_t micro = config.train_micro_batch_size_per_gpu;
   const int64_t accum = config.gradient_accumulation_steps;
   DistributedSampler train_sampler(data.train, seq_len, micro, world, rank, config.train.seed);
   DistributedSampler val_sampler(data.val, seq_len, micro, world, rank, config.train.seed ^ 0x5eedULL);
-  BatchPrefetcher prefetcher([&](int64_t i) { return train_sampler.batch(i / accum, i % accum); }, 0);
+  BatchPrefetcher prefetcher([&](int64_t i) { return train_sampler.batch(i / accum, i % accum); }, first_step * accum);
 
   if (leader)
     fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
@@ -205,9 +216,11 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                                                                             : config.csv_monitor.output_path);
     std::filesystem::create_directories(dir);
     auto path = dir / (config.csv_monitor.job_name + ".csv");
-    csv.open(path);
+    // A resumed run continues the log of the run it resumes.
+    const bool append = first_step > 0 && std::filesystem::exists(path);
+    csv.open(path, append ? std::ios::app : std::ios::trunc);
     if (!csv) throw DataError(fmt::format("csv_monitor.output_path: cannot write '{}'", path.string()));
-    csv << "step,loss,lr,grad_norm,skipped,tokens_per_second,elapsed_seconds,peak_rss_bytes_max,loss_scale\n";
+    if (!append) csv << "step,loss,lr,grad_norm,skipped,tokens_per_second,elapsed_seconds,peak_rss_bytes_max,loss_scale\n";
   }
 
   auto evaluate = [&]() {
@@ -239,7 +252,10 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     int64_t steps = 0;
   } breakdown;
 
-  for (int64_t step = 0; step < steps; ++step) {
+  for (int64_t step = first_step; step < steps; ++step) {
+    // Dropout masks differ per rank (as with one process per device elsewhere) and depend only on
+    // (seed, rank, step), so that a resumed run draws what the uninterrupted one would have.
+    torch::manual_seed(config.train.seed + 1000003ull * (rank + 1) + 7919ull * uint64_t(step));
     double loss_sum = 0;
     StepResult result;
     for (int64_t a = 0; a < accum; ++a) {
@@ -287,11 +303,17 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{},{:g}\n", step + 1, loss, result.lr,
                          result.grad_norm, result.skipped ? 1 : 0, print ? last_rate : 0.0, elapsed, peak_max,
                          result.loss_scale);
+    if (!options.save_dir.empty() &&
+        (last || (options.save_every > 0 && (step + 1) % options.save_every == 0))) {
+      engine.save_checkpoint(options.save_dir, fmt::format("step-{}", step + 1),
+                             {{"seed", std::to_string(config.train.seed)}}, options.keep_last);
+      if (leader) fmt::print("saved checkpoint '{}/step-{}'\n", options.save_dir, step + 1);
+    }
     if (print && !leader) breakdown = {};
     if (leader && print) {
       std::string peaks;
       for (auto& s : stats) peaks += fmt::format("{}{:.0f}", peaks.empty() ? "" : "/", s.peak_rss / 1048576.0);
-      const double eta = elapsed / double(step + 1) * double(steps - step - 1);
+      const double eta = elapsed / double(step + 1 - first_step) * double(steps - step - 1);
       std::string times;
       if (config.wall_clock_breakdown && breakdown.steps > 0)
         times = fmt::format(" | ms/step fwd {:.0f} bwd {:.0f} step {:.0f}", 1e3 * breakdown.forward / breakdown.steps,
@@ -313,10 +335,12 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     nlohmann::json summary;
     summary["world_size"] = world;
     summary["steps"] = steps;
+    summary["first_step"] = first_step;  // losses[i] is the loss of step first_step + i + 1
     summary["losses"] = losses;
     summary["final_loss"] = losses.empty() ? 0.0 : losses.back();
     summary["skipped_steps"] = engine.skipped_steps();
-    summary["tokens_per_second"] = total_seconds > 0 ? tokens_per_step * double(steps) / total_seconds : 0.0;
+    summary["tokens_per_second"] =
+        total_seconds > 0 ? tokens_per_step * double(steps - first_step) / total_seconds : 0.0;
     summary["seconds"] = total_seconds;
     summary["parameters"] = n_params;
     summary["intra_op_threads"] = runtime.intra_op_threads;
