@@ -18,7 +18,9 @@
 #include <set>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
+#include "support/counting_allocator.h"
 #include "support/multirank.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -338,4 +340,64 @@ TEST(Checkpoint, KeepsTheNewestAndClearsInterruptedSaves) {
   EXPECT_EQ(tag, "step-5");
   EXPECT_THROW(saver.engine->save_checkpoint(dir.string(), "step-5"), zt::Error) << "never overwritten";
   EXPECT_THROW(saver.engine->save_checkpoint(dir.string(), "../x"), zt::ConfigError);
+}
+
+// `zerotrain export` of a checkpoint saved by 2 ranks at stage 3: Python's safetensors opens the
+// fp32 and bf16 files; fp32 equals the parameters an engine loads from the same checkpoint, bf16
+// equals them rounded by torch; and export holds about one parameter at a time, not the model.
+TEST(Checkpoint, ExportOpensInPythonWithTheModelsValues) {
+  const std::string dir = fresh_dir("export");
+  phase(2, 3, 3, "", dir, dir + "/losses");
+  // The reference: what an engine loads, written parameter by parameter.
+  SingleRank loader(99);
+  loader.engine->load_checkpoint(dir);
+  std::vector<zt::TensorRecord> records;
+  int64_t largest = 0, total = 0;
+  for (const auto& p : loader.model->named_parameters()) {
+    records.push_back({p.key(), torch::kFloat, p.value().sizes().vec()});
+    largest = std::max<int64_t>(largest, p.value().nbytes());
+    total += p.value().nbytes();
+  }
+  {
+    zt::SafetensorsWriter reference(dir + "/reference.safetensors", records);
+    for (const auto& p : loader.model->named_parameters()) reference.write(p.value().detach());
+    reference.finish();
+  }
+  for (std::string dtype : {"fp32", "bf16"}) {
+    auto r = zt::testing::run_process({zt::testing::cli_path(), "export", dir, "--out", dir + "/model-" + dtype + ".safetensors",
+                                       "--dtype", dtype},
+                                      {}, std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("wrote "), std::string::npos) << r.output;
+  }
+  const std::string script = R"(
+import sys, torch
+from safetensors.torch import load_file
+d = sys.argv[1]
+ref, f32, b16 = (load_file(d + name) for name in ('/reference.safetensors', '/model-fp32.safetensors', '/model-bf16.safetensors'))
+assert list(f32) == list(ref) and list(b16) == list(ref), (list(f32), list(ref))
+for name, t in ref.items():
+    assert f32[name].dtype == torch.float32 and b16[name].dtype == torch.bfloat16, name
+    assert torch.equal(f32[name], t), name
+    assert torch.equal(b16[name], t.to(torch.bfloat16)), name
+    assert t.numel() > 0 and t.abs().sum() > 0, name + ' is empty'
+print('checked', len(ref), 'tensors')
+)";
+  auto r = zt::testing::run_process({"/usr/bin/env", "python3", "-c", script, dir},
+                                    {{"PYTHONPATH", ZT_PYTHONPATH}, {"PYTHONWARNINGS", "ignore"}},
+                                    std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checked " + std::to_string(records.size()) + " tensors"), std::string::npos) << r.output;
+
+  auto& counter = zt::testing::CountingAllocator::instance();
+  counter.install();
+  zt::export_checkpoint(dir, "", dir + "/measured.safetensors", torch::kBFloat16);
+  counter.uninstall();
+  EXPECT_LE(counter.peak(), 3 * largest) << "largest parameter " << largest << " bytes, model " << total;
+  EXPECT_LT(3 * largest, total / 2) << "the bound must be well below the model to mean anything";
+  // Nothing to export: one line, exit 2, no file written.
+  r = zt::testing::run_process({zt::testing::cli_path(), "export", dir + "/none", "--out", dir + "/none.safetensors"}, {},
+                               std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/none.safetensors"));
 }

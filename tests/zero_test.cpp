@@ -2,12 +2,11 @@
 // a bf16 tolerance, fp16 overflow skipping, and the model-state bytes against design §2.
 #include <gtest/gtest.h>
 
-#include <c10/core/CPUAllocator.h>
-
 #include <cmath>
 #include <mutex>
 #include <optional>
 
+#include "support/counting_allocator.h"
 #include "support/multirank.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
@@ -501,61 +500,6 @@ TEST(ZeroStage3, NestedBlocksAreRejected) {
   }
 }
 
-namespace {
-
-// Counts the live bytes of CPU allocations made while installed (frees of older allocations are
-// not counted) and their peak: what a rank really holds, not what the code says it holds.
-class CountingAllocator final : public c10::Allocator {
- public:
-  static CountingAllocator& instance() {
-    static auto* allocator = new CountingAllocator();  // storages keep a pointer to it: never destroyed
-    return *allocator;
-  }
-  void install() {
-    base_ = c10::GetCPUAllocator();
-    std::lock_guard lock(mutex_);
-    live_ = peak_ = 0;
-    c10::SetCPUAllocator(this);
-    ASSERT_EQ(c10::GetCPUAllocator(), this) << "the counting allocator must take over CPU allocations";
-  }
-  void uninstall() { c10::SetCPUAllocator(base_); }
-  int64_t peak() const {
-    std::lock_guard lock(mutex_);
-    return peak_;
-  }
-  c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr inner = base_->allocate(n);
-    void* data = inner.get();
-    auto* context = new Context{std::move(inner), int64_t(n)};
-    {
-      std::lock_guard lock(mutex_);
-      live_ += int64_t(n);
-      peak_ = std::max(peak_, live_);
-    }
-    return {data, context, &CountingAllocator::release, c10::Device(c10::DeviceType::CPU)};
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
-
- private:
-  struct Context {
-    c10::DataPtr inner;
-    int64_t bytes;
-  };
-  static void release(void* p) {
-    auto* context = static_cast<Context*>(p);
-    {
-      std::lock_guard lock(instance().mutex_);
-      instance().live_ -= context->bytes;
-    }
-    delete context;
-  }
-  c10::Allocator* base_ = nullptr;
-  mutable std::mutex mutex_;
-  int64_t live_ = 0, peak_ = 0;
-};
-
-}  // namespace
-
 // Building the GPT under ShardedConstruction: measured by the allocator, a rank never holds more
 // than its shards plus one block, against the whole model for an unsharded build; an engine
 // adopting it sees exactly the parameters of the unsharded build.
@@ -564,7 +508,7 @@ TEST(ZeroStage3, ShardedConstructionHoldsShardsPlusOneBlock) {
     auto comm = rank_communicator();
     const int rank = comm->rank(), world = comm->world_size();
     const auto gpt_config = zt::gpt_preset("tiny");
-    auto& counter = CountingAllocator::instance();
+    auto& counter = zt::testing::CountingAllocator::instance();
 
     torch::manual_seed(7);
     counter.install();

@@ -169,9 +169,8 @@ std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, c
 }
 
 namespace {
-std::map<std::string, std::string> load_fragments(const fs::path& dir, const std::string& tag_in,
-                                                  const std::vector<CheckpointParameter>& parameters,
-                                                  std::vector<StateFragment>& fragments) {
+
+fs::path resolve_tag(const fs::path& dir, const std::string& tag_in) {
   std::string tag = tag_in;
   if (tag.empty()) {
     std::ifstream latest(dir / "latest");
@@ -181,11 +180,64 @@ std::map<std::string, std::string> load_fragments(const fs::path& dir, const std
       throw DataError("'" + (dir / "latest").string() + "' names '" + tag + "', which is not a checkpoint directory in '" +
                       dir.string() + "'");
   }
-  const fs::path root = dir / tag;
-  const json manifest = read_json(root / "manifest.json");
-  const std::string where = "'" + (root / "manifest.json").string() + "'";
-  if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
-    throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));
+  return dir / tag;
+}
+
+// A checkpoint's manifest and files: every header validated, and an index of the saved pieces.
+struct OpenCheckpoint {
+  struct Piece {
+    size_t file;
+    std::string tensor;
+    int64_t begin, numel;
+  };
+  fs::path root;
+  json manifest;
+  std::string where;  // the manifest's path, for messages
+  std::vector<std::unique_ptr<SafetensorsReader>> files;
+  std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces;  // (role, parameter) -> pieces
+
+  explicit OpenCheckpoint(const fs::path& checkpoint) : root(checkpoint) {
+    manifest = read_json(root / "manifest.json");
+    where = "'" + (root / "manifest.json").string() + "'";
+    if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
+      throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));
+    for (const auto& name : manifest.at("files")) {
+      files.push_back(std::make_unique<SafetensorsReader>(root / name.get<std::string>()));
+      for (const auto& e : files.back()->entries()) {
+        const auto first = e.name.find(':'), last = e.name.rfind(':');
+        if (first == std::string::npos || first == last || e.shape.size() != 1)
+          throw DataError("'" + files.back()->path().string() + "': unexpected tensor '" + e.name + "'");
+        pieces[{e.name.substr(0, first), e.name.substr(first + 1, last - first - 1)}].push_back(
+            {files.size() - 1, e.name, std::stoll(e.name.substr(last + 1)), e.shape[0]});
+      }
+    }
+  }
+
+  // Copies elements [begin, begin + destination.numel()) of `role` of `parameter` into
+  // `destination` (flat), reading whole saved pieces (checksums verified); all must be found.
+  void read_range(const std::string& role, const std::string& parameter, int64_t begin, at::Tensor destination) {
+    const int64_t numel = destination.numel();
+    int64_t covered = 0;
+    for (const Piece& piece : pieces[{role, parameter}]) {
+      const int64_t lo = std::max(piece.begin, begin), hi = std::min(piece.begin + piece.numel, begin + numel);
+      if (lo >= hi) continue;
+      const at::Tensor saved = files[piece.file]->read(piece.tensor);
+      destination.narrow(0, lo - begin, hi - lo).copy_(saved.narrow(0, lo - piece.begin, hi - lo));
+      covered += hi - lo;
+    }
+    if (covered != numel)
+      throw DataError(where + ": elements [" + std::to_string(begin) + ", " + std::to_string(begin + numel) + ") of '" +
+                      role + "' of parameter '" + parameter + "' are not all in the listed files (" +
+                      std::to_string(covered) + " found; a shard is missing, or it was saved with another optimizer)");
+  }
+};
+
+std::map<std::string, std::string> load_fragments(const fs::path& dir, const std::string& tag_in,
+                                                  const std::vector<CheckpointParameter>& parameters,
+                                                  std::vector<StateFragment>& fragments) {
+  OpenCheckpoint checkpoint(resolve_tag(dir, tag_in));
+  const json& manifest = checkpoint.manifest;
+  const std::string& where = checkpoint.where;
   // The same model: the same parameter names with the same shapes.
   std::map<std::string, std::vector<int64_t>> saved_shapes;
   for (const auto& p : manifest.at("parameters")) saved_shapes[p.at("name")] = p.at("shape").get<std::vector<int64_t>>();
@@ -201,41 +253,48 @@ std::map<std::string, std::string> load_fragments(const fs::path& dir, const std
     throw DataError(where + ": checkpoint of another model: " + std::to_string(saved_shapes.size()) +
                     " parameters there, " + std::to_string(parameters.size()) + " here");
 
-  // Every file's header (validated and checksummed on open); then only the overlapping pieces.
-  struct Piece {
-    size_t file;
-    std::string tensor;
-    int64_t begin, numel;
-  };
-  std::vector<std::unique_ptr<SafetensorsReader>> files;
-  std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces;  // (role, parameter) -> pieces
-  for (const auto& name : manifest.at("files")) {
-    files.push_back(std::make_unique<SafetensorsReader>(root / name.get<std::string>()));
-    for (const auto& e : files.back()->entries()) {
-      const auto first = e.name.find(':'), last = e.name.rfind(':');
-      if (first == std::string::npos || first == last || e.shape.size() != 1)
-        throw DataError("'" + files.back()->path().string() + "': unexpected tensor '" + e.name + "'");
-      pieces[{e.name.substr(0, first), e.name.substr(first + 1, last - first - 1)}].push_back(
-          {files.size() - 1, e.name, std::stoll(e.name.substr(last + 1)), e.shape[0]});
-    }
-  }
   for (StateFragment& f : fragments)
-    for (auto& [role, destination] : f.roles) {
-      int64_t covered = 0;
-      for (const Piece& piece : pieces[{role, f.parameter}]) {
-        const int64_t lo = std::max(piece.begin, f.begin), hi = std::min(piece.begin + piece.numel, f.begin + f.numel);
-        if (lo >= hi) continue;
-        const at::Tensor saved = files[piece.file]->read(piece.tensor);
-        destination.reshape({-1}).narrow(0, lo - f.begin, hi - lo).copy_(saved.narrow(0, lo - piece.begin, hi - lo));
-        covered += hi - lo;
-      }
-      if (covered != f.numel)
-        throw DataError(where + ": elements [" + std::to_string(f.begin) + ", " + std::to_string(f.begin + f.numel) +
-                        ") of '" + role + "' of parameter '" + f.parameter + "' are not all in the listed files (" +
-                        std::to_string(covered) + " found; a shard is missing, or it was saved with another optimizer)");
-    }
+    for (auto& [role, destination] : f.roles) checkpoint.read_range(role, f.parameter, f.begin, destination.reshape({-1}));
   return manifest.at("scalars").get<std::map<std::string, std::string>>();
 }
 }  // namespace
+
+int64_t export_checkpoint(const fs::path& dir, const std::string& tag, const fs::path& out, at::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16)
+    throw ConfigError(std::string("export: expected dtype fp32 or bf16, found ") + c10::toString(dtype));
+  OpenCheckpoint checkpoint(resolve_tag(dir, tag));
+  std::vector<TensorRecord> records;
+  for (const auto& p : checkpoint.manifest.at("parameters")) {
+    TensorRecord r{p.at("name").get<std::string>(), dtype, p.at("shape").get<std::vector<int64_t>>()};
+    int64_t numel = 1;
+    for (int64_t d : r.shape) numel *= d;
+    if (numel <= 0)
+      throw DataError(checkpoint.where + ": parameter '" + r.name + "' has no elements; refusing to export a placeholder");
+    records.push_back(std::move(r));
+  }
+  if (records.empty()) throw DataError(checkpoint.where + ": no parameters to export");
+  const fs::path partial = out.string() + ".partial";
+  int64_t bytes = 0;
+  try {
+    SafetensorsWriter writer(partial, records,
+                             {{"format", "pt"}, {"zerotrain.checkpoint", checkpoint.root.string()},
+                              {"zerotrain.step", checkpoint.manifest.at("scalars").value("global_step", "")}});
+    for (const TensorRecord& r : records) {
+      int64_t numel = 1;
+      for (int64_t d : r.shape) numel *= d;
+      at::Tensor full = at::empty({numel}, at::kFloat);
+      checkpoint.read_range("master", r.name, 0, full);
+      writer.write(full.view(r.shape).to(dtype));
+    }
+    writer.finish();
+    bytes = writer.bytes();
+    fs::rename(partial, out);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove(partial, ignored);
+    throw;
+  }
+  return bytes;
+}
 
 }  // namespace zt

@@ -57,4 +57,14 @@ std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, c
                                                            const std::vector<CheckpointParameter>& parameters,
                                                            std::vector<StateFragment>& fragments);
 
+// Writes the model's weights from the checkpoint dir/tag (tag empty: dir/latest) as one
+// safetensors file `out` with one tensor per trainable parameter, named as in the model, in
+// `dtype` (fp32, or bf16 rounded to nearest even). Streams parameter by parameter: memory stays
+// near the largest parameter, never the model. Writes `out` atomically (a temporary file renamed
+// when complete) and refuses to write a tensor whose elements are not all in the checkpoint.
+// Frozen parameters and buffers are not in checkpoints, so not in the export. Returns the bytes
+// written.
+int64_t export_checkpoint(const std::filesystem::path& dir, const std::string& tag, const std::filesystem::path& out,
+                          at::ScalarType dtype);
+
 }  // namespace zt

@@ -3,9 +3,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 
+#include "checkpoint/checkpoint.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -106,6 +108,18 @@ int main(int argc, char** argv) {
   launch->add_option("--log-dir", launch_options.log_dir, "directory of the per-rank logs");
   launch->add_option("command", launch_options.command, "-- PROGRAM ARGS...")->required();
 
+  struct {
+    std::string checkpoint, out, tag, dtype = "fp32";
+  } export_args;
+  auto* export_cmd = app.add_subcommand(
+      "export", "write a checkpoint's model weights as one safetensors file (streamed, tensor by tensor)");
+  export_cmd->add_option("checkpoint", export_args.checkpoint, "checkpoint directory (the --save-dir of a run)")
+      ->required();
+  export_cmd->add_option("--out", export_args.out, "the safetensors file to write")->required();
+  export_cmd->add_option("--tag", export_args.tag, "which checkpoint (default: the one 'latest' names)");
+  export_cmd->add_option("--dtype", export_args.dtype, "fp32 or bf16 (rounded to nearest even)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -119,6 +133,15 @@ int main(int argc, char** argv) {
     if (*train) {
       std::vector<std::string> raw(argv + 1, argv + argc);
       return run_train(train_args, raw);
+    }
+    if (*export_cmd) {
+      const auto started = std::chrono::steady_clock::now();
+      const int64_t bytes = zt::export_checkpoint(export_args.checkpoint, export_args.tag, export_args.out,
+                                                  export_args.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      std::cout << fmt::format("wrote {} ({:.1f} MB, {}) in {:.2f} s; peak RSS {:.0f} MiB\n", export_args.out,
+                               bytes / 1e6, export_args.dtype, seconds, zt::peak_rss_bytes() / 1048576.0);
+      return 0;
     }
     if (*launch) {
       if (launch_options.nproc < 1)

@@ -184,6 +184,7 @@ struct Engine::Impl : BlockRunner {
 
   FlatLayout layout;
   std::vector<ParameterSpec> specs;      // what the layout was computed from (names, shapes)
+  std::vector<CheckpointParameter> registered;  // trainable parameters in registration order
   std::vector<OptimizerChunk> chunks;   // this rank's partition, in partition order
   std::vector<Slot> slots;               // in placement order
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
@@ -276,6 +277,7 @@ struct Engine::Impl : BlockRunner {
     }
     if (trainable.empty())
       throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
+    for (const auto& spec : specs) registered.push_back({spec.name, spec.shape});
     if (shard_parameters) assign_blocks(trainable, specs, owners, owner_modules);
     LayoutOptions options;
     options.world_size = shard_world;
@@ -1009,11 +1011,6 @@ struct Engine::Impl : BlockRunner {
   }
 
   // ---------------------------------------------------------------- checkpoints
-  std::vector<CheckpointParameter> checkpoint_parameters() const {
-    std::vector<CheckpointParameter> out;
-    for (const auto& spec : specs) out.push_back({spec.name, spec.shape});
-    return out;
-  }
 
   // This rank's pieces of the optimizer state as fp32 views into the arenas, by parameter name and
   // element range. Without sharded optimizer states every rank holds all of it; rank 0 saves it.
@@ -1043,7 +1040,7 @@ struct Engine::Impl : BlockRunner {
                   std::to_string(micro_step) + " of an accumulation window of " +
                   std::to_string(config.gradient_accumulation_steps));
     CheckpointContents contents;
-    contents.parameters = checkpoint_parameters();
+    contents.parameters = registered;
     const LossScaler::State s = scaler.state();
     contents.scalars = {{"global_step", std::to_string(global_step)},
                         {"skipped_steps", std::to_string(skipped)},
@@ -1065,7 +1062,7 @@ struct Engine::Impl : BlockRunner {
     std::vector<StateFragment> staged = fragments;
     for (StateFragment& f : staged)
       for (auto& [role, tensor] : f.roles) tensor = torch::empty({f.numel}, torch::kFloat32);
-    const auto scalars = load_sharded_checkpoint(*comm, dir, tag, checkpoint_parameters(), staged);
+    const auto scalars = load_sharded_checkpoint(*comm, dir, tag, registered, staged);
     auto number = [&](const std::string& key) {
       auto it = scalars.find(key);
       if (it == scalars.end()) throw DataError("checkpoint '" + dir + "': no '" + key + "' in its manifest");
