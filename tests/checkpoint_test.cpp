@@ -174,9 +174,11 @@ struct SingleRank {
   std::shared_ptr<zt::Communicator> comm = zt::make_communicator(zt::RendezvousInfo{}, {});
   zt::GPT model{nullptr};
   std::unique_ptr<zt::Engine> engine;
-  explicit SingleRank(int seed = 7) {
+  explicit SingleRank(int seed = 7, int64_t vocab = 256) {
     torch::manual_seed(seed);
-    model = zt::GPT(zt::gpt_preset("tiny"));
+    auto gpt_config = zt::gpt_preset("tiny");
+    gpt_config.vocab_size = vocab;
+    model = zt::GPT(gpt_config);
     auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}})", {}, 1);
     engine = std::make_unique<zt::Engine>(model.ptr(), config, comm);
   }
@@ -247,10 +249,16 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefusedWithoutHarm) {
        [&](const fs::path& dir) { edit(dir / "second" / manifest.filename(), [](std::string& b) { b.resize(b.size() / 2); }); }},
       {"another model", "checkpoint of another model: parameter 'wte.weight' has shape",
        [&](const fs::path& dir) {
+         fs::remove_all(dir / "second");  // replaced by a checkpoint of a GPT with another vocabulary
+         SingleRank other(5, 255);
+         other.engine->save_checkpoint(dir.string(), "second");
+       }},
+      {"flipped byte in the manifest", "fails its checksum",
+       [&](const fs::path& dir) {
          edit(dir / "second" / manifest.filename(), [](std::string& b) {
-           const auto at = b.find("256,");  // wte.weight [256, 64] -> [255, 64]
+           const auto at = b.find("\"global_step\": \"");
            ASSERT_NE(at, std::string::npos);
-           b.replace(at, 3, "255");
+           b[at + 16] ^= 0x01;  // the step count's first digit
          });
        }},
   };
@@ -400,4 +408,34 @@ print('checked', len(ref), 'tensors')
                                std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_FALSE(fs::exists(dir + "/none.safetensors"));
+}
+
+// Every truncation and every single-bit flip of the manifest and of `latest` is refused.
+TEST(Checkpoint, EveryDamageToTheManifestOrLatestIsDetected) {
+  const fs::path dir = fresh_dir("manifest");
+  SingleRank saver;
+  saver.step();
+  saver.engine->save_checkpoint(dir.string(), "only");
+  std::mt19937 rng(3);
+  for (const fs::path file : {dir / "only" / "manifest.json", dir / "latest"}) {
+    std::ifstream in(file, std::ios::binary);
+    const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+    in.close();
+    auto refused = [&](const std::string& damaged, const std::string& what) {
+      std::ofstream(file, std::ios::binary | std::ios::trunc) << damaged;
+      try {
+        saver.engine->load_checkpoint(dir.string());
+        ADD_FAILURE() << file.filename() << ": " << what << " not detected";
+      } catch (const zt::DataError&) {
+      }
+    };
+    for (size_t length = 0; length < bytes.size(); ++length) refused(bytes.substr(0, length), "truncation to " + std::to_string(length));
+    for (size_t at = 0; at < bytes.size(); ++at) {
+      std::string copy = bytes;
+      copy[at] = char(copy[at] ^ (1 << (rng() % 8)));
+      refused(copy, "flip at byte " + std::to_string(at));
+    }
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    EXPECT_NO_THROW(saver.engine->load_checkpoint(dir.string())) << "restored " << file.filename();
+  }
 }

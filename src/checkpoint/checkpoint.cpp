@@ -11,6 +11,7 @@
 #include <exception>
 #include <functional>
 #include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "checkpoint/safetensors.h"
@@ -25,6 +26,7 @@ using json = nlohmann::json;
 
 constexpr const char* kFormat = "zerotrain-checkpoint";
 constexpr int kVersion = 1;
+constexpr const char* kZeroChecksum = "00000000";
 
 std::string rank_file_name(int rank, int world) {
   char name[64];
@@ -77,14 +79,28 @@ void on_every_rank(Communicator& comm, const std::string& what, const std::funct
                 " (see its log)");
 }
 
-json read_json(const fs::path& path) {
-  std::ifstream in(path);
+// The manifest, its checksum verified.
+json read_manifest(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot read '" + path.string() + "'");
+  std::string text{std::istreambuf_iterator<char>(in), {}};
+  json manifest;
   try {
-    return json::parse(in);
+    manifest = json::parse(text);
   } catch (const json::exception& e) {
     throw DataError("'" + path.string() + "' is not valid JSON (" + e.what() + ")");
   }
+  const std::string stored = manifest.is_object() && manifest.contains("checksum") && manifest["checksum"].is_string()
+                                 ? manifest["checksum"].get<std::string>()
+                                 : "";
+  const std::string field = "\"checksum\": \"" + stored + "\"";
+  const size_t at = text.find(field);
+  if (stored.size() != 8 || at == std::string::npos)
+    throw DataError("'" + path.string() + "': no checksum (not a complete zerotrain manifest)");
+  text.replace(at, field.size(), "\"checksum\": \"" + std::string(kZeroChecksum) + "\"");
+  if (const std::string computed = crc32_hex(text); computed != stored)
+    throw DataError("'" + path.string() + "' fails its checksum (stored " + stored + ", computed " + computed + ")");
+  return manifest;
 }
 
 std::map<std::string, std::string> load_fragments(const fs::path& dir, const std::string& tag_in,
@@ -140,6 +156,10 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
     manifest["parameters"] = json::array();
     for (const auto& p : contents.parameters) manifest["parameters"].push_back({{"name", p.name}, {"shape", p.shape}});
     manifest["scalars"] = contents.scalars;
+    manifest["configuration"] = contents.configuration;
+    // The checksum covers the text as written with the checksum zeroed (docs/checkpoint.md).
+    manifest["checksum"] = kZeroChecksum;
+    manifest["checksum"] = crc32_hex(manifest.dump(1));
     write_file_atomically(staging / "manifest.json", manifest.dump(1));
     fsync_path(staging, true);
     fs::rename(staging, final_dir);
@@ -173,10 +193,14 @@ namespace {
 fs::path resolve_tag(const fs::path& dir, const std::string& tag_in) {
   std::string tag = tag_in;
   if (tag.empty()) {
-    std::ifstream latest(dir / "latest");
+    std::ifstream latest(dir / "latest", std::ios::binary);
     if (!latest) throw DataError("no checkpoint in '" + dir.string() + "': '" + (dir / "latest").string() + "' is missing");
-    std::getline(latest, tag);
-    if (tag.empty() || !fs::is_directory(dir / tag))
+    // Exactly one line, as written: anything else is damage.
+    const std::string text{std::istreambuf_iterator<char>(latest), {}};
+    if (text.empty() || text.back() != '\n' || text.find('\n') != text.size() - 1)
+      throw DataError("'" + (dir / "latest").string() + "' is damaged: expected one line naming a checkpoint");
+    tag = text.substr(0, text.size() - 1);
+    if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == ".." || !fs::is_directory(dir / tag))
       throw DataError("'" + (dir / "latest").string() + "' names '" + tag + "', which is not a checkpoint directory in '" +
                       dir.string() + "'");
   }
@@ -197,7 +221,7 @@ struct OpenCheckpoint {
   std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces;  // (role, parameter) -> pieces
 
   explicit OpenCheckpoint(const fs::path& checkpoint) : root(checkpoint) {
-    manifest = read_json(root / "manifest.json");
+    manifest = read_manifest(root / "manifest.json");
     where = "'" + (root / "manifest.json").string() + "'";
     if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
       throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));

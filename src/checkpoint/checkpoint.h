@@ -41,8 +41,9 @@ struct StateFragment {
 };
 
 struct CheckpointContents {
-  std::vector<CheckpointParameter> parameters;  // every trainable parameter: the model's identity
-  std::map<std::string, std::string> scalars;   // counters, loss scaler, the caller's own state
+  std::vector<CheckpointParameter> parameters;     // every trainable parameter: the model's identity
+  std::map<std::string, std::string> scalars;      // counters, loss scaler, the caller's own state
+  std::map<std::string, std::string> configuration;  // the resolved configuration it was saved with
 };
 
 // Keeps the newest `keep_last` checkpoints of dir (0: all); the one `latest` names is never removed.

@@ -135,6 +135,8 @@ std::string safetensors_dtype(at::ScalarType dtype) {
   throw Error(std::string("safetensors: no dtype name for ") + c10::toString(dtype));
 }
 
+std::string crc32_hex(std::string_view bytes) { return hex32(crc_of(bytes.data(), int64_t(bytes.size()))); }
+
 // ---------------------------------------------------------------- writer
 
 struct SafetensorsWriter::State {

@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace zt {
@@ -34,6 +35,9 @@ struct TensorRecord {
 
 // The safetensors dtype name ("F32", "BF16", ...) of a scalar type; throws zt::Error if none.
 std::string safetensors_dtype(at::ScalarType dtype);
+
+// zlib's CRC-32 of `bytes` as 8 lowercase hex digits (what the files store).
+std::string crc32_hex(std::string_view bytes);
 
 class SafetensorsWriter {
  public:

@@ -188,13 +188,15 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   // below), so nothing else is needed for an exact continuation.
   int64_t first_step = 0;
   if (!options.resume_dir.empty()) {
+    const auto load_start = std::chrono::steady_clock::now();
     const auto client = engine.load_checkpoint(options.resume_dir);
+    const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     if (auto it = client.find("seed"); it != client.end() && it->second != std::to_string(config.train.seed) && leader)
       fmt::print("note: the checkpoint was saved with train.seed {}; this run uses {}\n", it->second, config.train.seed);
     first_step = engine.global_step();
     if (leader)
-      fmt::print("resumed from {}: the latest checkpoint, at step {}\n", options.resume_dir,
-                 first_step);
+      fmt::print("resumed from {}: the latest checkpoint, at step {}, loaded in {:.2f} s\n", options.resume_dir,
+                 first_step, load_seconds);
   }
 
   const int64_t micro = config.train_micro_batch_size_per_gpu;
@@ -305,9 +307,17 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                          result.loss_scale);
     if (!options.save_dir.empty() &&
         (last || (options.save_every > 0 && (step + 1) % options.save_every == 0))) {
-      engine.save_checkpoint(options.save_dir, fmt::format("step-{}", step + 1),
-                             {{"seed", std::to_string(config.train.seed)}}, options.keep_last);
-      if (leader) fmt::print("saved checkpoint '{}/step-{}'\n", options.save_dir, step + 1);
+      const auto save_start = clock::now();
+      const std::string tag = fmt::format("step-{}", step + 1);
+      engine.save_checkpoint(options.save_dir, tag, {{"seed", std::to_string(config.train.seed)}}, options.keep_last);
+      const double seconds = std::chrono::duration<double>(clock::now() - save_start).count();
+      if (leader) {
+        int64_t bytes = 0;
+        for (const auto& f : std::filesystem::directory_iterator(std::filesystem::path(options.save_dir) / tag))
+          bytes += int64_t(f.file_size());
+        fmt::print("saved checkpoint {}/{}: {:.2f} GB in {:.2f} s ({:.2f} GB/s)\n", options.save_dir, tag, bytes / 1e9,
+                   seconds, seconds > 0 ? bytes / 1e9 / seconds : 0.0);
+      }
     }
     if (print && !leader) breakdown = {};
     if (leader && print) {

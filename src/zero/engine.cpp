@@ -1050,6 +1050,7 @@ struct Engine::Impl : BlockRunner {
                         {"loss_scale.iteration", std::to_string(s.iteration)},
                         {"loss_scale.last_overflow_iteration", std::to_string(s.last_overflow_iteration)}};
     for (const auto& [key, value] : client_state) contents.scalars["client." + key] = value;
+    contents.configuration = config.resolved;
     save_sharded_checkpoint(*comm, dir, tag, contents, owned_state(true), keep_last);
   }
 
