@@ -37,28 +37,23 @@ fi
 
 wheels=("torch==$torch_version" "nvidia-cuda-runtime==13.0.96.*" "nvidia-cuda-cupti==13.0.85.*"
   "nvidia-cusparselt-cu13==0.8.0" "nvidia-nvshmem-cu13==3.4.5" "nvidia-cufile==1.15.1.6.*")
-# The marker records the wheel set, so a changed pin or set reinstalls instead of being skipped.
-if [ "$(cat "$torch_dir/.complete" 2>/dev/null)" != "${wheels[*]}" ]; then
-  log "installing torch==$torch_version (LibTorch) and its runtime wheels into $torch_dir"
-  rm -rf "$torch_dir.partial"
+# Installs wheels (no dependencies) into a directory of their own, atomically. The marker records
+# the wheel set, so a changed pin or set reinstalls instead of being skipped.
+install_wheels() {
+  local dir=$1 what=$2
+  shift 2
+  [ "$(cat "$dir/.complete" 2>/dev/null)" = "$*" ] && return 0
+  log "installing $what into $dir"
+  rm -rf "$dir.partial"
   mkdir -p "$deps_dir"
   PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-    --no-deps --no-compile --target "$torch_dir.partial" "${wheels[@]}" >&2
-  rm -rf "$torch_dir"
-  mv "$torch_dir.partial" "$torch_dir"
-  echo "${wheels[*]}" > "$torch_dir/.complete"
-fi
+    --no-deps --no-compile --target "$dir.partial" "$@" >&2
+  rm -rf "$dir"
+  mv "$dir.partial" "$dir"
+  echo "$*" > "$dir/.complete"
+}
+install_wheels "$torch_dir" "torch==$torch_version (LibTorch) and its runtime wheels" "${wheels[@]}"
 # Python's own safetensors reader, with which the tests check that our files open in other tools
 # (it imports torch from the wheel above through PYTHONPATH; see tests/CMakeLists.txt).
-py_tools=("safetensors==0.7.0" "packaging==24.2")
-py_dir="$deps_dir/python-tools"
-if [ "$(cat "$py_dir/.complete" 2>/dev/null)" != "${py_tools[*]}" ]; then
-  log "installing ${py_tools[*]} into $py_dir"
-  rm -rf "$py_dir.partial"
-  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-    --no-deps --no-compile --target "$py_dir.partial" "${py_tools[@]}" >&2
-  rm -rf "$py_dir"
-  mv "$py_dir.partial" "$py_dir"
-  echo "${py_tools[*]}" > "$py_dir/.complete"
-fi
+install_wheels "$deps_dir/python-tools" "Python's safetensors reader (tests)" "safetensors==0.7.0" "packaging==24.2"
 echo "$torch_dir/torch/share/cmake"

@@ -141,36 +141,31 @@ print('RESULT ' + json.dumps(out))
   }
 }
 
-TEST(Safetensors, EveryTruncationIsDetected) {
-  const auto path = write_sample(temp_file("truncate.safetensors"));
-  const std::string bytes = slurp(path);
-  const auto damaged = temp_file("truncated.safetensors");
-  for (size_t length = 0; length < bytes.size(); ++length) {
-    spit(damaged, bytes.substr(0, length));
-    try {
-      read_everything(damaged);
-      ADD_FAILURE() << "truncation to " << length << " of " << bytes.size() << " bytes not detected";
-    } catch (const zt::DataError& e) {
-      EXPECT_NE(std::string(e.what()).find(damaged.string()), std::string::npos) << e.what();
-    }
+// Writes `damaged` and expects reading it whole to fail with a DataError naming the file.
+void expect_detected(const fs::path& path, const std::string& damaged, const std::string& what) {
+  spit(path, damaged);
+  try {
+    read_everything(path);
+    ADD_FAILURE() << what << " not detected";
+  } catch (const zt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
   }
 }
 
+TEST(Safetensors, EveryTruncationIsDetected) {
+  const std::string bytes = slurp(write_sample(temp_file("truncate.safetensors")));
+  for (size_t length = 0; length < bytes.size(); ++length)
+    expect_detected(temp_file("truncated.safetensors"), bytes.substr(0, length),
+                    "truncation to " + std::to_string(length) + " of " + std::to_string(bytes.size()) + " bytes");
+}
+
 TEST(Safetensors, EveryByteFlipIsDetected) {
-  const auto path = write_sample(temp_file("flip.safetensors"));
-  const std::string bytes = slurp(path);
-  const auto damaged = temp_file("flipped.safetensors");
+  const std::string bytes = slurp(write_sample(temp_file("flip.safetensors")));
   std::mt19937 rng(11);
   for (size_t at = 0; at < bytes.size(); ++at) {
     std::string copy = bytes;
     copy[at] = char(copy[at] ^ (1 << (rng() % 8)));
-    spit(damaged, copy);
-    try {
-      read_everything(damaged);
-      ADD_FAILURE() << "flip at byte " << at << " of " << bytes.size() << " not detected";
-    } catch (const zt::DataError& e) {
-      EXPECT_NE(std::string(e.what()).find(damaged.string()), std::string::npos) << e.what();
-    }
+    expect_detected(temp_file("flipped.safetensors"), copy, "flip at byte " + std::to_string(at));
   }
 }
 

@@ -480,6 +480,21 @@ TEST(ZeroStage3, BlockOrderMismatchFailsWithANamedError) {
   EXPECT_LT(r.wall_seconds, 30.0) << "must fail within seconds, not at a timeout";
 }
 
+namespace {
+// The zt::ConfigError a one-rank stage-3 engine throws for `model` (a failure if none).
+std::string stage3_engine_error(std::shared_ptr<torch::nn::Module> model) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})", {}, 1);
+  try {
+    zt::Engine engine(std::move(model), config, comm);
+  } catch (const zt::ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected zt::ConfigError";
+  return "";
+}
+}  // namespace
+
 TEST(ZeroStage3, NestedBlocksAreRejected) {
   struct Outer : torch::nn::Module {
     torch::nn::Linear inner{nullptr};
@@ -488,16 +503,8 @@ TEST(ZeroStage3, NestedBlocksAreRejected) {
   auto outer = std::make_shared<Outer>();
   zt::mark_block(outer);
   zt::mark_block(outer->inner.ptr());
-  zt::RendezvousInfo info;
-  auto comm = zt::make_communicator(info, {});
-  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})", {}, 1);
-  try {
-    zt::Engine engine(outer, config, comm);
-    ADD_FAILURE() << "expected ConfigError";
-  } catch (const zt::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("belongs to two blocks, 'model' and 'model.inner'"), std::string::npos)
-        << e.what();
-  }
+  const std::string message = stage3_engine_error(outer);
+  EXPECT_NE(message.find("belongs to two blocks, 'model' and 'model.inner'"), std::string::npos) << message;
 }
 
 // Building the GPT under ShardedConstruction: measured by the allocator, a rank never holds more
@@ -558,16 +565,9 @@ TEST(ZeroStage3, ShardedBuildNeedsAnEngineOfItsWorld) {
   } catch (const zt::Error& e) {
     EXPECT_NE(std::string(e.what()).find("was built under ShardedConstruction"), std::string::npos) << e.what();
   }
-  zt::RendezvousInfo info;
-  auto comm = zt::make_communicator(info, {});
-  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})", {}, 1);
-  try {
-    zt::Engine engine(net, config, comm);
-    ADD_FAILURE() << "expected zt::ConfigError";
-  } catch (const zt::ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("block 'model.a' was built under ShardedConstruction as rank 0 of 2, but "
-                                         "this engine is rank 0 of 1"),
-              std::string::npos)
-        << e.what();
-  }
+  const std::string message = stage3_engine_error(net);
+  EXPECT_NE(message.find("block 'model.a' was built under ShardedConstruction as rank 0 of 2, but this engine is "
+                         "rank 0 of 1"),
+            std::string::npos)
+      << message;
 }
