@@ -266,6 +266,24 @@ TEST(TrainCheckpoint, ResumeContinuesExactlyAndOnAnotherWorldSize) {
     const double expected = straight["losses"][3 + i].get<double>();
     EXPECT_LE(std::abs(other["losses"][i].get<double>() - expected) / expected, 1e-5) << "step " << 4 + i;
   }
+  // A damaged checkpoint: one line naming the file, a non-zero exit, the checkpoint untouched.
+  const auto shard = std::filesystem::path(ckpt) / "step-3" / "rank-00001-of-00002.safetensors";
+  std::string bytes;
+  {
+    std::ifstream in(shard, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 10] ^= 0x04;
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+  auto damaged = run_process({cli_path(), "train", dir + "/config.json", "--nproc", "2", "--steps", "6", "--resume",
+                              ckpt, "--set", "zero_optimization.stage=2"},
+                             {}, std::chrono::seconds(120));
+  EXPECT_NE(damaged.exit_code, 0) << damaged.output;
+  EXPECT_NE(damaged.output.find("zerotrain: error: '" + shard.string() + "': tensor"), std::string::npos)
+      << damaged.output;
+  EXPECT_NE(damaged.output.find("fails its checksum"), std::string::npos) << damaged.output;
+  std::ifstream after(shard, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(after), {}), bytes) << "the checkpoint must be left as it was";
   // Nothing to resume from: one line, exit 2, nothing started.
   auto r = run_process({cli_path(), "train", dir + "/config.json", "--resume", dir + "/nothing"}, {},
                        std::chrono::seconds(60));

@@ -154,7 +154,6 @@ class GatherPool {
   }
   // Counts a buffer allocated elsewhere as live, so that it can be given back.
   void adopt_live(int64_t bytes) { live_bytes_ += bytes; }
-  int64_t kept_bytes() const { return kept_bytes_; }
 
  private:
   int64_t limit_ = 0, live_bytes_ = 0, kept_bytes_ = 0;
