@@ -2,16 +2,21 @@
 // 2 for bad input (configuration, arguments, data files), 1 for anything else.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
 
 #include "checkpoint/checkpoint.h"
+#include "memory/estimate_report.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
+#include "zerotrain/estimate.h"
 #include "zerotrain/launch.h"
+#include "zerotrain/models/gpt.h"
 #include "zerotrain/train.h"
 #include "zerotrain/version.h"
 
@@ -79,6 +84,195 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   return zt::launch_local(launch);
 }
 
+struct EstimateArgs {
+  std::string config_path, preset;
+  std::string params, largest_block;
+  int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
+  int nodes = 1, devices_per_node = 1;
+  std::string device = "cuda", device_memory, host_memory, nvme, runtime_bytes;
+  double headroom = 0.1;
+  int stage = -1;
+  std::string precision;
+  int64_t micro_batch = 0;
+  bool activation_checkpointing = false;
+  std::string offload_optimizer = "none", offload_param = "none";
+  std::vector<std::string> overrides;
+  bool json = false, plan = false;
+};
+
+// "1.5B", "350M", "7e9", "124439808" -> a count (K, M, B/G, T are powers of 1000).
+int64_t parse_count(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  double scale = 0;
+  if (unit.empty()) scale = 1;
+  else if (unit == "K" || unit == "k") scale = 1e3;
+  else if (unit == "M" || unit == "m") scale = 1e6;
+  else if (unit == "B" || unit == "b" || unit == "G" || unit == "g") scale = 1e9;
+  else if (unit == "T" || unit == "t") scale = 1e12;
+  if (used == 0 || scale == 0 || !(value > 0) || value * scale >= 9e18)
+    throw zt::ConfigError(fmt::format("{}: expected a positive count such as 350M, 1.5B or 7e9, found '{}'", what, text));
+  return static_cast<int64_t>(std::llround(value * scale));
+}
+
+// "80GiB", "80GB", "512MiB", "1e9" -> bytes (binary units KiB..TiB, decimal KB..TB, bare bytes).
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1},      {"B", 1},      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3},  {"MB", 1e6},   {"GB", 1e9},     {"TB", 1e12}};
+  double scale = 0;
+  for (const auto& [name, factor] : units)
+    if (unit == name) scale = factor;
+  if (used == 0 || scale == 0 || !(value >= 0) || value * scale >= 9e18)
+    throw zt::ConfigError(
+        fmt::format("{}: expected a size such as 80GiB, 512GB or 1e9 (bytes), found '{}'", what, text));
+  return static_cast<int64_t>(std::llround(value * scale));
+}
+
+int run_estimate(const EstimateArgs& args) {
+  zt::ClusterSpec cluster;
+  cluster.nodes = args.nodes;
+  cluster.devices_per_node = args.devices_per_node;
+  if (cluster.nodes < 1 || cluster.devices_per_node < 1)
+    throw zt::ConfigError(fmt::format("--nodes and --devices-per-node: expected at least 1, found {} and {}",
+                                      cluster.nodes, cluster.devices_per_node));
+  cluster.device = zt::parse_device_kind(args.device, "--device");
+  if (!args.device_memory.empty()) cluster.device_memory = parse_bytes(args.device_memory, "--device-memory");
+  if (!args.host_memory.empty()) cluster.host_memory = parse_bytes(args.host_memory, "--host-memory");
+  if (!args.nvme.empty()) cluster.nvme_bytes = parse_bytes(args.nvme, "--nvme");
+  if (!(args.headroom >= 0 && args.headroom < 1))
+    throw zt::ConfigError(fmt::format("--headroom: expected a fraction in [0, 1), found {}", args.headroom));
+  cluster.headroom = args.headroom;
+
+  std::vector<std::string> overrides = args.overrides;
+  if (args.stage >= 0) overrides.push_back(fmt::format("zero_optimization.stage={}", args.stage));
+  if (!args.precision.empty()) {
+    overrides.push_back(fmt::format("bf16.enabled={}", args.precision == "bf16"));
+    overrides.push_back(fmt::format("fp16.enabled={}", args.precision == "fp16"));
+  }
+  if (args.micro_batch > 0) overrides.push_back(fmt::format("train_micro_batch_size_per_gpu={}", args.micro_batch));
+  if (!args.preset.empty()) overrides.push_back("model.preset=" + args.preset);
+  const bool raw = !args.params.empty();
+  if (!raw) {  // shape flags adjust the configuration's GPT
+    if (args.layers > 0) overrides.push_back(fmt::format("model.n_layer={}", args.layers));
+    if (args.hidden > 0) overrides.push_back(fmt::format("model.n_embd={}", args.hidden));
+    if (args.heads > 0) overrides.push_back(fmt::format("model.n_head={}", args.heads));
+    if (args.vocab > 0) overrides.push_back(fmt::format("model.vocab_size={}", args.vocab));
+    if (args.seq > 0) overrides.push_back(fmt::format("data.sequence_length={}", args.seq));
+  }
+  const zt::TrainConfig config = args.config_path.empty()
+                                     ? zt::parse_config("", overrides, cluster.world_size())
+                                     : zt::load_config(args.config_path, overrides, cluster.world_size());
+  zt::ModelFigures model;
+  std::string model_text;
+  if (raw) {
+    for (auto [flag, value] : {std::pair{"--layers", args.layers}, {"--hidden", args.hidden}, {"--heads", args.heads},
+                               {"--seq", args.seq}, {"--vocab", args.vocab}})
+      if (value < 0) throw zt::ConfigError(fmt::format("{}: expected a positive number, found {}", flag, value));
+    if (args.layers > 0 && args.hidden > 0 && args.vocab > 0) {
+      // A GPT-2-style shape: its tensors give the block, tensor and persistent sizes.
+      zt::GPTConfig shape;
+      shape.n_layer = args.layers;
+      shape.n_embd = args.hidden;
+      shape.n_head = args.heads > 0 ? args.heads : args.hidden % 64 == 0 ? args.hidden / 64 : 1;
+      shape.vocab_size = args.vocab;
+      shape.context_length = args.seq > 0 ? args.seq : 1024;
+      shape.validate();
+      model = zt::gpt_model_figures(shape, shape.context_length, config.zero.stage3_param_persistence_threshold);
+      if (args.seq <= 0) model.sequence_length = 0;
+    } else {
+      model.layers = args.layers;
+      model.hidden = args.hidden;
+      model.heads = args.heads;
+      model.sequence_length = args.seq;
+      model.vocabulary = args.vocab;
+    }
+    model.parameters = parse_count(args.params, "--params");
+    if (!args.largest_block.empty()) model.largest_block = parse_count(args.largest_block, "--largest-block");
+    else if (model.largest_block == 0) model.largest_block = model.parameters / std::max<int64_t>(1, args.layers);
+    if (model.largest_parameter == 0 || model.largest_parameter > model.parameters)
+      model.largest_parameter = std::min(model.parameters, model.largest_block);
+    model_text = fmt::format("{:.3f}B parameters", model.parameters / 1e9);
+  } else {
+    const zt::GPTConfig gpt = zt::gpt_config_of(config);
+    const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
+    model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);
+    model_text = fmt::format("gpt '{}' ({} layers, width {}, {} heads, vocab {}, sequence {}), {:.3f}B parameters",
+                             config.model.preset, gpt.n_layer, gpt.n_embd, gpt.n_head, gpt.vocab_size, seq,
+                             model.parameters / 1e9);
+  }
+  zt::EstimateOptions options;
+  options.offload_optimizer = zt::parse_offload_target(args.offload_optimizer, "--offload-optimizer");
+  options.offload_param = zt::parse_offload_target(args.offload_param, "--offload-param");
+  options.activation_checkpointing = args.activation_checkpointing;
+  if (!args.runtime_bytes.empty()) options.runtime_bytes = parse_bytes(args.runtime_bytes, "--runtime-bytes");
+  const char* precision = config.precision == zt::Precision::BF16   ? "bf16"
+                          : config.precision == zt::Precision::FP16 ? "fp16"
+                                                                    : "fp32";
+  const std::string inputs_text =
+      fmt::format("model: {}\ncluster: {} node(s) x {} {} device(s); micro-batch {}, {}, optimizer {}\n", model_text,
+                  cluster.nodes, cluster.devices_per_node, zt::to_string(cluster.device),
+                  config.train_micro_batch_size_per_gpu, precision, config.optimizer.type);
+  nlohmann::json inputs = {{"parameters", model.parameters},
+                           {"largest_block", model.largest_block},
+                           {"persistent_parameters", model.persistent_parameters},
+                           {"layers", model.layers},
+                           {"hidden", model.hidden},
+                           {"heads", model.heads},
+                           {"sequence_length", model.sequence_length},
+                           {"vocabulary", model.vocabulary},
+                           {"nodes", cluster.nodes},
+                           {"devices_per_node", cluster.devices_per_node},
+                           {"device", zt::to_string(cluster.device)},
+                           {"device_memory", cluster.device_memory},
+                           {"host_memory", cluster.host_memory},
+                           {"nvme", cluster.nvme_bytes},
+                           {"micro_batch", config.train_micro_batch_size_per_gpu},
+                           {"precision", precision}};
+  if (args.plan) {
+    const zt::Plan plan = zt::plan_configurations(model, cluster, config);
+    if (args.json) {
+      nlohmann::json out = zt::plan_to_json(plan);
+      out["inputs"] = inputs;
+      std::cout << out.dump(2) << "\n";
+    } else {
+      std::cout << inputs_text << zt::format_plan(plan, cluster);
+    }
+    return 0;
+  }
+  const zt::MemoryEstimate estimate = zt::estimate_memory(model, cluster, config, options);
+  if (args.json) {
+    nlohmann::json out = zt::estimate_to_json(estimate);
+    inputs["stage"] = config.zero.stage;
+    inputs["offload_optimizer"] = zt::to_string(options.offload_optimizer);
+    inputs["offload_param"] = zt::to_string(options.offload_param);
+    inputs["activation_checkpointing"] = options.activation_checkpointing;
+    out["inputs"] = inputs;
+    std::cout << out.dump(2) << "\n";
+  } else {
+    std::cout << inputs_text
+              << fmt::format("zero stage {}, optimizer offload {}, parameter offload {}, activation checkpointing {}\n",
+                             config.zero.stage, zt::to_string(options.offload_optimizer),
+                             zt::to_string(options.offload_param), options.activation_checkpointing ? "on" : "off")
+              << zt::format_estimate(estimate, cluster);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -120,6 +314,41 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--dtype", export_args.dtype, "fp32 or bf16 (rounded to nearest even)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
 
+  EstimateArgs estimate_args;
+  auto* estimate = app.add_subcommand(
+      "estimate", "memory per device and per host of a training configuration, before it runs (docs/memory.md)");
+  estimate->add_option("config", estimate_args.config_path, "JSON configuration (optional; its model and choices)");
+  estimate->add_option("--preset", estimate_args.preset, "GPT preset (" + fmt::format("{}", fmt::join(zt::gpt_preset_names(), ", ")) + ")");
+  estimate->add_option("--params", estimate_args.params, "raw figures: trainable parameters (350M, 1.5B, 7e9)");
+  estimate->add_option("--largest-block", estimate_args.largest_block, "raw figures: elements of the largest block");
+  estimate->add_option("--layers", estimate_args.layers, "transformer layers");
+  estimate->add_option("--hidden", estimate_args.hidden, "hidden size");
+  estimate->add_option("--heads", estimate_args.heads, "attention heads");
+  estimate->add_option("--seq", estimate_args.seq, "sequence length");
+  estimate->add_option("--vocab", estimate_args.vocab, "vocabulary size");
+  estimate->add_option("--nodes", estimate_args.nodes, "nodes (default 1)");
+  estimate->add_option("--devices-per-node", estimate_args.devices_per_node, "devices per node (default 1)");
+  estimate->add_option("--device", estimate_args.device, "cuda (default) or cpu");
+  estimate->add_option("--device-memory", estimate_args.device_memory, "memory per device (80GiB, 40GB, bytes)");
+  estimate->add_option("--host-memory", estimate_args.host_memory, "host memory per node");
+  estimate->add_option("--nvme", estimate_args.nvme, "NVMe space per node");
+  estimate->add_option("--stage", estimate_args.stage, "ZeRO stage 0-3 (sets zero_optimization.stage)");
+  estimate->add_option("--precision", estimate_args.precision, "fp32, bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  estimate->add_option("--micro-batch", estimate_args.micro_batch, "sequences per device per micro-step");
+  estimate->add_flag("--activation-checkpointing", estimate_args.activation_checkpointing,
+                     "recompute each layer in backward (modelled; not implemented by zerotrain yet)");
+  estimate->add_option("--offload-optimizer", estimate_args.offload_optimizer, "none, cpu or nvme (modelled)");
+  estimate->add_option("--offload-param", estimate_args.offload_param, "none, cpu or nvme (stage 3; modelled)");
+  estimate->add_option("--headroom", estimate_args.headroom,
+                       "fraction of device and host memory to keep free for a configuration to fit (default 0.1)");
+  estimate->add_option("--runtime-bytes", estimate_args.runtime_bytes,
+                       "framework memory per process (default: 18MiB on cpu, 512MiB on cuda)");
+  estimate->add_option("--set", estimate_args.overrides, "override a configuration value: key.path=value")
+      ->take_all()->allow_extra_args(false);
+  estimate->add_flag("--json", estimate_args.json, "print JSON (per_device, per_host, ...) instead of a table");
+  estimate->add_flag("--plan", estimate_args.plan, "list the configurations that fit, fastest first, and pick one");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -134,6 +363,7 @@ int main(int argc, char** argv) {
       std::vector<std::string> raw(argv + 1, argv + argc);
       return run_train(train_args, raw);
     }
+    if (*estimate) return run_estimate(estimate_args);
     if (*export_cmd) {
       const auto started = std::chrono::steady_clock::now();
       const int64_t bytes = zt::export_checkpoint(export_args.checkpoint, export_args.tag, export_args.out,

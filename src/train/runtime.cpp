@@ -25,6 +25,7 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, b
   RuntimeSettings settings;
   settings.intra_op_threads =
       requested_threads > 0 ? requested_threads : std::max(1, available_cores() / std::max(1, local_ranks));
+  settings.retain_freed_memory = retain_freed_memory;
   at::set_num_threads(settings.intra_op_threads);
   try {
     at::set_num_interop_threads(1);
@@ -50,12 +51,18 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, b
   return settings;
 }
 
-long long peak_rss_bytes() {
+namespace {
+long long status_kib(const char* field) {
   std::ifstream status("/proc/self/status");
   std::string line;
+  const size_t length = std::char_traits<char>::length(field);
   while (std::getline(status, line))
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+    if (line.compare(0, length, field) == 0) return std::stoll(line.substr(length)) * 1024;
   return 0;
 }
+}  // namespace
+
+long long peak_rss_bytes() { return status_kib("VmHWM:"); }
+long long current_rss_bytes() { return status_kib("VmRSS:"); }
 
 }  // namespace zt

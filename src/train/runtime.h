@@ -7,6 +7,7 @@ namespace zt {
 
 struct RuntimeSettings {
   int intra_op_threads = 1;
+  bool retain_freed_memory = false;
 };
 
 // Sets LibTorch's intra-op threads (requested > 0, else available cores / `local_ranks`), one

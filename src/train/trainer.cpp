@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/check.h"
+#include "memory/estimate_report.h"
 #include "train/runtime.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -16,25 +17,11 @@
 #include "zerotrain/data.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "zerotrain/estimate.h"
 #include "zerotrain/models/gpt.h"
 
 namespace zt {
 namespace {
-
-GPTConfig model_config(const TrainConfig& config) {
-  GPTConfig gpt = gpt_preset(config.model.preset);
-  const auto& m = config.model;
-  if (m.n_layer > 0) gpt.n_layer = m.n_layer;
-  if (m.n_head > 0) gpt.n_head = m.n_head;
-  if (m.n_embd > 0) gpt.n_embd = m.n_embd;
-  if (m.vocab_size > 0) gpt.vocab_size = m.vocab_size;
-  if (m.context_length > 0) gpt.context_length = m.context_length;
-  if (m.dropout >= 0) gpt.dropout = m.dropout;
-  if (gpt.n_embd % gpt.n_head != 0)
-    throw ConfigError(fmt::format("model.n_embd: expected a multiple of model.n_head ({}), found {}", gpt.n_head,
-                                  gpt.n_embd));
-  return gpt;
-}
 
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -86,27 +73,30 @@ std::string human_rate(double per_second) {
 // Per-rank figures gathered onto every rank: peak RSS and model-state bytes by role.
 struct RankStats {
   int64_t peak_rss = 0;
+  int64_t baseline_rss = 0;
   ModelStateBytes state;
   int64_t buffers = 0;
 };
 
-std::vector<RankStats> gather_rank_stats(Communicator& comm, const Engine* engine) {
+std::vector<RankStats> gather_rank_stats(Communicator& comm, const Engine& engine, int64_t baseline_rss) {
   const int world = comm.world_size();
-  auto local = torch::zeros({5}, torch::kInt64);
+  constexpr int kFields = 6;
+  auto local = torch::zeros({kFields}, torch::kInt64);
   local[0] = static_cast<int64_t>(peak_rss_bytes());
-  if (engine) {
-    auto b = engine->model_state_bytes();
-    local[1] = b.parameters;
-    local[2] = b.gradients;
-    local[3] = b.optimizer_states;
-    local[4] = engine->buffer_bytes();
-  }
-  auto all = torch::zeros({5 * world}, torch::kInt64);
+  local[1] = baseline_rss;
+  const auto b = engine.model_state_bytes();
+  local[2] = b.parameters;
+  local[3] = b.gradients;
+  local[4] = b.optimizer_states;
+  local[5] = engine.buffer_bytes();
+  auto all = torch::zeros({kFields * world}, torch::kInt64);
   comm.all_gather(local, all, "stats.gather").wait();
   std::vector<RankStats> stats(world);
   auto a = all.accessor<int64_t, 1>();
-  for (int r = 0; r < world; ++r)
-    stats[r] = RankStats{a[5 * r], ModelStateBytes{a[5 * r + 1], a[5 * r + 2], a[5 * r + 3]}, a[5 * r + 4]};
+  for (int r = 0; r < world; ++r) {
+    const int64_t* f = &a[kFields * r];
+    stats[r] = RankStats{f[0], f[1], ModelStateBytes{f[2], f[3], f[4]}, f[5]};
+  }
   return stats;
 }
 
@@ -162,7 +152,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   const int world = comm->world_size();
   const bool leader = rank == 0 && !options.quiet;
 
-  const GPTConfig gpt_config = model_config(config);
+  const GPTConfig gpt_config = gpt_config_of(config);
   const int64_t seq_len = config.data.sequence_length > 0 ? config.data.sequence_length : gpt_config.context_length;
   if (seq_len > gpt_config.context_length)
     throw ConfigError(fmt::format("data.sequence_length: expected at most the model's context length {}, found {}",
@@ -175,6 +165,9 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     fmt::print("resolved configuration:\n{}", describe(config));
   }
 
+  // What the process holds before the model exists (LibTorch, communicator, data): the memory
+  // estimate (zerotrain/estimate.h) is compared with the peak above it.
+  const int64_t baseline_rss = current_rss_bytes();
   torch::manual_seed(config.train.seed);
   // With sharded parameters the model is built already sharded: no rank ever holds all of it.
   std::optional<ShardedConstruction> sharded;
@@ -298,7 +291,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       eval_losses.emplace_back(step + 1, eval_loss);
     }
     std::vector<RankStats> stats;
-    if (print) stats = gather_rank_stats(*comm, &engine);
+    if (print) stats = gather_rank_stats(*comm, engine, baseline_rss);
     int64_t peak_max = 0;
     for (auto& s : stats) peak_max = std::max(peak_max, s.peak_rss);
     if (csv.is_open())
@@ -339,7 +332,24 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
   }
   const double total_seconds = std::chrono::duration<double>(clock::now() - start).count();
-  auto stats = gather_rank_stats(*comm, &engine);
+  auto stats = gather_rank_stats(*comm, engine, baseline_rss);
+  // The estimate `zerotrain estimate` prints for this run, beside what the ranks measured.
+  ClusterSpec cluster;
+  cluster.device = DeviceKind::Cpu;
+  cluster.devices_per_node = rendezvous.local_world_size;
+  cluster.nodes = world / std::max(1, rendezvous.local_world_size);
+  const MemoryEstimate estimate = estimate_memory(
+      gpt_model_figures(gpt_config, seq_len, config.zero.stage3_param_persistence_threshold), cluster, config);
+  int64_t measured_peak = 0;  // the largest peak RSS above the pre-model baseline over ranks
+  for (const auto& s : stats) measured_peak = std::max(measured_peak, s.peak_rss - s.baseline_rss);
+  const bool heap_retained = runtime.retain_freed_memory;
+  if (leader)
+    fmt::print("memory per rank: estimated peak {}, measured {} above the pre-model baseline ({:+.1f}%){}\n",
+               human_bytes(estimate.per_device.total()), human_bytes(measured_peak),
+               measured_peak > 0 ? 100.0 * double(estimate.per_device.total() - measured_peak) / double(measured_peak) : 0.0,
+               heap_retained ? "; the heap is retained (train.retain_freed_memory), which adds fragmentation the "
+                               "estimate leaves out (docs/memory.md)"
+                             : "");
 
   if (rank == 0 && !options.summary_path.empty()) {
     nlohmann::json summary;
@@ -361,6 +371,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     for (int r = 0; r < world; ++r)
       ranks.push_back({{"rank", r},
                        {"peak_rss_bytes", stats[r].peak_rss},
+                       {"baseline_rss_bytes", stats[r].baseline_rss},
                        {"model_state_bytes",
                         {{"parameters", stats[r].state.parameters},
                          {"gradients", stats[r].state.gradients},
@@ -377,10 +388,14 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                                             {"total", formula.total()}};
     summary["zero"] = {{"stage", config.zero.stage},
                        {"shard_optimizer_states", config.zero.shard_optimizer_states},
-                       {"shard_gradients", config.zero.shard_gradients}};
+                       {"shard_gradients", config.zero.shard_gradients},
+                       {"shard_parameters", config.zero.shard_parameters}};
     summary["precision"] = config.precision == Precision::BF16   ? "bf16"
                            : config.precision == Precision::FP16 ? "fp16"
                                                                  : "fp32";
+    summary["memory"] = {{"estimate", estimate_to_json(estimate)},
+                         {"measured_peak_above_baseline_bytes", measured_peak},
+                         {"heap_retained", heap_retained}};
     summary["loss_scale"] = engine.loss_scale();
     summary["skipped"] = skipped_flags;
     auto path = std::filesystem::path(options.summary_path);

@@ -30,6 +30,11 @@ void CountingAllocator::install() {
 
 void CountingAllocator::uninstall() { c10::SetCPUAllocator(base_); }
 
+int64_t CountingAllocator::live() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_;
+}
+
 int64_t CountingAllocator::peak() const {
   std::lock_guard lock(mutex_);
   return peak_;

@@ -17,6 +17,7 @@ class CountingAllocator final : public c10::Allocator {
   void install();
   void uninstall();
   int64_t peak() const;
+  int64_t live() const;  // bytes allocated while installed and not yet freed
 
   c10::DataPtr allocate(size_t n) override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;

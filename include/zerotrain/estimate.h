@@ -1,0 +1,139 @@
+// Memory estimate of a training configuration before it runs, and a planner over configurations
+// (docs/memory.md has every formula, its source and its validation against measurement).
+//
+// Contract
+// - Pure functions of plain data; nothing is allocated beyond the returned values; thread-safe.
+// - Model-state terms are design §2 exactly (model_state_formula in memory.h), plus, with sharded
+//   parameters, the whole copies of the small parameters every rank keeps (persistence
+//   threshold). Activations follow Korthikanti et al. 2022 per layer, adapted term by term to the
+//   kernels this LibTorch runs (docs/memory.md). Buffers follow the engine's own bucket, scratch
+//   and stage-3 gather-pool sizes.
+// - The peak is the larger of two moments: the training step (model states + activations +
+//   buffers + runtime) and the model's construction (the model as built beside the engine's
+//   arenas). `zerotrain train --summary` reports this same estimate beside the measured peak.
+// - Offload and activation checkpointing are modelled here although zerotrain's engine does not
+//   implement them yet (the configuration rejects them); estimates that use them say so in notes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zt {
+
+struct TrainConfig;
+struct GPTConfig;
+
+enum class OffloadTarget { None, Cpu, Nvme };
+enum class DeviceKind { Cpu, Cuda };
+const char* to_string(OffloadTarget target);
+const char* to_string(DeviceKind kind);
+// "none", "cpu", "nvme" / "cpu", "cuda"; throws ConfigError naming `what` otherwise.
+OffloadTarget parse_offload_target(const std::string& text, const std::string& what);
+DeviceKind parse_device_kind(const std::string& text, const std::string& what);
+
+// What the estimate needs to know of a model. Element counts; 0 means unknown.
+struct ModelFigures {
+  int64_t parameters = 0;             // Ψ: trainable elements
+  int64_t largest_block = 0;          // elements a stage-3 gather brings whole (persistent ones excluded)
+  int64_t largest_parameter = 0;      // elements of the largest single tensor
+  int64_t persistent_parameters = 0;  // elements kept whole on every rank with sharded parameters
+  // Transformer shape (GPT-2 style, design §3): activations are estimated only when layers,
+  // hidden, sequence_length and vocabulary are known.
+  int64_t layers = 0, hidden = 0, heads = 0, sequence_length = 0, vocabulary = 0;
+  double dropout = 0.0;
+  bool has_shape() const { return layers > 0 && hidden > 0 && sequence_length > 0 && vocabulary > 0; }
+};
+
+// Exact figures of zerotrain's reference GPT (models/gpt.h) trained on `sequence_length` tokens,
+// with stage 3's persistence threshold `persistence_threshold` (elements).
+ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, int64_t persistence_threshold);
+// The GPT a training configuration describes (preset plus the "model" block's overrides).
+GPTConfig gpt_config_of(const TrainConfig& config);
+
+struct ClusterSpec {
+  int nodes = 1;
+  int devices_per_node = 1;
+  DeviceKind device = DeviceKind::Cuda;
+  int64_t device_memory = 0;  // bytes per device; 0: unknown (no fit check)
+  int64_t host_memory = 0;    // bytes per node; 0: unknown
+  int64_t nvme_bytes = 0;     // bytes per node; 0: none
+  // Fraction of device and host memory a configuration must leave free to count as fitting:
+  // allocator fragmentation and what no estimate sees (other processes, library workspaces).
+  double headroom = 0.1;
+  int world_size() const { return nodes * devices_per_node; }
+};
+
+// The training choices a TrainConfig does not carry yet.
+struct EstimateOptions {
+  OffloadTarget offload_optimizer = OffloadTarget::None;
+  OffloadTarget offload_param = OffloadTarget::None;
+  bool activation_checkpointing = false;
+  int64_t runtime_bytes = -1;  // framework memory per process; -1: the default for the device kind
+};
+
+// Bytes of one place (a device, or one node's host memory) by role.
+struct RoleBytes {
+  int64_t parameters = 0;        // working parameters (fp32 or the 16-bit copy)
+  int64_t gradients = 0;
+  int64_t master_weights = 0;    // fp32 masters (mixed precision)
+  int64_t optimizer_moments = 0;
+  int64_t activations = 0;       // saved for backward plus backward's working memory at the peak
+  int64_t buffers = 0;           // communication buckets, conversion chunk, fresh gradient, gathered blocks
+  int64_t gathered_blocks = 0;   // the stage-3 part of `buffers`
+  int64_t runtime = 0;           // the framework itself (code, caches, device context)
+  int64_t construction = 0;      // what building the model needs beyond the step's peak (0 if less)
+  int64_t optimizer_states() const { return master_weights + optimizer_moments; }
+  int64_t step_peak() const {
+    return parameters + gradients + optimizer_states() + activations + buffers + runtime;
+  }
+  int64_t total() const { return step_peak() + construction; }  // the peak
+};
+
+struct ActivationBytes {
+  int64_t saved = 0;      // tensors autograd keeps from forward to backward
+  int64_t transient = 0;  // the largest working set backward adds on top of them
+  int64_t total() const { return saved + transient; }
+};
+
+// Activation bytes per rank for one micro-batch of `micro_batch` sequences with `element_bytes`
+// per activation (2 or 4); zero when the shape is unknown. With checkpointing, each layer keeps
+// only its input and one layer is recomputed at a time.
+ActivationBytes transformer_activation_bytes(const ModelFigures& model, int64_t micro_batch, int element_bytes,
+                                             bool activation_checkpointing);
+
+struct MemoryEstimate {
+  RoleBytes per_device;
+  RoleBytes per_host;         // one node's host memory (with CPU devices: the devices' memory too)
+  int64_t nvme_per_node = 0;
+  int64_t construction_peak = 0;  // per device, while the model is built and adopted
+  int64_t step_peak = 0;          // per device, in a training step
+  bool fits_device = true, fits_host = true, fits_nvme = true;
+  bool fits() const { return fits_device && fits_host && fits_nvme; }
+  std::vector<std::string> notes;  // assumptions and unsupported choices, one sentence each
+};
+
+// The estimate for `config` (switches, precision, optimizer, buckets, micro-batch) of `model` on
+// `cluster` (whose world size must equal config.world_size). Throws ConfigError for impossible
+// inputs (offloading parameters without sharding them, non-positive counts), naming the input.
+MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
+                               const EstimateOptions& options = {});
+
+// One configuration the planner considered.
+struct PlanCandidate {
+  int stage = 0;
+  EstimateOptions options;
+  double relative_step_time = 1.0;  // expected, against plain data parallelism (docs/memory.md)
+  MemoryEstimate estimate;
+};
+
+struct Plan {
+  std::vector<PlanCandidate> fitting;  // fastest first
+  int64_t smallest_device_need = 0;    // per device, over all candidates (useful when none fits)
+  std::string advice;                  // which to use and why, or why nothing fits
+};
+
+// Every stage × offload × checkpointing combination for `model` on `cluster`, keeping `config`'s
+// other choices; those that fit, ordered by expected step time.
+Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config);
+
+}  // namespace zt

@@ -1,0 +1,425 @@
+#include "zerotrain/estimate.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+#include "zerotrain/memory.h"
+#include "zerotrain/models/gpt.h"
+
+namespace zt {
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+// Measured on this project's CPU build: the first training step of a model with 75k parameters
+// raises a rank's resident set by 18 MiB over its pre-model baseline, whatever the stage,
+// precision or world size (library code and caches first touched; docs/memory.md "runtime").
+constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
+// A CUDA context with LibTorch's kernels loaded; not measured here (no GPU), the commonly
+// reported size on recent data-centre GPUs. Override with EstimateOptions::runtime_bytes.
+constexpr int64_t kCudaRuntimeBytes = 512 * kMiB;
+// The engine's fp32 conversion chunk for 16-bit gradients (src/zero/engine.cpp kConversionChunk).
+constexpr int64_t kConversionChunkElements = 1 << 20;
+// ZeRO-Infinity's swapping granularity for optimizer states on NVMe (DeepSpeed's sub_group_size
+// default) and its parameter swap buffers (offload_param.buffer_count × buffer_size defaults).
+constexpr int64_t kNvmeSubGroupElements = 1'000'000'000;
+constexpr int64_t kNvmeParamBufferElements = 5 * 100'000'000;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+const char* to_string(OffloadTarget target) {
+  switch (target) {
+    case OffloadTarget::None: return "none";
+    case OffloadTarget::Cpu: return "cpu";
+    case OffloadTarget::Nvme: return "nvme";
+  }
+  return "?";
+}
+
+const char* to_string(DeviceKind kind) { return kind == DeviceKind::Cpu ? "cpu" : "cuda"; }
+
+OffloadTarget parse_offload_target(const std::string& text, const std::string& what) {
+  if (text == "none") return OffloadTarget::None;
+  if (text == "cpu") return OffloadTarget::Cpu;
+  if (text == "nvme") return OffloadTarget::Nvme;
+  throw ConfigError(fmt::format("{}: expected none, cpu or nvme, found '{}'", what, text));
+}
+
+DeviceKind parse_device_kind(const std::string& text, const std::string& what) {
+  if (text == "cpu") return DeviceKind::Cpu;
+  if (text == "cuda" || text == "gpu") return DeviceKind::Cuda;
+  throw ConfigError(fmt::format("{}: expected cpu or cuda, found '{}'", what, text));
+}
+
+GPTConfig gpt_config_of(const TrainConfig& config) {
+  GPTConfig gpt = gpt_preset(config.model.preset);
+  const auto& m = config.model;
+  if (m.n_layer > 0) gpt.n_layer = m.n_layer;
+  if (m.n_head > 0) gpt.n_head = m.n_head;
+  if (m.n_embd > 0) gpt.n_embd = m.n_embd;
+  if (m.vocab_size > 0) gpt.vocab_size = m.vocab_size;
+  if (m.context_length > 0) gpt.context_length = m.context_length;
+  if (m.dropout >= 0) gpt.dropout = m.dropout;
+  if (gpt.n_embd % gpt.n_head != 0)
+    throw ConfigError(fmt::format("model.n_embd: expected a multiple of model.n_head ({}), found {}", gpt.n_head,
+                                  gpt.n_embd));
+  return gpt;
+}
+
+ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, int64_t persistence_threshold) {
+  const int64_t C = gpt.n_embd, V = gpt.vocab_size, T = gpt.context_length;
+  // The GPT's blocks (models/gpt.h): wte, wpe, each transformer layer, ln_f; their tensors.
+  const std::vector<std::vector<int64_t>> blocks = {
+      {V * C}, {T * C}, {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C}, {C, C}};
+  ModelFigures f;
+  f.parameters = gpt_parameter_count(gpt);
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    int64_t gathered = 0, persistent = 0;
+    for (int64_t numel : blocks[b]) {
+      f.largest_parameter = std::max(f.largest_parameter, numel);
+      (numel < persistence_threshold ? persistent : gathered) += numel;
+    }
+    const int64_t copies = b == 2 ? gpt.n_layer : 1;
+    f.persistent_parameters += copies * persistent;
+    f.largest_block = std::max(f.largest_block, gathered);
+  }
+  f.layers = gpt.n_layer;
+  f.hidden = C;
+  f.heads = gpt.n_head;
+  f.sequence_length = sequence_length > 0 ? sequence_length : T;
+  f.vocabulary = V;
+  f.dropout = gpt.dropout;
+  return f;
+}
+
+ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micro_batch, int element_bytes,
+                                             bool activation_checkpointing) {
+  ActivationBytes bytes;
+  if (!m.has_shape() || micro_batch <= 0) return bytes;
+  const int64_t e = element_bytes, s = m.sequence_length, b = micro_batch, h = m.hidden, V = m.vocabulary;
+  const int64_t a = m.heads > 0 ? m.heads : std::max<int64_t>(1, h / 64);
+  const int64_t sbh = s * b * h;
+  const bool dropout = m.dropout > 0;
+  // Per layer (docs/memory.md "activations"): Korthikanti et al. 2022, eq. 1, sbh(34 + 5as/h)
+  // bytes in 16-bit with 1-byte dropout masks, adapted to the kernels this LibTorch runs:
+  // - without dropout, attention runs the fused (flash) kernel, which keeps its output and a
+  //   log-sum-exp per row instead of the as² score, softmax and mask terms: 16·e·sbh + 4·abs;
+  // - with dropout, attention runs the unfused kernel: scaled q, k, a copy of v, the softmax
+  //   output, its mask and the dropped scores (3·e·as²b), and CPU dropout masks are e bytes
+  //   (a scaling tensor of the activation's dtype), not 1: 18·e·sbh + 3·e·as²b.
+  // Both add LayerNorm's fp32 mean and rstd (2 × 2 × 4·bs).
+  const int64_t layer_norm_stats = 16 * s * b;
+  const int64_t per_layer = dropout ? 18 * e * sbh + 3 * e * a * s * s * b + layer_norm_stats
+                                    : 16 * e * sbh + 4 * a * s * b + layer_norm_stats;
+  // Outside the layers: token ids (int64) for the embedding's backward, ln_f's input and output,
+  // the embedding dropout's mask, and the fp32 log-softmax of the logits (the loss is fp32).
+  const int64_t outside = 8 * s * b + 2 * e * sbh + (dropout ? e * sbh : 0) + 4 * s * b * V;
+  if (activation_checkpointing) {
+    // Full recomputation: each layer keeps its input (2sbh in the paper's 16-bit terms); backward
+    // recomputes one layer at a time, whose activations then live beside the kept inputs.
+    bytes.saved = m.layers * e * sbh + per_layer + outside;
+  } else {
+    bytes.saved = m.layers * per_layer + outside;
+  }
+  // Backward's working set on top of the saved tensors, at its largest (measured against the
+  // bytes allocated, tests/estimate_test.cpp): at the loss, the gradient of the log-softmax and
+  // its input's gradient, both fp32 [sb, V] (plus their 16-bit copy); inside the last layer, the
+  // incoming h-wide gradient and the 4h-wide gradients around GELU (5·e·sbh, and two as²b score
+  // gradients unfused), by when the tensors saved outside the layers are already freed.
+  const int64_t at_loss = 8 * s * b * V + (e < 4 ? e * s * b * V : 0);
+  const int64_t in_layer = 5 * e * sbh + (dropout ? 2 * e * a * s * s * b : 0) - (2 * e * sbh + 4 * s * b * V);
+  bytes.transient = std::max(at_loss, in_layer);
+  return bytes;
+}
+
+MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
+                               const EstimateOptions& options) {
+  if (model.parameters <= 0)
+    throw ConfigError(fmt::format("parameters: expected a positive count, found {}", model.parameters));
+  if (cluster.nodes < 1 || cluster.devices_per_node < 1)
+    throw ConfigError(fmt::format("nodes and devices per node: expected at least 1 each, found {} and {}",
+                                  cluster.nodes, cluster.devices_per_node));
+  if (cluster.world_size() != config.world_size)
+    throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks, the cluster has {}",
+                                  config.world_size, cluster.world_size()));
+  const ZeroConfig& zero = config.zero;
+  if (options.offload_param != OffloadTarget::None && !zero.shard_parameters)
+    throw ConfigError(fmt::format("--offload-param {}: parameters can be offloaded only when they are sharded "
+                                  "(stage 3), found stage {}",
+                                  to_string(options.offload_param), zero.stage));
+  if (options.offload_optimizer != OffloadTarget::None && !zero.shard_optimizer_states)
+    throw ConfigError(fmt::format("--offload-optimizer {}: optimizer states can be offloaded only when they are "
+                                  "sharded (stage 1 or more), found stage {}",
+                                  to_string(options.offload_optimizer), zero.stage));
+
+  MemoryEstimate est;
+  const int N = config.world_size;
+  const int64_t psi = model.parameters;
+  const bool mixed = config.precision != Precision::FP32;
+  const int e = mixed ? 2 : 4;
+  const bool cpu_device = cluster.device == DeviceKind::Cpu;
+  const int64_t largest_parameter = model.largest_parameter > 0 ? model.largest_parameter : psi;
+  const int64_t largest_block = std::min(psi, model.largest_block > 0 ? model.largest_block : psi);
+
+  // Model states: design §2 (with the fp32 variant), plus the whole copies of persistent
+  // parameters that every rank keeps when parameters are sharded.
+  const ModelStateBytes formula = model_state_formula(psi, N, config);
+  const int64_t persistent = zero.shard_parameters ? std::min(psi, model.persistent_parameters) : 0;
+  const int64_t working_params = formula.parameters + persistent * e;
+  // The optimizer-state term split into its parts, each divided on its own (so each is exact).
+  const int64_t master_per_parameter = mixed ? 4 : 0;
+  const int64_t moments_per_parameter = model_state_bytes_per_parameter(config).optimizer_states - master_per_parameter;
+  const int64_t opt_ranks = zero.shard_optimizer_states ? N : 1;
+  const int64_t master = master_per_parameter * psi / opt_ranks;
+  const int64_t moments = moments_per_parameter * psi / opt_ranks;
+
+  // Buffers (src/zero/engine.cpp): the largest bucket; stage 3's buckets never span blocks.
+  const int64_t bucket_limit = std::max<int64_t>(std::max<int64_t>(1, zero.reduce_bucket_size), largest_parameter);
+  const int64_t largest_bucket = std::min(bucket_limit, zero.shard_parameters ? largest_block : psi);
+  int64_t comm_buffers = 0;
+  if (zero.shard_gradients) {
+    comm_buffers += (zero.overlap_comm ? 2 : 1) * largest_bucket * e;
+    if (config.gradient_accumulation_steps > 1) comm_buffers += ceil_div(largest_bucket, N) * e;
+  }
+  const int64_t optimizer_partition = zero.shard_optimizer_states ? ceil_div(psi, N) : psi;
+  const int64_t conversion_chunk = mixed ? std::min(optimizer_partition, kConversionChunkElements) * 4 : 0;
+  // Autograd hands each parameter's fresh gradient over before it is added into its arena.
+  const int64_t fresh_gradient = largest_parameter * e;
+  // Stage 3: the gather pool keeps live and reusable gathered blocks within twice the largest.
+  const int64_t gathered = zero.shard_parameters ? 2 * largest_block * e : 0;
+
+  const ActivationBytes acts =
+      transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, e, options.activation_checkpointing);
+  const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
+                          : cpu_device                ? kCpuRuntimeBytes
+                                                      : kCudaRuntimeBytes;
+
+  RoleBytes device;
+  device.parameters = working_params;
+  device.gradients = formula.gradients;
+  device.master_weights = master;
+  device.optimizer_moments = moments;
+  device.activations = acts.total();
+  device.gathered_blocks = gathered;
+  device.buffers = comm_buffers + conversion_chunk + fresh_gradient + gathered;
+  device.runtime = runtime;
+
+  // Offload (modelled, not implemented): what leaves the device and where it goes, per rank.
+  // On a CPU device "cpu" is the memory it already uses, so only NVMe moves anything.
+  RoleBytes host_per_rank;
+  int64_t nvme_per_rank = 0;
+  const auto moves = [&](OffloadTarget t) { return t == OffloadTarget::Nvme || (t == OffloadTarget::Cpu && !cpu_device); };
+  if (moves(options.offload_optimizer)) {
+    // ZeRO-Offload: fp32 masters and moments leave the device, and the gradient partition the
+    // optimizer step reads goes to host memory as fp32 (on a CPU device it stays where it is).
+    if (options.offload_optimizer == OffloadTarget::Cpu) {
+      host_per_rank.master_weights += master;
+      host_per_rank.optimizer_moments += moments;
+    } else {
+      nvme_per_rank += master + moments;
+      // Swapped in sub-group by sub-group; two sub-groups are in host memory at once.
+      const int64_t group = std::min(optimizer_partition, kNvmeSubGroupElements);
+      host_per_rank.buffers += 2 * group * ((master + moments) / std::max<int64_t>(1, optimizer_partition));
+    }
+    device.master_weights = 0;
+    device.optimizer_moments = 0;
+    if (!cpu_device) {
+      host_per_rank.gradients += 4 * ceil_div(psi, N);
+      // Sharded gradients are reduced in the buckets and copied out; stage 1 still all-reduces
+      // the full gradients on the device before copying its partition out.
+      if (zero.shard_gradients) device.gradients = 0;
+    }
+    est.notes.push_back(fmt::format("optimizer offload to {} is modelled (ZeRO-Offload/Infinity); zerotrain does "
+                                    "not implement it yet",
+                                    to_string(options.offload_optimizer)));
+  }
+  if (moves(options.offload_param)) {
+    const int64_t shard = working_params - persistent * e;  // persistent parameters stay on the device
+    if (options.offload_param == OffloadTarget::Cpu) {
+      host_per_rank.parameters += shard;
+    } else {
+      nvme_per_rank += shard;
+      host_per_rank.buffers += std::min(shard, kNvmeParamBufferElements * e);
+    }
+    device.parameters = persistent * e;
+    est.notes.push_back(fmt::format("parameter offload to {} is modelled (ZeRO-Infinity); zerotrain does not "
+                                    "implement it yet",
+                                    to_string(options.offload_param)));
+  }
+  if (cpu_device) {  // NVMe staging buffers live in the same memory as everything else
+    device.buffers += host_per_rank.buffers;
+    host_per_rank = RoleBytes{};
+  }
+  if (options.activation_checkpointing)
+    est.notes.push_back("activation checkpointing is modelled (full recomputation per layer); zerotrain does not "
+                        "implement it yet");
+  if (!model.has_shape())
+    est.notes.push_back("activations not estimated: give the model's layers, hidden size, sequence length and "
+                        "vocabulary (or a preset)");
+
+  // Construction: the model as built (fp32; whole, or under ShardedConstruction its shards plus
+  // one block), beside the engine's arenas, and an fp32 bucket of initial values unless fp32
+  // parameters are adopted in place (plus its working copy with sharded 16-bit parameters).
+  const int64_t as_built = zero.shard_parameters ? 4 * (ceil_div(psi, N) + largest_block) : 4 * psi;
+  const bool in_place = !mixed && !zero.shard_parameters;
+  const int64_t initial_values =
+      in_place ? 0 : 4 * largest_bucket + (zero.shard_parameters && mixed ? e * largest_bucket : 0);
+  const int64_t arenas = device.parameters + device.gradients + device.optimizer_states() + comm_buffers +
+                         conversion_chunk;
+  est.step_peak = device.step_peak();
+  if (moves(options.offload_param) && !cpu_device) {
+    // Parameters offloaded: the model is built in host memory (as DeepSpeed's zero.Init with a
+    // remote device does), beside the host's arenas.
+    est.construction_peak = arenas;
+    host_per_rank.construction = as_built + initial_values;
+  } else {
+    est.construction_peak = as_built + arenas + initial_values;
+  }
+  device.construction = std::max<int64_t>(0, est.construction_peak - est.step_peak);
+  est.per_device = device;
+
+  // One node: its devices' host-side bytes; with CPU devices the devices' memory is host memory.
+  const int64_t dpn = cluster.devices_per_node;
+  auto scale = [dpn](const RoleBytes& r) {
+    RoleBytes s;
+    s.parameters = dpn * r.parameters;
+    s.gradients = dpn * r.gradients;
+    s.master_weights = dpn * r.master_weights;
+    s.optimizer_moments = dpn * r.optimizer_moments;
+    s.activations = dpn * r.activations;
+    s.buffers = dpn * r.buffers;
+    s.gathered_blocks = dpn * r.gathered_blocks;
+    s.runtime = dpn * r.runtime;
+    s.construction = dpn * r.construction;
+    return s;
+  };
+  est.per_host = scale(cpu_device ? device : host_per_rank);
+  est.nvme_per_node = dpn * nvme_per_rank;
+
+  if (!(cluster.headroom >= 0 && cluster.headroom < 1))
+    throw ConfigError(fmt::format("headroom: expected a fraction in [0, 1), found {}", cluster.headroom));
+  const auto usable = [&](int64_t capacity) { return int64_t(double(capacity) * (1.0 - cluster.headroom)); };
+  if (cluster.device_memory > 0) est.fits_device = est.per_device.total() <= usable(cluster.device_memory);
+  if (cluster.host_memory > 0) est.fits_host = est.per_host.total() <= usable(cluster.host_memory);
+  est.fits_nvme = est.nvme_per_node == 0 || est.nvme_per_node <= cluster.nvme_bytes;
+  return est;
+}
+
+namespace {
+
+// Expected step time against plain data parallelism (docs/memory.md "planner"): the one measured
+// factor is stage 3's (1.17× stage 2 on GPT-2 350M, docs/benchmarks.md); the others are the
+// published orders (Hugging Face's DeepSpeed guide ranks stage 2 + offload before stage 3) and
+// the arithmetic of recomputation (one more forward: about a third of a step's compute).
+double relative_step_time(int stage, const EstimateOptions& o) {
+  double t = stage == 3 ? 1.2 : 1.0;
+  if (o.activation_checkpointing) t *= 4.0 / 3.0;
+  if (o.offload_optimizer == OffloadTarget::Cpu) t *= 1.15;
+  if (o.offload_optimizer == OffloadTarget::Nvme) t *= 1.5;
+  if (o.offload_param == OffloadTarget::Cpu) t *= 1.5;
+  if (o.offload_param == OffloadTarget::Nvme) t *= 2.0;
+  return t;
+}
+
+std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / double(1LL << 30)); }
+
+std::string describe_candidate(const PlanCandidate& c) {
+  std::string text = fmt::format("stage {}", c.stage);
+  if (c.options.offload_optimizer != OffloadTarget::None)
+    text += fmt::format(", optimizer offloaded to {}", to_string(c.options.offload_optimizer));
+  if (c.options.offload_param != OffloadTarget::None)
+    text += fmt::format(", parameters offloaded to {}", to_string(c.options.offload_param));
+  if (c.options.activation_checkpointing) text += ", activation checkpointing";
+  return text;
+}
+
+}  // namespace
+
+Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config) {
+  Plan plan;
+  plan.smallest_device_need = INT64_MAX;
+  const std::vector<OffloadTarget> targets = {OffloadTarget::None, OffloadTarget::Cpu, OffloadTarget::Nvme};
+  std::vector<PlanCandidate> all;
+  PlanCandidate leanest;  // the candidate that needs the least device memory
+  for (int stage = 0; stage <= 3; ++stage)
+    for (OffloadTarget opt : targets)
+      for (OffloadTarget param : targets)
+        for (bool checkpointing : {false, true}) {
+          if (opt != OffloadTarget::None && stage < 1) continue;
+          if (param != OffloadTarget::None && stage < 3) continue;
+          if (checkpointing && !model.has_shape()) continue;
+          // On CPU devices offloading to "cpu" changes nothing: skip the duplicate.
+          if (cluster.device == DeviceKind::Cpu && (opt == OffloadTarget::Cpu || param == OffloadTarget::Cpu)) continue;
+          TrainConfig c = config;
+          c.zero.stage = stage;
+          c.zero.shard_optimizer_states = stage >= 1;
+          c.zero.shard_gradients = stage >= 2;
+          c.zero.shard_parameters = stage >= 3;
+          PlanCandidate candidate;
+          candidate.stage = stage;
+          candidate.options.offload_optimizer = opt;
+          candidate.options.offload_param = param;
+          candidate.options.activation_checkpointing = checkpointing;
+          candidate.relative_step_time = relative_step_time(stage, candidate.options);
+          candidate.estimate = estimate_memory(model, cluster, c, candidate.options);
+          if (candidate.estimate.per_device.total() < plan.smallest_device_need) {
+            plan.smallest_device_need = candidate.estimate.per_device.total();
+            leanest = candidate;
+          }
+          if (candidate.estimate.fits()) all.push_back(std::move(candidate));
+        }
+  // Fastest first; among equals, plain data parallelism (no sharding when it fits), then the one
+  // that leaves the most device memory free (stage 2 before stage 1: the same communication).
+  std::stable_sort(all.begin(), all.end(), [](const PlanCandidate& a, const PlanCandidate& b) {
+    if (a.relative_step_time != b.relative_step_time) return a.relative_step_time < b.relative_step_time;
+    if ((a.stage == 0) != (b.stage == 0)) return a.stage == 0;
+    return a.estimate.per_device.total() < b.estimate.per_device.total();
+  });
+  plan.fitting = std::move(all);
+  if (plan.fitting.empty()) {
+    const MemoryEstimate& e = leanest.estimate;
+    std::vector<std::string> short_of;
+    if (!e.fits_device)
+      short_of.push_back(fmt::format("{} per device against {}", gib(e.per_device.total()), gib(cluster.device_memory)));
+    if (!e.fits_host)
+      short_of.push_back(fmt::format("{} of host memory per node against {}", gib(e.per_host.total()),
+                                     gib(cluster.host_memory)));
+    if (!e.fits_nvme)
+      short_of.push_back(fmt::format("{} of NVMe per node against {}", gib(e.nvme_per_node), gib(cluster.nvme_bytes)));
+    plan.advice = fmt::format(
+        "nothing fits: the configuration that needs the least device memory ({}) needs {} (keeping {:.0f}% free); "
+        "add devices, memory or NVMe, or shorten the micro-batch or sequence",
+        describe_candidate(leanest), fmt::join(short_of, " and "), 100 * cluster.headroom);
+    return plan;
+  }
+  const PlanCandidate& best = plan.fitting.front();
+  std::string why;
+  if (best.stage == 0)
+    why = "the whole model, its gradients and optimizer states fit on every device, so no sharding is needed and "
+          "plain data parallelism communicates least";
+  else if (best.options.offload_optimizer == OffloadTarget::None && best.options.offload_param == OffloadTarget::None &&
+           !best.options.activation_checkpointing)
+    why = best.stage < 3 ? "plain data parallelism does not fit; stages 1 and 2 communicate as much as it does, "
+                           "and this one leaves the most memory free"
+                         : "only sharding the parameters too fits without offload; stage 3 communicates 1.5x as "
+                           "much as data parallelism";
+  else
+    why = "nothing faster fits: every configuration without this offload or recomputation exceeds the memory";
+  const MemoryEstimate& e = best.estimate;
+  plan.advice = fmt::format(
+      "use {}: {} ({} per device{}, expected step time {:.2f}x data parallelism)", describe_candidate(best), why,
+      gib(e.per_device.total()),
+      cluster.device_memory > 0
+          ? fmt::format(" of {}, keeping {:.0f}% free", gib(cluster.device_memory), 100 * cluster.headroom)
+          : "",
+      best.relative_step_time);
+  return plan;
+}
+
+}  // namespace zt

@@ -1,0 +1,116 @@
+#include "memory/estimate_report.h"
+
+#include <fmt/format.h>
+
+namespace zt {
+namespace {
+
+nlohmann::json roles_to_json(const RoleBytes& r) {
+  return {{"parameters", r.parameters},
+          {"gradients", r.gradients},
+          {"optimizer_states", r.optimizer_states()},
+          {"master_weights", r.master_weights},
+          {"optimizer_moments", r.optimizer_moments},
+          {"activations", r.activations},
+          {"buffers", r.buffers},
+          {"gathered_blocks", r.gathered_blocks},
+          {"runtime", r.runtime},
+          {"construction", r.construction},
+          {"step_peak", r.step_peak()},
+          {"total", r.total()}};
+}
+
+std::string options_text(int stage, const EstimateOptions& o) {
+  std::string text = fmt::format("stage {}", stage);
+  if (o.offload_optimizer != OffloadTarget::None) text += fmt::format(" +opt->{}", to_string(o.offload_optimizer));
+  if (o.offload_param != OffloadTarget::None) text += fmt::format(" +param->{}", to_string(o.offload_param));
+  if (o.activation_checkpointing) text += " +ckpt";
+  return text;
+}
+
+}  // namespace
+
+std::string human_bytes(int64_t bytes) {
+  const double b = double(bytes);
+  if (b >= double(1LL << 30)) return fmt::format("{:.2f} GiB", b / double(1LL << 30));
+  if (b >= double(1 << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  if (b >= 1024) return fmt::format("{:.1f} KiB", b / 1024);
+  return fmt::format("{} B", bytes);
+}
+
+nlohmann::json estimate_to_json(const MemoryEstimate& e) {
+  return {{"per_device", roles_to_json(e.per_device)},
+          {"per_host", roles_to_json(e.per_host)},
+          {"nvme_per_node", e.nvme_per_node},
+          {"construction_peak", e.construction_peak},
+          {"step_peak", e.step_peak},
+          {"fits", e.fits()},
+          {"fits_device", e.fits_device},
+          {"fits_host", e.fits_host},
+          {"fits_nvme", e.fits_nvme},
+          {"notes", e.notes}};
+}
+
+nlohmann::json plan_to_json(const Plan& plan) {
+  nlohmann::json fitting = nlohmann::json::array();
+  for (const PlanCandidate& c : plan.fitting)
+    fitting.push_back({{"stage", c.stage},
+                       {"offload_optimizer", to_string(c.options.offload_optimizer)},
+                       {"offload_param", to_string(c.options.offload_param)},
+                       {"activation_checkpointing", c.options.activation_checkpointing},
+                       {"relative_step_time", c.relative_step_time},
+                       {"estimate", estimate_to_json(c.estimate)}});
+  return {{"fitting", fitting},
+          {"choice", plan.fitting.empty() ? nlohmann::json(nullptr) : fitting.front()},
+          {"smallest_device_need", plan.smallest_device_need},
+          {"advice", plan.advice}};
+}
+
+std::string format_estimate(const MemoryEstimate& e, const ClusterSpec& cluster) {
+  std::string out = fmt::format("{:<34}{:>14}{:>16}\n", "", fmt::format("per {}", to_string(cluster.device)),
+                                fmt::format("per host ({})", cluster.devices_per_node));
+  auto row = [&](const char* name, int64_t device, int64_t host) {
+    out += fmt::format("{:<34}{:>14}{:>16}\n", name, human_bytes(device), human_bytes(host));
+  };
+  const RoleBytes &d = e.per_device, &h = e.per_host;
+  row("working parameters", d.parameters, h.parameters);
+  row("gradients", d.gradients, h.gradients);
+  row("master weights (fp32)", d.master_weights, h.master_weights);
+  row("optimizer moments", d.optimizer_moments, h.optimizer_moments);
+  row("activations (saved + backward)", d.activations, h.activations);
+  row("buffers", d.buffers, h.buffers);
+  row("  of which gathered stage-3 blocks", d.gathered_blocks, h.gathered_blocks);
+  row("runtime", d.runtime, h.runtime);
+  row("construction beyond the step", d.construction, h.construction);
+  row("total (peak)", d.total(), h.total());
+  if (e.nvme_per_node > 0) out += fmt::format("{:<34}{:>30}\n", "NVMe per node", human_bytes(e.nvme_per_node));
+  auto verdict = [&](bool known, bool fits, int64_t need, int64_t have) {
+    if (!known) return std::string("not checked (no capacity given)");
+    return fmt::format("{} ({} of {}, keeping {:.0f}% free)", fits ? "fits" : "DOES NOT FIT", human_bytes(need),
+                       human_bytes(have), 100 * cluster.headroom);
+  };
+  out += fmt::format("device: {}\n", verdict(cluster.device_memory > 0, e.fits_device, d.total(), cluster.device_memory));
+  out += fmt::format("host:   {}\n", verdict(cluster.host_memory > 0, e.fits_host, h.total(), cluster.host_memory));
+  if (e.nvme_per_node > 0)
+    out += fmt::format("nvme:   {} ({} of {})\n", e.fits_nvme ? "fits" : "DOES NOT FIT", human_bytes(e.nvme_per_node),
+                       human_bytes(cluster.nvme_bytes));
+  for (const auto& note : e.notes) out += fmt::format("note: {}\n", note);
+  return out;
+}
+
+std::string format_plan(const Plan& plan, const ClusterSpec& cluster) {
+  std::string out;
+  if (!plan.fitting.empty()) {
+    out += fmt::format("{:<36}{:>12}{:>14}{:>14}{:>12}\n", "configurations that fit (fastest first)",
+                       "step time", fmt::format("per {}", to_string(cluster.device)), "per host", "nvme");
+    for (const PlanCandidate& c : plan.fitting)
+      out += fmt::format("{:<36}{:>11.2f}x{:>14}{:>14}{:>12}\n", options_text(c.stage, c.options),
+                         c.relative_step_time, human_bytes(c.estimate.per_device.total()),
+                         human_bytes(c.estimate.per_host.total()),
+                         c.estimate.nvme_per_node > 0 ? human_bytes(c.estimate.nvme_per_node) : "-");
+  }
+  out += plan.advice + "\n";
+  return out;
+}
+
+}  // namespace zt

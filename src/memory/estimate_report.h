@@ -1,0 +1,25 @@
+// How a MemoryEstimate and a Plan are shown: JSON (`zerotrain estimate --json`, the run summary)
+// and a text table. Internal to the library and the CLI; pure functions.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "zerotrain/estimate.h"
+
+namespace zt {
+
+// {"per_device": {parameters, gradients, optimizer_states, master_weights, optimizer_moments,
+//  activations, buffers, gathered_blocks, runtime, construction, step_peak, total}, "per_host": {…},
+//  "nvme_per_node", "fits", "fits_device", "fits_host", "fits_nvme", "notes"}
+nlohmann::json estimate_to_json(const MemoryEstimate& estimate);
+nlohmann::json plan_to_json(const Plan& plan);
+
+// A table of the roles per device and per host with the total and whether it fits.
+std::string format_estimate(const MemoryEstimate& estimate, const ClusterSpec& cluster);
+std::string format_plan(const Plan& plan, const ClusterSpec& cluster);
+
+// "12.3 GiB", "4.0 MiB", "512 B": binary units, for people.
+std::string human_bytes(int64_t bytes);
+
+}  // namespace zt

@@ -1,0 +1,416 @@
+// The memory estimator (zerotrain/estimate.h): design §2's table for every stage, precision and
+// world size; activations against the bytes autograd really keeps; the estimate against measured
+// runs of `zerotrain train`; the planner's picks for scripted machines; the CLI.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/counting_allocator.h"
+#include "support/process.h"
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+#include "zerotrain/estimate.h"
+#include "zerotrain/memory.h"
+#include "zerotrain/models/gpt.h"
+
+namespace {
+
+using zt::testing::cli_path;
+using zt::testing::make_temp_dir;
+using zt::testing::run_process;
+
+constexpr int64_t kGiB = int64_t(1) << 30;
+
+zt::TrainConfig config_for(int world, const std::vector<std::string>& overrides) {
+  return zt::parse_config("", overrides, world);
+}
+
+zt::ClusterSpec cluster_of(int nodes, int per_node, int64_t device_memory = 0, int64_t host_memory = 0,
+                           int64_t nvme = 0) {
+  zt::ClusterSpec c;
+  c.nodes = nodes;
+  c.devices_per_node = per_node;
+  c.device_memory = device_memory;
+  c.host_memory = host_memory;
+  c.nvme_bytes = nvme;
+  return c;
+}
+
+// Design §2, written out per role: {parameters, gradients, optimizer states} bytes per rank.
+struct TableRow {
+  int64_t parameters, gradients, optimizer_states;
+};
+TableRow design_table(int stage, bool mixed, int64_t psi, int64_t n) {
+  const int64_t w = mixed ? 2 : 4, g = w, k = mixed ? 12 : 8;  // Adam: fp32 master (mixed) + two moments
+  switch (stage) {
+    case 0: return {w * psi, g * psi, k * psi};
+    case 1: return {w * psi, g * psi, k * psi / n};
+    case 2: return {w * psi, g * psi / n, k * psi / n};
+    default: return {w * psi / n, g * psi / n, k * psi / n};
+  }
+}
+
+TEST(EstimateFormula, ModelStatesFollowDesignTableForEveryStagePrecisionAndWorldSize) {
+  const int64_t psi = 1'000'000'007;  // divisible by none of the world sizes
+  zt::ModelFigures model;
+  model.parameters = psi;
+  model.largest_block = psi / 10;
+  model.persistent_parameters = 0;
+  int cases = 0;
+  for (const char* precision : {"fp32", "bf16", "fp16"})
+    for (int stage = 0; stage <= 3; ++stage)
+      for (int n : {1, 2, 3, 8, 64, 1000}) {
+        std::vector<std::string> o = {"zero_optimization.stage=" + std::to_string(stage)};
+        if (std::string(precision) == "bf16") o.push_back("bf16.enabled=true");
+        if (std::string(precision) == "fp16") o.push_back("fp16.enabled=true");
+        const zt::TrainConfig config = config_for(n, o);
+        const zt::MemoryEstimate e = zt::estimate_memory(model, cluster_of(1, n), config);
+        const bool mixed = std::string(precision) != "fp32";
+        const TableRow row = design_table(stage, mixed, psi, n);
+        SCOPED_TRACE(::testing::Message() << precision << " stage " << stage << " N=" << n);
+        EXPECT_EQ(e.per_device.parameters, row.parameters);
+        EXPECT_EQ(e.per_device.gradients, row.gradients);
+        // The table divides 12Ψ as a whole; the estimate splits it into masters and moments.
+        EXPECT_NEAR(double(e.per_device.optimizer_states()), double(row.optimizer_states), 2.0);
+        const int64_t opt_n = stage >= 1 ? n : 1;
+        EXPECT_EQ(e.per_device.master_weights, mixed ? 4 * psi / opt_n : 0);
+        EXPECT_EQ(e.per_device.optimizer_moments, 8 * psi / opt_n);
+        if (stage == 0) EXPECT_EQ(e.per_device.parameters + e.per_device.gradients + e.per_device.optimizer_states(),
+                                  (mixed ? 16 : 16) * psi);
+        ++cases;
+      }
+  EXPECT_EQ(cases, 72);
+}
+
+TEST(EstimateFormula, PersistentParametersAddWholeCopiesOnlyWhenParametersAreSharded) {
+  zt::ModelFigures model;
+  model.parameters = 1'000'000;
+  model.largest_block = 100'000;
+  model.persistent_parameters = 12'345;
+  for (int stage : {2, 3}) {
+    const auto config = config_for(4, {"zero_optimization.stage=" + std::to_string(stage), "bf16.enabled=true"});
+    const auto e = zt::estimate_memory(model, cluster_of(1, 4), config);
+    EXPECT_EQ(e.per_device.parameters, stage == 3 ? 2 * 1'000'000 / 4 + 2 * 12'345 : 2 * 1'000'000) << stage;
+  }
+}
+
+TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
+  zt::ModelFigures model;
+  model.parameters = 8'000'000'000;
+  model.largest_block = 200'000'000;
+  const auto config = config_for(8, {"zero_optimization.stage=3", "bf16.enabled=true"});
+  const auto cluster = cluster_of(1, 8, 80 * kGiB, 1024 * kGiB, 0);
+  zt::EstimateOptions cpu;
+  cpu.offload_optimizer = zt::OffloadTarget::Cpu;
+  cpu.offload_param = zt::OffloadTarget::Cpu;
+  const auto e = zt::estimate_memory(model, cluster, config, cpu);
+  // Design §2: with offload, what stays on the device at stage 3 is only the live gathered layers.
+  EXPECT_EQ(e.per_device.parameters, 0);
+  EXPECT_EQ(e.per_device.gradients, 0);
+  EXPECT_EQ(e.per_device.optimizer_states(), 0);
+  EXPECT_EQ(e.per_device.gathered_blocks, 2 * 2 * 200'000'000);
+  // Per host: eight ranks' masters + moments (12Ψ/8 each), fp32 gradient and 16-bit parameter shards.
+  EXPECT_EQ(e.per_host.optimizer_states(), 8 * (12 * model.parameters / 8));
+  EXPECT_EQ(e.per_host.gradients, 8 * (4 * model.parameters / 8));
+  EXPECT_EQ(e.per_host.parameters, 8 * (2 * model.parameters / 8));
+  EXPECT_FALSE(e.notes.empty());  // says that zerotrain does not implement offload yet
+
+  zt::EstimateOptions nvme;
+  nvme.offload_optimizer = zt::OffloadTarget::Nvme;
+  const auto n = zt::estimate_memory(model, cluster, config, nvme);
+  EXPECT_EQ(n.nvme_per_node, 8 * (12 * model.parameters / 8));
+  EXPECT_EQ(n.per_host.optimizer_states(), 0);
+  EXPECT_GT(n.per_host.buffers, 0);  // sub-groups swapped through host memory
+
+  EXPECT_THROW(zt::estimate_memory(model, cluster, config_for(8, {"zero_optimization.stage=2"}), cpu),
+               zt::ConfigError);  // parameters offloaded without sharding them
+  zt::EstimateOptions opt_only;
+  opt_only.offload_optimizer = zt::OffloadTarget::Cpu;
+  EXPECT_THROW(zt::estimate_memory(model, cluster, config_for(8, {}), opt_only), zt::ConfigError);  // stage 0
+  EXPECT_THROW(zt::estimate_memory(model, cluster_of(1, 4), config), zt::ConfigError);  // world 8 vs 4
+}
+
+TEST(EstimateFormula, GptFiguresMatchTheModel) {
+  zt::GPTConfig gpt;
+  gpt.vocab_size = 300;
+  gpt.context_length = 40;
+  gpt.n_layer = 3;
+  gpt.n_head = 4;
+  gpt.n_embd = 64;
+  torch::manual_seed(0);
+  zt::GPT model(gpt);
+  int64_t total = 0, largest = 0, small = 0;
+  const int64_t threshold = 5000;
+  for (const auto& p : model->parameters()) {
+    total += p.numel();
+    largest = std::max(largest, p.numel());
+    if (p.numel() < threshold) small += p.numel();
+  }
+  const zt::ModelFigures f = zt::gpt_model_figures(gpt, 32, threshold);
+  EXPECT_EQ(f.parameters, total);
+  EXPECT_EQ(f.largest_parameter, largest);
+  EXPECT_EQ(f.persistent_parameters, small);
+  // A layer's gathered part: its weight matrices of 5000 elements or more (c_attn 3C², c_fc and
+  // mlp.c_proj 4C² each; attn.c_proj's C² = 4096 stays whole); the embedding is smaller here.
+  EXPECT_EQ(f.largest_block, 3 * 64 * 64 + 4 * 64 * 64 + 4 * 64 * 64);
+  EXPECT_EQ(f.sequence_length, 32);
+}
+
+// Activations: the bytes autograd keeps after forward, counted by a stand-in CPU allocator,
+// against the formula (docs/memory.md), for the fused and unfused attention and both precisions.
+struct ActivationCase {
+  const char* name;
+  double dropout;
+  bool bf16;
+};
+
+TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
+  for (const ActivationCase& c : {ActivationCase{"fp32", 0.0, false}, ActivationCase{"bf16", 0.0, true},
+                                  ActivationCase{"fp32 dropout", 0.1, false}}) {
+    SCOPED_TRACE(c.name);
+    zt::GPTConfig gpt;
+    gpt.vocab_size = 256;
+    gpt.context_length = 64;
+    gpt.n_layer = 3;
+    gpt.n_head = 4;
+    gpt.n_embd = 128;
+    gpt.dropout = c.dropout;
+    torch::manual_seed(1);
+    zt::GPT model(gpt);
+    if (c.bf16) model->to(torch::kBFloat16);
+    model->train();
+    const int64_t batch = 4;
+    auto idx = torch::randint(0, gpt.vocab_size, {batch, gpt.context_length}, torch::kLong);
+    // Gradients exist before backward, as the engine's arenas do: autograd adds into them.
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+    auto& counter = zt::testing::CountingAllocator::instance();
+    counter.install();
+    int64_t saved = 0, peak = 0;
+    {
+      auto loss = model->loss(idx, idx);
+      saved = counter.live();
+      loss.backward();
+      peak = counter.peak();
+    }
+    counter.uninstall();
+    const zt::ModelFigures f = zt::gpt_model_figures(gpt, gpt.context_length, 0);
+    const zt::ActivationBytes a = zt::transformer_activation_bytes(f, batch, c.bf16 ? 2 : 4, false);
+    EXPECT_NEAR(double(saved), double(a.saved), 0.03 * double(a.saved)) << "saved " << saved << " formula " << a.saved;
+    // The peak of forward and backward: saved tensors and backward's working set.
+    const double expected = double(a.total());
+    EXPECT_NEAR(double(peak), expected, 0.10 * expected) << "peak " << peak << " saved " << saved;
+    std::cout << c.name << ": saved " << saved << " (formula " << a.saved << "), peak " << peak << " (formula "
+              << expected << ")\n";
+  }
+}
+
+TEST(EstimateActivations, CheckpointingKeepsLayerInputsAndOneLayer) {
+  zt::ModelFigures f;
+  f.parameters = 1;
+  f.layers = 24;
+  f.hidden = 1024;
+  f.heads = 16;
+  f.sequence_length = 1024;
+  f.vocabulary = 50257;
+  const auto full = zt::transformer_activation_bytes(f, 8, 2, false);
+  const auto ckpt = zt::transformer_activation_bytes(f, 8, 2, true);
+  const int64_t sbh = 1024LL * 8 * 1024;
+  const int64_t outside = 8 * 1024 * 8 + 2 * 2 * sbh + 4LL * 1024 * 8 * 50257;
+  const int64_t per_layer = (full.saved - outside) / 24;
+  // Korthikanti et al.: 34sbh per layer less the two 1-byte dropout masks (no dropout, fused attention).
+  EXPECT_NEAR(double(per_layer), double(32 * sbh), 0.01 * double(32 * sbh));
+  EXPECT_EQ(ckpt.saved, 24 * 2 * sbh + per_layer + outside);
+  EXPECT_EQ(ckpt.transient, full.transient);
+  f.layers = 0;  // shape unknown: nothing is claimed
+  EXPECT_EQ(zt::transformer_activation_bytes(f, 8, 2, false).total(), 0);
+}
+
+// --- the estimate against measured runs --------------------------------------------------------
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  auto path = std::filesystem::path(dir) / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// A GPT of 3.3M parameters whose model states and activations are both tens of MiB, so that the
+// estimate is tested on every term; two steps, each rank on one thread, freed memory returned to
+// the system (the allocator policy the estimate models; docs/memory.md).
+std::string measured_config(const std::string& dir) {
+  return write_file(dir, "config.json", R"({
+    "gradient_accumulation_steps": 1, "steps_per_print": 100,
+    "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
+    "model": {"preset": "tiny", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 256, "context_length": 128,
+              "dropout": 0.0},
+    "data": {"source": "embedded", "sequence_length": 128},
+    "train": {"steps": 2, "seed": 7, "threads": 1, "retain_freed_memory": "never", "log_dir": ")" +
+                                          dir + R"("}})");
+}
+
+struct MeasuredCase {
+  int stage;
+  int world;
+  const char* precision;
+  int micro_batch;
+};
+
+TEST(EstimateMeasured, SixConfigurationsMatchModelStatesAndPeakMemory) {
+  const std::string dir = make_temp_dir("estimate-measured");
+  const std::string config = measured_config(dir);
+  // Micro-batches whose per-layer activations are 1 MiB tensors in either precision: smaller ones
+  // come from the heap, whose fragmentation the estimate does not model (docs/memory.md).
+  const std::vector<MeasuredCase> cases = {{0, 1, "fp32", 8}, {0, 1, "bf16", 16}, {1, 2, "fp32", 8},
+                                           {2, 2, "bf16", 16}, {3, 3, "fp32", 8}, {3, 2, "bf16", 16}};
+  for (const MeasuredCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "stage " << c.stage << " N=" << c.world << " " << c.precision << " micro-batch "
+                                    << c.micro_batch);
+    const std::string summary_path = dir + "/summary.json";
+    std::filesystem::remove(summary_path);
+    std::vector<std::string> args{cli_path(), "train", config, "--nproc", std::to_string(c.world), "--summary",
+                                  summary_path, "--set", "zero_optimization.stage=" + std::to_string(c.stage)};
+    if (std::string(c.precision) == "bf16") args.insert(args.end(), {"--set", "bf16.enabled=true"});
+    args.insert(args.end(), {"--set", "train_micro_batch_size_per_gpu=" + std::to_string(c.micro_batch)});
+    auto r = run_process(args, {}, std::chrono::seconds(240));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(summary_path);
+    const auto summary = nlohmann::json::parse(in);
+    const auto& estimate = summary["memory"]["estimate"]["per_device"];
+    // Model states: the estimate is design §2 (+ persistent copies); what the engine allocated
+    // exceeds it only by the layout's padding, at most one alignment (32 elements) per rank and
+    // bucket in every role (no more buckets than parameter tensors: 2 + 12 × 4 + 2).
+    const int64_t bucket_bound = 52;
+    const int64_t padding_bound = bucket_bound * c.world * 32 * 16;
+    for (const auto& rank : summary["ranks"]) {
+      const auto& measured = rank["model_state_bytes"];
+      for (const char* role : {"parameters", "gradients", "optimizer_states"}) {
+        const int64_t m = measured[role].get<int64_t>(), e = estimate[role].get<int64_t>();
+        EXPECT_GE(m, e) << role;
+        EXPECT_LE(m - e, padding_bound) << role;
+      }
+    }
+    // Peak memory: within 10% of the largest peak RSS above the pre-model baseline.
+    const double measured_peak = summary["memory"]["measured_peak_above_baseline_bytes"].get<double>();
+    const double estimated_peak = estimate["total"].get<double>();
+    EXPECT_NEAR(estimated_peak, measured_peak, 0.10 * measured_peak)
+        << "estimated " << estimated_peak / 1048576 << " MiB, measured " << measured_peak / 1048576 << " MiB";
+    std::cout << "stage " << c.stage << " N=" << c.world << " " << c.precision << " micro-batch " << c.micro_batch
+              << ": estimated "
+              << estimated_peak / 1048576 << " MiB, measured " << measured_peak / 1048576 << " MiB ("
+              << 100 * (estimated_peak - measured_peak) / measured_peak << "%)\n";
+  }
+}
+
+// --- the planner ------------------------------------------------------------------------------
+
+zt::ModelFigures gpt_figures(const std::string& preset, int64_t sequence_length) {
+  return zt::gpt_model_figures(zt::gpt_preset(preset), sequence_length, 100'000);
+}
+
+bool no_offload(const zt::PlanCandidate& c) {
+  return c.options.offload_optimizer == zt::OffloadTarget::None && c.options.offload_param == zt::OffloadTarget::None &&
+         !c.options.activation_checkpointing;
+}
+
+TEST(EstimatePlan, NoShardingWhenEverythingFits) {
+  const auto plan = zt::plan_configurations(gpt_figures("gpt2-124m", 1024), cluster_of(1, 8, 80 * kGiB, 1024 * kGiB),
+                                            config_for(8, {"bf16.enabled=true", "train_micro_batch_size_per_gpu=4"}));
+  ASSERT_FALSE(plan.fitting.empty());
+  EXPECT_EQ(plan.fitting.front().stage, 0);
+  EXPECT_TRUE(no_offload(plan.fitting.front()));
+  EXPECT_NE(plan.advice.find("use stage 0"), std::string::npos) << plan.advice;
+  for (size_t i = 1; i < plan.fitting.size(); ++i)
+    EXPECT_LE(plan.fitting[i - 1].relative_step_time, plan.fitting[i].relative_step_time);
+}
+
+TEST(EstimatePlan, StageTwoWhenOnlyShardingFitsAndItSuffices) {
+  // 6.7B in bf16 on eight 80 GiB devices: 16Ψ = 107 GB does not fit one device; stage 1 leaves
+  // little, stage 2 communicates as much and leaves more.
+  const auto plan = zt::plan_configurations(gpt_figures("gpt-6.7b", 2048), cluster_of(1, 8, 80 * kGiB, 1024 * kGiB),
+                                            config_for(8, {"bf16.enabled=true", "train_micro_batch_size_per_gpu=2"}));
+  ASSERT_FALSE(plan.fitting.empty());
+  EXPECT_EQ(plan.fitting.front().stage, 2) << plan.advice;
+  EXPECT_TRUE(no_offload(plan.fitting.front())) << plan.advice;
+  for (const auto& c : plan.fitting) EXPECT_NE(c.stage, 0);
+}
+
+TEST(EstimatePlan, StageThreeWithOffloadWhenNothingElseFits) {
+  // 13B on one 24 GiB device: no sharding helps on one device; only with optimizer and
+  // parameters in host memory does the device hold just the gathered layers and activations.
+  const auto plan = zt::plan_configurations(gpt_figures("gpt-13b", 2048), cluster_of(1, 1, 24 * kGiB, 512 * kGiB),
+                                            config_for(1, {"bf16.enabled=true", "train_micro_batch_size_per_gpu=1"}));
+  ASSERT_FALSE(plan.fitting.empty()) << plan.advice;
+  const auto& best = plan.fitting.front();
+  EXPECT_EQ(best.stage, 3);
+  EXPECT_EQ(best.options.offload_optimizer, zt::OffloadTarget::Cpu);
+  EXPECT_EQ(best.options.offload_param, zt::OffloadTarget::Cpu);
+  EXPECT_NE(plan.advice.find("nothing faster fits"), std::string::npos) << plan.advice;
+}
+
+TEST(EstimatePlan, NvmeWhenHostMemoryIsShortAndNothingWhenNothingFits) {
+  const auto config = config_for(1, {"bf16.enabled=true", "train_micro_batch_size_per_gpu=1"});
+  // The same 13B with 192 GiB of host memory: optimizer states (156 GB) beside the fp32 gradients
+  // (52 GB) and the model as built (52 GB) do not fit there; they must go to NVMe.
+  const auto nvme = zt::plan_configurations(gpt_figures("gpt-13b", 2048),
+                                            cluster_of(1, 1, 24 * kGiB, 192 * kGiB, 4000 * kGiB), config);
+  ASSERT_FALSE(nvme.fitting.empty()) << nvme.advice;
+  EXPECT_EQ(nvme.fitting.front().stage, 3);
+  EXPECT_EQ(nvme.fitting.front().options.offload_optimizer, zt::OffloadTarget::Nvme) << nvme.advice;
+  EXPECT_EQ(nvme.fitting.front().options.offload_param, zt::OffloadTarget::Cpu) << nvme.advice;  // faster than NVMe
+  for (const auto& c : nvme.fitting) EXPECT_NE(c.options.offload_optimizer, zt::OffloadTarget::Cpu);
+  // Without NVMe and with 8 GiB devices, nothing fits, and the advice says what is needed.
+  const auto none = zt::plan_configurations(gpt_figures("gpt-13b", 2048), cluster_of(1, 1, 8 * kGiB, 64 * kGiB),
+                                            config);
+  EXPECT_TRUE(none.fitting.empty());
+  EXPECT_EQ(none.advice.rfind("nothing fits", 0), 0u) << none.advice;
+  EXPECT_GT(none.smallest_device_need, 0);
+}
+
+// --- the command line ---------------------------------------------------------------------------
+
+TEST(EstimateCli, JsonHasEveryRoleAndMatchesTheTable) {
+  auto r = run_process({cli_path(), "estimate", "--params", "1.5B", "--nodes", "2", "--devices-per-node", "4",
+                        "--stage", "2", "--precision", "bf16", "--device-memory", "40GiB", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto out = nlohmann::json::parse(r.output);
+  const int64_t psi = 1'500'000'000;
+  for (const char* place : {"per_device", "per_host"})
+    for (const char* key : {"parameters", "gradients", "optimizer_states", "activations", "buffers", "total"})
+      EXPECT_TRUE(out[place].contains(key)) << place << "." << key;
+  EXPECT_EQ(out["per_device"]["parameters"].get<int64_t>(), 2 * psi);
+  EXPECT_EQ(out["per_device"]["gradients"].get<int64_t>(), 2 * psi / 8);
+  EXPECT_EQ(out["per_device"]["optimizer_states"].get<int64_t>(), 4 * psi / 8 + 8 * psi / 8);
+  EXPECT_EQ(out["per_device"]["activations"].get<int64_t>(), 0);  // no shape given: not estimated, and said so
+  EXPECT_FALSE(out["notes"].empty());
+  EXPECT_TRUE(out["fits"].get<bool>());
+
+  auto text = run_process({cli_path(), "estimate", "--preset", "gpt2-350m", "--devices-per-node", "8", "--plan",
+                           "--device-memory", "80GiB", "--precision", "bf16"});
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("use stage 0"), std::string::npos) << text.output;
+}
+
+TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
+  const std::vector<std::vector<std::string>> bad = {
+      {"--params", "lots"},
+      {"--params", "1B", "--stage", "2", "--offload-param", "cpu"},
+      {"--params", "1B", "--offload-optimizer", "disk", "--stage", "2"},
+      {"--params", "1B", "--device-memory", "80XB"},
+      {"--params", "1B", "--nodes", "0"},
+      {"--preset", "gpt-9000"},
+      {"--params", "1B", "--stage", "7"},
+      {"--params", "1B", "--headroom", "1.5"},
+  };
+  for (const auto& extra : bad) {
+    std::vector<std::string> args{cli_path(), "estimate"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = run_process(args);
+    EXPECT_EQ(r.exit_code, 2) << extra[0] << " " << extra[1] << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find("error"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace
