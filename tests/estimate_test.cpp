@@ -133,13 +133,19 @@ TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
   EXPECT_THROW(zt::estimate_memory(model, cluster_of(1, 4), config), zt::ConfigError);  // world 8 vs 4
 }
 
-TEST(EstimateFormula, GptFiguresMatchTheModel) {
+zt::GPTConfig gpt_shape(int64_t vocab, int64_t context, int64_t layers, int64_t width, double dropout = 0.0) {
   zt::GPTConfig gpt;
-  gpt.vocab_size = 300;
-  gpt.context_length = 40;
-  gpt.n_layer = 3;
+  gpt.vocab_size = vocab;
+  gpt.context_length = context;
+  gpt.n_layer = layers;
   gpt.n_head = 4;
-  gpt.n_embd = 64;
+  gpt.n_embd = width;
+  gpt.dropout = dropout;
+  return gpt;
+}
+
+TEST(EstimateFormula, GptFiguresMatchTheModel) {
+  const zt::GPTConfig gpt = gpt_shape(300, 40, 3, 64);
   torch::manual_seed(0);
   zt::GPT model(gpt);
   int64_t total = 0, largest = 0, small = 0;
@@ -171,13 +177,7 @@ TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
   for (const ActivationCase& c : {ActivationCase{"fp32", 0.0, false}, ActivationCase{"bf16", 0.0, true},
                                   ActivationCase{"fp32 dropout", 0.1, false}}) {
     SCOPED_TRACE(c.name);
-    zt::GPTConfig gpt;
-    gpt.vocab_size = 256;
-    gpt.context_length = 64;
-    gpt.n_layer = 3;
-    gpt.n_head = 4;
-    gpt.n_embd = 128;
-    gpt.dropout = c.dropout;
+    const zt::GPTConfig gpt = gpt_shape(256, 64, 3, 128, c.dropout);
     torch::manual_seed(1);
     zt::GPT model(gpt);
     if (c.bf16) model->to(torch::kBFloat16);

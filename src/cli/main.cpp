@@ -100,29 +100,11 @@ struct EstimateArgs {
   bool json = false, plan = false;
 };
 
-// "1.5B", "350M", "7e9", "124439808" -> a count (K, M, B/G, T are powers of 1000).
-int64_t parse_count(const std::string& text, const std::string& what) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  std::string unit = text.substr(used);
-  double scale = 0;
-  if (unit.empty()) scale = 1;
-  else if (unit == "K" || unit == "k") scale = 1e3;
-  else if (unit == "M" || unit == "m") scale = 1e6;
-  else if (unit == "B" || unit == "b" || unit == "G" || unit == "g") scale = 1e9;
-  else if (unit == "T" || unit == "t") scale = 1e12;
-  if (used == 0 || scale == 0 || !(value > 0) || value * scale >= 9e18)
-    throw zt::ConfigError(fmt::format("{}: expected a positive count such as 350M, 1.5B or 7e9, found '{}'", what, text));
-  return static_cast<int64_t>(std::llround(value * scale));
-}
-
-// "80GiB", "80GB", "512MiB", "1e9" -> bytes (binary units KiB..TiB, decimal KB..TB, bare bytes).
-int64_t parse_bytes(const std::string& text, const std::string& what) {
+// A number with an optional unit from `units` ("1.5B", "80GiB"): the value times the unit's factor.
+// Throws ConfigError naming `what` and showing `examples` for anything else.
+int64_t parse_scaled(const std::string& text, const std::string& what,
+                     const std::vector<std::pair<std::string, double>>& units, bool allow_zero,
+                     const char* examples) {
   size_t used = 0;
   double value = 0;
   try {
@@ -131,16 +113,29 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
     used = 0;
   }
   const std::string unit = text.substr(used);
-  static const std::vector<std::pair<std::string, double>> units = {
-      {"", 1},      {"B", 1},      {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
-      {"KB", 1e3},  {"MB", 1e6},   {"GB", 1e9},     {"TB", 1e12}};
   double scale = 0;
   for (const auto& [name, factor] : units)
     if (unit == name) scale = factor;
-  if (used == 0 || scale == 0 || !(value >= 0) || value * scale >= 9e18)
-    throw zt::ConfigError(
-        fmt::format("{}: expected a size such as 80GiB, 512GB or 1e9 (bytes), found '{}'", what, text));
+  const bool in_range = allow_zero ? value >= 0 : value > 0;
+  if (used == 0 || scale == 0 || !in_range || value * scale >= 9e18)
+    throw zt::ConfigError(fmt::format("{}: expected {}, found '{}'", what, examples, text));
   return static_cast<int64_t>(std::llround(value * scale));
+}
+
+// "1.5B", "350M", "7e9", "124439808" -> a count (K, M, B/G, T are powers of 1000).
+int64_t parse_count(const std::string& text, const std::string& what) {
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1}, {"K", 1e3}, {"k", 1e3}, {"M", 1e6}, {"m", 1e6}, {"B", 1e9}, {"b", 1e9}, {"G", 1e9}, {"g", 1e9},
+      {"T", 1e12}, {"t", 1e12}};
+  return parse_scaled(text, what, units, false, "a positive count such as 350M, 1.5B or 7e9");
+}
+
+// "80GiB", "80GB", "512MiB", "1e9" -> bytes (binary units KiB..TiB, decimal KB..TB, bare bytes).
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1},     {"B", 1},   {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+      {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9},     {"TB", 1e12}};
+  return parse_scaled(text, what, units, true, "a size such as 80GiB, 512GB or 1e9 (bytes)");
 }
 
 int run_estimate(const EstimateArgs& args) {

@@ -259,6 +259,11 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   if (options.activation_checkpointing)
     est.notes.push_back("activation checkpointing is modelled (full recomputation per layer); zerotrain does not "
                         "implement it yet");
+  const std::string& retain = config.train.retain_freed_memory;
+  if (cpu_device && (retain == "always" || (retain == "auto" && !zero.shard_parameters)))
+    est.notes.push_back("the heap is retained (train.retain_freed_memory, \"auto\" at stages 0-2) and fragments: "
+                        "measured peaks ran 14-27% above this estimate (docs/memory.md); \"never\" keeps them "
+                        "within 5% for tensors of 1 MiB or more");
   if (!model.has_shape())
     est.notes.push_back("activations not estimated: give the model's layers, hidden size, sequence length and "
                         "vocabulary (or a preset)");
