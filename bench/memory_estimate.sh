@@ -3,18 +3,20 @@
 # `zerotrain train --summary` reports the estimated peak per rank and the largest peak RSS above
 # the pre-model baseline; this prints them side by side with the error, for both allocator
 # policies (train.retain_freed_memory never/always) and several micro-batches.
-# Usage: bench/memory_estimate.sh [steps]   (cases: "stage:world:precision:micro" in CASES)
+# Usage: [CASES="stage:world:precision:micro ..."] [HEAPS="never always"] [MODEL='{"preset": "gpt2-124m"}']
+#        [SEQ=128] bench/memory_estimate.sh [steps]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 steps=${1:-2}
 bin=build/bin
 out=$(mktemp -d)
+default_model='{"preset": "tiny", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 256, "context_length": 128, "dropout": 0.0}'
+model=${MODEL:-$default_model}
 cat > "$out/config.json" <<JSON
 {"gradient_accumulation_steps": 1, "steps_per_print": 1000,
  "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
- "model": {"preset": "tiny", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 256, "context_length": 128,
-           "dropout": 0.0},
- "data": {"source": "embedded", "sequence_length": 128},
+ "model": $model,
+ "data": {"source": "embedded", "sequence_length": ${SEQ:-128}},
  "train": {"steps": $steps, "seed": 7, "threads": 1, "log_dir": "$out"}}
 JSON
 cases=(${CASES:-0:1:fp32:4 0:1:fp32:8 0:1:fp32:16 0:1:bf16:8 0:1:bf16:16 1:2:fp32:8 2:2:bf16:8 2:2:bf16:16 3:3:fp32:8 3:2:bf16:16})
@@ -22,7 +24,7 @@ echo "| stage | N | precision | micro-batch | heap | estimated MiB | measured Mi
 echo "|---|---|---|---|---|---|---|---|"
 for c in "${cases[@]}"; do
   IFS=: read -r stage world precision micro <<< "$c"
-  for heap in never always; do
+  for heap in ${HEAPS:-never always}; do
     bf16=false; [ "$precision" = bf16 ] && bf16=true
     "$bin/zerotrain" train "$out/config.json" --nproc "$world" --set "zero_optimization.stage=$stage" \
       --set "bf16.enabled=$bf16" --set "train_micro_batch_size_per_gpu=$micro" \

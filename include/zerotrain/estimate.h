@@ -78,7 +78,7 @@ struct RoleBytes {
   int64_t master_weights = 0;    // fp32 masters (mixed precision)
   int64_t optimizer_moments = 0;
   int64_t activations = 0;       // saved for backward plus backward's working memory at the peak
-  int64_t buffers = 0;           // communication buckets, conversion chunk, fresh gradient, gathered blocks
+  int64_t buffers = 0;           // communication buckets, conversion chunk, gathered blocks
   int64_t gathered_blocks = 0;   // the stage-3 part of `buffers`
   int64_t runtime = 0;           // the framework itself (code, caches, device context)
   int64_t construction = 0;      // what building the model needs beyond the step's peak (0 if less)

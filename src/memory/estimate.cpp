@@ -132,9 +132,14 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   // its input's gradient, both fp32 [sb, V] (plus their 16-bit copy); inside the last layer, the
   // incoming h-wide gradient and the 4h-wide gradients around GELU (5·e·sbh, and two as²b score
   // gradients unfused), by when the tensors saved outside the layers are already freed.
+  // Each parameter's fresh gradient exists before autograd adds it into its arena: at the head,
+  // the tied embedding's V·h gradient (the log-softmax output is freed by then, the logits'
+  // gradient has taken its place); in a layer, the MLP's 4h² weight gradient.
   const int64_t at_loss = 8 * s * b * V + (e < 4 ? e * s * b * V : 0);
-  const int64_t in_layer = 5 * e * sbh + (dropout ? 2 * e * a * s * s * b : 0) - (2 * e * sbh + 4 * s * b * V);
-  bytes.transient = std::max(at_loss, in_layer);
+  const int64_t at_head = e * V * h + (e < 4 ? e * s * b * V : 0);
+  const int64_t in_layer =
+      5 * e * sbh + 4 * e * h * h + (dropout ? 2 * e * a * s * s * b : 0) - (2 * e * sbh + 4 * s * b * V);
+  bytes.transient = std::max({at_loss, at_head, in_layer});
   return bytes;
 }
 
@@ -189,8 +194,6 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   }
   const int64_t optimizer_partition = zero.shard_optimizer_states ? ceil_div(psi, N) : psi;
   const int64_t conversion_chunk = mixed ? std::min(optimizer_partition, kConversionChunkElements) * 4 : 0;
-  // Autograd hands each parameter's fresh gradient over before it is added into its arena.
-  const int64_t fresh_gradient = largest_parameter * e;
   // Stage 3: the gather pool keeps live and reusable gathered blocks within twice the largest.
   const int64_t gathered = zero.shard_parameters ? 2 * largest_block * e : 0;
 
@@ -207,7 +210,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   device.optimizer_moments = moments;
   device.activations = acts.total();
   device.gathered_blocks = gathered;
-  device.buffers = comm_buffers + conversion_chunk + fresh_gradient + gathered;
+  device.buffers = comm_buffers + conversion_chunk + gathered;
   device.runtime = runtime;
 
   // Offload (modelled, not implemented): what leaves the device and where it goes, per rank.
@@ -259,6 +262,8 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   if (options.activation_checkpointing)
     est.notes.push_back("activation checkpointing is modelled (full recomputation per layer); zerotrain does not "
                         "implement it yet");
+  if (cpu_device && (options.offload_optimizer == OffloadTarget::Cpu || options.offload_param == OffloadTarget::Cpu))
+    est.notes.push_back("on a CPU device, offloading to cpu moves nothing: it is the memory already in use");
   const std::string& retain = config.train.retain_freed_memory;
   if (cpu_device && (retain == "always" || (retain == "auto" && !zero.shard_parameters)))
     est.notes.push_back("the heap is retained (train.retain_freed_memory, \"auto\" at stages 0-2) and fragments: "
