@@ -106,7 +106,7 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   const int64_t a = m.heads > 0 ? m.heads : std::max<int64_t>(1, h / 64);
   const int64_t sbh = s * b * h;
   const bool dropout = m.dropout > 0;
-  // Per layer (docs/memory.md "activations"): Korthikanti et al. 2022, eq. 1, sbh(34 + 5as/h)
+  // Per layer (docs/memory.md "activations"): Korthikanti et al. (arXiv:2205.05198) eq. 1, sbh(34 + 5as/h)
   // bytes in 16-bit with 1-byte dropout masks, adapted to the kernels this LibTorch runs:
   // - without dropout, attention runs the fused (flash) kernel, which keeps its output and a
   //   log-sum-exp per row instead of the as² score, softmax and mask terms: 16·e·sbh + 4·abs;
@@ -127,14 +127,13 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   } else {
     bytes.saved = m.layers * per_layer + outside;
   }
-  // Backward's working set on top of the saved tensors, at its largest (measured against the
-  // bytes allocated, tests/estimate_test.cpp): at the loss, the gradient of the log-softmax and
-  // its input's gradient, both fp32 [sb, V] (plus their 16-bit copy); inside the last layer, the
-  // incoming h-wide gradient and the 4h-wide gradients around GELU (5·e·sbh, and two as²b score
-  // gradients unfused), by when the tensors saved outside the layers are already freed.
-  // Each parameter's fresh gradient exists before autograd adds it into its arena: at the head,
-  // the tied embedding's V·h gradient (the log-softmax output is freed by then, the logits'
-  // gradient has taken its place); in a layer, the MLP's 4h² weight gradient.
+  // Backward's working set on top of the saved tensors: the largest of three moments (checked
+  // against the bytes allocated, tests/estimate_test.cpp). At the loss, the log-softmax's
+  // gradient and its input's gradient, both fp32 [sb, V] (plus a 16-bit copy). At the tied head,
+  // the embedding's fresh V·h weight gradient before autograd adds it into its arena (the logits'
+  // gradient has replaced the freed log-softmax output). Inside the last layer, the incoming
+  // h-wide gradient, the 4h-wide gradients around GELU and the MLP's fresh 4h² weight gradient
+  // (and two as²b score gradients unfused), by when the tensors saved outside the layers are freed.
   const int64_t at_loss = 8 * s * b * V + (e < 4 ? e * s * b * V : 0);
   const int64_t at_head = e * V * h + (e < 4 ? e * s * b * V : 0);
   const int64_t in_layer =
@@ -267,7 +266,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const std::string& retain = config.train.retain_freed_memory;
   if (cpu_device && (retain == "always" || (retain == "auto" && !zero.shard_parameters)))
     est.notes.push_back("the heap is retained (train.retain_freed_memory, \"auto\" at stages 0-2) and fragments: "
-                        "measured peaks ran 14-27% above this estimate (docs/memory.md); \"never\" keeps them "
+                        "measured peaks ran 14-31% above this estimate (docs/memory.md); \"never\" keeps them "
                         "within 5% for tensors of 1 MiB or more");
   if (!model.has_shape())
     est.notes.push_back("activations not estimated: give the model's layers, hidden size, sequence length and "
