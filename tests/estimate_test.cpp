@@ -368,6 +368,32 @@ TEST(EstimatePlan, NvmeWhenHostMemoryIsShortAndNothingWhenNothingFits) {
   EXPECT_GT(none.smallest_device_need, 0);
 }
 
+TEST(EstimatePlan, ThisMachineTwoCpuRanksIn24GiB) {
+  zt::ClusterSpec cpu = cluster_of(1, 2, 0, 24 * kGiB);
+  cpu.device = zt::DeviceKind::Cpu;
+  const auto config = config_for(2, {"train_micro_batch_size_per_gpu=4", "train.retain_freed_memory=never"});
+  // GPT-2 350M: 16Ψ = 5.7 GB per rank, both ranks fit: plain data parallelism.
+  const auto small = zt::plan_configurations(gpt_figures("gpt2-350m", 64), cpu, config);
+  ASSERT_FALSE(small.fitting.empty());
+  EXPECT_EQ(small.fitting.front().stage, 0) << small.advice;
+  // GPT-2 774M: stage 2 holds 10Ψ per rank, but building the whole fp32 model (4Ψ) beside its
+  // arenas needs 14Ψ = 10.8 GB per rank, more than 90% of 24 GiB for two; only stage 3, built
+  // sharded, fits. On CPU devices offloading to cpu is never proposed.
+  const auto large = zt::plan_configurations(gpt_figures("gpt2-774m", 64), cpu, config);
+  ASSERT_FALSE(large.fitting.empty());
+  EXPECT_EQ(large.fitting.front().stage, 3) << large.advice;
+  EXPECT_TRUE(no_offload(large.fitting.front()));
+  for (const auto& c : large.fitting) EXPECT_NE(c.options.offload_optimizer, zt::OffloadTarget::Cpu);
+  // Stage 2's training step alone would fit; its construction is what does not.
+  auto stage2 = config;
+  stage2.zero.stage = 2;
+  stage2.zero.shard_optimizer_states = stage2.zero.shard_gradients = true;
+  const auto e = zt::estimate_memory(gpt_figures("gpt2-774m", 64), cpu, stage2);
+  EXPECT_FALSE(e.fits_host);
+  EXPECT_GT(e.per_device.construction, 0);
+  EXPECT_LT(2 * e.step_peak, int64_t(0.9 * double(24 * kGiB)));
+}
+
 // --- the command line ---------------------------------------------------------------------------
 
 TEST(EstimateCli, JsonHasEveryRoleAndMatchesTheTable) {
