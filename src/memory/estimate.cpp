@@ -138,7 +138,11 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   const int64_t at_head = e * V * h + (e < 4 ? e * s * b * V : 0);
   const int64_t in_layer =
       5 * e * sbh + 4 * e * h * h + (dropout ? 2 * e * a * s * s * b : 0) - (2 * e * sbh + 4 * s * b * V);
-  bytes.transient = std::max({at_loss, at_head, in_layer});
+  // At the end of backward, with the saved tensors freed: the tied embedding's gradient from the
+  // head waits in autograd's input buffer for the embedding's own (dense, V·h) and the two are
+  // summed: three V·h tensors (measured on GPT-2 124M at micro-batch 1, docs/memory.md).
+  const int64_t at_embedding = 3 * e * V * h - bytes.saved;
+  bytes.transient = std::max({at_loss, at_head, in_layer, at_embedding});
   return bytes;
 }
 
@@ -274,11 +278,14 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
 
   // Construction: the model as built (fp32; whole, or under ShardedConstruction its shards plus
   // one block), beside the engine's arenas, and an fp32 bucket of initial values unless fp32
-  // parameters are adopted in place (plus its working copy with sharded 16-bit parameters).
+  // parameters are adopted in place. With sharded parameters each bucket's working copy enters
+  // the gather pool, which keeps released blocks up to its limit from then on (for fp32 the
+  // initial values are that copy).
   const int64_t as_built = zero.shard_parameters ? 4 * (ceil_div(psi, N) + largest_block) : 4 * psi;
   const bool in_place = !mixed && !zero.shard_parameters;
-  const int64_t initial_values =
-      in_place ? 0 : 4 * largest_bucket + (zero.shard_parameters && mixed ? e * largest_bucket : 0);
+  const int64_t initial_values = zero.shard_parameters ? (mixed ? 4 * largest_bucket : 0) + gathered
+                                 : in_place            ? 0
+                                                       : 4 * largest_bucket;
   const int64_t arenas = device.parameters + device.gradients + device.optimizer_states() + comm_buffers +
                          conversion_chunk;
   est.step_peak = device.step_peak();
