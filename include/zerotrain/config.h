@@ -18,6 +18,7 @@ enum class ValueSource { Default, File, CommandLine, Derived };
 const char* to_string(ValueSource source);
 
 enum class Precision { FP32, BF16, FP16 };
+const char* to_string(Precision precision);  // "fp32", "bf16", "fp16"
 
 struct OptimizerConfig {
   std::string type = "Adam";  // "Adam" (AdamW unless adam_w_mode false), "AdamW", "Lamb", "SGD"

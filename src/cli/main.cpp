@@ -215,9 +215,7 @@ int run_estimate(const EstimateArgs& args) {
   options.offload_param = zt::parse_offload_target(args.offload_param, "--offload-param");
   options.activation_checkpointing = args.activation_checkpointing;
   if (!args.runtime_bytes.empty()) options.runtime_bytes = parse_bytes(args.runtime_bytes, "--runtime-bytes");
-  const char* precision = config.precision == zt::Precision::BF16   ? "bf16"
-                          : config.precision == zt::Precision::FP16 ? "fp16"
-                                                                    : "fp32";
+  const char* precision = zt::to_string(config.precision);
   const std::string inputs_text =
       fmt::format("model: {}\ncluster: {} node(s) x {} {} device(s); micro-batch {}, {}, optimizer {}\n", model_text,
                   cluster.nodes, cluster.devices_per_node, zt::to_string(cluster.device),

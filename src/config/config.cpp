@@ -17,6 +17,15 @@ namespace zt {
 using config_detail::json;
 namespace cd = config_detail;
 
+const char* to_string(Precision precision) {
+  switch (precision) {
+    case Precision::FP32: return "fp32";
+    case Precision::BF16: return "bf16";
+    case Precision::FP16: return "fp16";
+  }
+  return "?";
+}
+
 const char* to_string(ValueSource source) {
   switch (source) {
     case ValueSource::Default: return "default";

@@ -1,5 +1,7 @@
 #include "zerotrain/estimate.h"
 
+#include "memory/estimate_report.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -343,8 +345,6 @@ double relative_step_time(int stage, const EstimateOptions& o) {
   return t;
 }
 
-std::string gib(int64_t bytes) { return fmt::format("{:.2f} GiB", double(bytes) / double(1LL << 30)); }
-
 std::string describe_candidate(const PlanCandidate& c) {
   std::string text = fmt::format("stage {}", c.stage);
   if (c.options.offload_optimizer != OffloadTarget::None)
@@ -402,12 +402,12 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, 
     const MemoryEstimate& e = leanest.estimate;
     std::vector<std::string> short_of;
     if (!e.fits_device)
-      short_of.push_back(fmt::format("{} per device against {}", gib(e.per_device.total()), gib(cluster.device_memory)));
+      short_of.push_back(fmt::format("{} per device against {}", human_bytes(e.per_device.total()), human_bytes(cluster.device_memory)));
     if (!e.fits_host)
-      short_of.push_back(fmt::format("{} of host memory per node against {}", gib(e.per_host.total()),
-                                     gib(cluster.host_memory)));
+      short_of.push_back(fmt::format("{} of host memory per node against {}", human_bytes(e.per_host.total()),
+                                     human_bytes(cluster.host_memory)));
     if (!e.fits_nvme)
-      short_of.push_back(fmt::format("{} of NVMe per node against {}", gib(e.nvme_per_node), gib(cluster.nvme_bytes)));
+      short_of.push_back(fmt::format("{} of NVMe per node against {}", human_bytes(e.nvme_per_node), human_bytes(cluster.nvme_bytes)));
     plan.advice = fmt::format(
         "nothing fits: the configuration that needs the least device memory ({}) needs {} (keeping {:.0f}% free); "
         "add devices, memory or NVMe, or shorten the micro-batch or sequence",
@@ -430,9 +430,9 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, 
   const MemoryEstimate& e = best.estimate;
   plan.advice = fmt::format(
       "use {}: {} ({} per device{}, expected step time {:.2f}x data parallelism)", describe_candidate(best), why,
-      gib(e.per_device.total()),
+      human_bytes(e.per_device.total()),
       cluster.device_memory > 0
-          ? fmt::format(" of {}, keeping {:.0f}% free", gib(cluster.device_memory), 100 * cluster.headroom)
+          ? fmt::format(" of {}, keeping {:.0f}% free", human_bytes(cluster.device_memory), 100 * cluster.headroom)
           : "",
       best.relative_step_time);
   return plan;

@@ -390,9 +390,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                        {"shard_optimizer_states", config.zero.shard_optimizer_states},
                        {"shard_gradients", config.zero.shard_gradients},
                        {"shard_parameters", config.zero.shard_parameters}};
-    summary["precision"] = config.precision == Precision::BF16   ? "bf16"
-                           : config.precision == Precision::FP16 ? "fp16"
-                                                                 : "fp32";
+    summary["precision"] = to_string(config.precision);
     summary["memory"] = {{"estimate", estimate_to_json(estimate)},
                          {"measured_peak_above_baseline_bytes", measured_peak},
                          {"heap_retained", heap_retained}};
