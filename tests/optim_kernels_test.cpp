@@ -76,7 +76,10 @@ double max_rel(const float* a, const std::vector<double>& ref, int64_t n) {
 //   error (0 when the value is exactly representable), plus 2^-50 relative for the kernel's own
 //   double arithmetic in deriving it (bias corrections, 1 - β).
 // Double evaluation error (2^-53 relative per operation) is 2^29 times below every u term, so
-// the bound needs no other slack.
+// the bound needs no other slack. There is no other absolute floor: where the reference is
+// exactly 0 from exact-zero inputs the bound is 0 and the kernel must give exactly ±0; where eps
+// dominates the denominator, sqrt(v)·c + eps is a sum of non-negative terms, so its relative
+// error stays a few u without one.
 // ---------------------------------------------------------------------------------------------
 struct Tracked {
   double v = 0, e = 0;
