@@ -1,6 +1,7 @@
 // CPU optimizer kernels (src/optim/cpu_kernels.h), each ISA path forced in turn, against a
 // double-precision reference checked element by element, against torch's bf16/fp16 rounding and
 // against torch::optim.
+#include <cpuid.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -194,6 +195,8 @@ std::string missing_flags(Isa isa) {
   if (isa == Isa::Avx512 && !__builtin_cpu_supports("avx512f")) out += " avx512f";
   if (isa != Isa::Scalar && !__builtin_cpu_supports("avx2")) out += " avx2";
   if (isa != Isa::Scalar && !__builtin_cpu_supports("fma")) out += " fma";
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (isa != Isa::Scalar && !(__get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C))) out += " f16c";
   return out;
 }
 
@@ -709,9 +712,9 @@ TEST(OptimKernels, DefaultPathIsTheWidestTheCpuHas) {
   const auto flags = cpuinfo_flags();
   if (!flags) GTEST_SKIP() << "no flags line in /proc/cpuinfo to compare the dispatcher with";
   auto has = [&](const char* f) { return flags->count(f) > 0; };
-  const Isa widest = has("avx512f") && has("avx2") && has("fma") ? Isa::Avx512
-                     : has("avx2") && has("fma")                 ? Isa::Avx2
-                                                                 : Isa::Scalar;
+  const Isa widest = has("avx512f") && has("avx2") && has("fma") && has("f16c") ? Isa::Avx512
+                     : has("avx2") && has("fma") && has("f16c")                 ? Isa::Avx2
+                                                                                 : Isa::Scalar;
   ScopedEnv env("ZT_OPTIM_ISA", nullptr);
   EXPECT_EQ(best_isa(), widest) << "widest by /proc/cpuinfo: " << isa_name(widest);
   EXPECT_EQ(selected_isa(), widest);

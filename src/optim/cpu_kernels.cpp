@@ -2,6 +2,7 @@
 // per-step constants (computed in double, once), and LAMB's per-tensor bookkeeping.
 #include "optim/cpu_kernels.h"
 
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -101,12 +102,19 @@ const char* isa_name(Isa isa) {
   return "scalar";
 }
 
+// The vector paths convert fp16 with F16C. Every AVX2 CPU sold has it, but a hypervisor may hide
+// it, and GCC 12's __builtin_cpu_supports cannot ask for it: read CPUID leaf 1, ECX bit 29.
+static bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool cpu_supports(Isa isa) {
   __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   switch (isa) {
-    case Isa::Avx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case Isa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");  // F16C: every AVX2 CPU
+    case Isa::Avx512: return avx2 && __builtin_cpu_supports("avx512f");
+    case Isa::Avx2: return avx2;
     case Isa::Scalar: return true;
   }
   return false;
