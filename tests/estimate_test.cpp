@@ -1,10 +1,12 @@
 // The memory estimator (zerotrain/estimate.h): design §2's table for every stage, precision and
 // world size; activations against the bytes autograd really keeps; the estimate against measured
 // runs of `zerotrain train`; the planner's picks for scripted machines; the CLI.
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -172,6 +174,32 @@ struct ActivationCase {
   double dropout;
   bool bf16;
 };
+
+// The counting allocator keeps c10's contract for the raw interface, which oneDNN's bf16 matrix
+// multiplies use for their scratch on AMX machines: raw_allocate requires a DataPtr whose context
+// is its data pointer, raw_deallocate a raw deleter. Exercised here directly, on any CPU.
+TEST(CountingAllocator, RawAllocateAndDeallocateKeepTheAllocatorContract) {
+  auto& counter = zt::testing::CountingAllocator::instance();
+  counter.install();
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  void* raw = nullptr;
+  EXPECT_NO_THROW(raw = allocator->raw_allocate(1000));
+  if (raw != nullptr) {
+    std::memset(raw, 0x5a, 1000);
+    EXPECT_EQ(counter.live(), 1000);
+    EXPECT_NO_THROW(allocator->raw_deallocate(raw));
+    EXPECT_EQ(counter.live(), 0);
+  }
+  // Tensors, whose storages free through the DataPtr, are counted the same way.
+  {
+    auto t = torch::empty({256}, torch::kFloat32);
+    EXPECT_EQ(counter.live(), 1024);
+    EXPECT_EQ(t.storage().data_ptr().get_context(), t.storage().data_ptr().get());
+  }
+  EXPECT_EQ(counter.live(), 0);
+  EXPECT_EQ(counter.peak(), 1024);
+  counter.uninstall();
+}
 
 TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
   for (const ActivationCase& c : {ActivationCase{"fp32", 0.0, false}, ActivationCase{"bf16", 0.0, true},
