@@ -2,8 +2,9 @@
 # The memory estimate (zerotrain estimate, docs/memory.md) against measured runs: for each case,
 # `zerotrain train --summary` reports the estimated peak per rank and the largest peak RSS above
 # the pre-model baseline; this prints them side by side with the error, for both allocator
-# policies (train.retain_freed_memory never/always) and several micro-batches.
-# Usage: [CASES="stage:world:precision:micro ..."] [HEAPS="never always"] [MODEL='{"preset": "gpt2-124m"}']
+# policies (train.retain_freed_memory never/always; "default" leaves the key at its default) and
+# several micro-batches. The last lines name the CPU it ran on.
+# Usage: [CASES="stage:world:precision:micro ..."] [HEAPS="never always default"] [MODEL='{"preset": "gpt2-124m"}']
 #        [SEQ=128] bench/memory_estimate.sh [steps]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,9 +27,11 @@ for c in "${cases[@]}"; do
   IFS=: read -r stage world precision micro <<< "$c"
   for heap in ${HEAPS:-never always}; do
     bf16=false; [ "$precision" = bf16 ] && bf16=true
+    heap_set=(--set "train.retain_freed_memory=$heap")
+    [ "$heap" = default ] && heap_set=()
     "$bin/zerotrain" train "$out/config.json" --nproc "$world" --set "zero_optimization.stage=$stage" \
       --set "bf16.enabled=$bf16" --set "train_micro_batch_size_per_gpu=$micro" \
-      --set "train.retain_freed_memory=$heap" --summary "$out/summary.json" >/dev/null
+      "${heap_set[@]}" --summary "$out/summary.json" >/dev/null
     python3 - "$out/summary.json" "$stage" "$world" "$precision" "$micro" "$heap" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
@@ -40,3 +43,5 @@ PY
   done
 done
 rm -rf "$out"
+echo
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'); flags:$(for f in avx2 avx512f amx_tile amx_bf16; do grep -qw "$f" /proc/cpuinfo && printf ' %s' "$f"; done)"

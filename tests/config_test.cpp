@@ -54,7 +54,7 @@ TEST(Config, DefaultsMatchDeepSpeed) {
   EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
   EXPECT_EQ(c.steps_per_print, 10);
   EXPECT_FALSE(c.wall_clock_breakdown);
-  EXPECT_EQ(c.train.retain_freed_memory, "auto");
+  EXPECT_EQ(c.train.retain_freed_memory, "never");
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100'000);
   // Reserved DeepSpeed keys still show their defaults in the resolved configuration.
   EXPECT_EQ(c.resolved.at("zero_optimization.stage3_prefetch_bucket_size"), "50000000");

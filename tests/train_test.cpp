@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -43,7 +45,19 @@ std::string parity_config(const std::string& dir) {
 struct Run {
   nlohmann::json summary;
   std::vector<double> grad_norms;
+  std::vector<std::string> csv_header;
+  std::vector<std::vector<std::string>> csv_rows;
+  std::string output;
 };
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> fields;
+  std::stringstream in(line);
+  std::string field;
+  while (std::getline(in, field, ',')) fields.push_back(field);
+  if (!line.empty() && line.back() == ',') fields.emplace_back();
+  return fields;
+}
 
 Run train(int world, const std::vector<std::string>& overrides = {}) {
   auto dir = make_temp_dir("parity" + std::to_string(world));
@@ -57,16 +71,15 @@ Run train(int world, const std::vector<std::string>& overrides = {}) {
   auto r = run_process(args, {}, std::chrono::seconds(240));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   Run run;
+  run.output = r.output;
   if (r.exit_code != 0) return run;
   run.summary = read_json(summary);
   std::ifstream csv(dir + "/zerotrain.csv");
   std::string line;
-  std::getline(csv, line);  // header
+  if (std::getline(csv, line)) run.csv_header = split_csv(line);
   while (std::getline(csv, line)) {
-    std::stringstream fields(line);
-    std::string field;
-    for (int i = 0; i < 4 && std::getline(fields, field, ','); ++i)
-      if (i == 3) run.grad_norms.push_back(std::stod(field));
+    run.csv_rows.push_back(split_csv(line));
+    if (run.csv_rows.back().size() > 3) run.grad_norms.push_back(std::stod(run.csv_rows.back()[3]));
   }
   return run;
 }
@@ -130,6 +143,120 @@ TEST(TrainSummary, ShardedBytesMatchTheFormula) {
       EXPECT_GT(rank["buffer_bytes"].get<int64_t>(), 0);
     }
   }
+}
+
+// The per-step CSV carries real figures on every row, not only on the steps that print: each
+// step's own tokens/s and the largest peak RSS over all ranks so far (docs/memory.md).
+TEST(TrainCsv, EveryRowHasTokensPerSecondAndPeakRss) {
+  auto run = train(2, {"steps_per_print=3"});
+  ASSERT_EQ(run.csv_rows.size(), 5u) << run.output;
+  const auto& header = run.csv_header;
+  const auto column = [&](const std::string& name) {
+    return size_t(std::find(header.begin(), header.end(), name) - header.begin());
+  };
+  const size_t rate = column("tokens_per_second"), peak = column("peak_rss_bytes_max"), step = column("step");
+  ASSERT_LT(rate, header.size());
+  ASSERT_LT(peak, header.size());
+  ASSERT_LT(step, header.size());
+  const int64_t summary_peak = std::max(run.summary["ranks"][0]["peak_rss_bytes"].get<int64_t>(),
+                                        run.summary["ranks"][1]["peak_rss_bytes"].get<int64_t>());
+  int64_t previous_peak = 0;
+  for (size_t i = 0; i < run.csv_rows.size(); ++i) {
+    const auto& row = run.csv_rows[i];
+    SCOPED_TRACE(::testing::Message() << "row " << i + 1 << ": " << ::testing::PrintToString(row));
+    ASSERT_EQ(row.size(), header.size());
+    EXPECT_EQ(std::stoll(row[step]), int64_t(i + 1));
+    ASSERT_FALSE(row[rate].empty());
+    ASSERT_FALSE(row[peak].empty());
+    const double tokens_per_second = std::stod(row[rate]);
+    EXPECT_TRUE(std::isfinite(tokens_per_second));
+    EXPECT_GT(tokens_per_second, 0);
+    const int64_t peak_rss = std::stoll(row[peak]);
+    // A process's peak RSS only grows, and every row's is at least this tiny run's 10 MiB.
+    EXPECT_GT(peak_rss, int64_t(10) << 20);
+    EXPECT_GE(peak_rss, previous_peak);
+    EXPECT_LE(peak_rss, summary_peak);
+    previous_peak = peak_rss;
+  }
+}
+
+// Held-out evaluation every K steps (train.eval_interval) runs at every multiple of K and at the
+// last step, gives finite losses, and leaves training bit for bit as it is without evaluation
+// (dropout on, so that an evaluation drawing random numbers or leaving the model in eval mode
+// would show).
+TEST(TrainEval, EveryKStepsAtTheRightStepsWithoutChangingTraining) {
+  const std::vector<std::string> common{"model.dropout=0.1", "data.val_fraction=0.2", "train.eval_iters=2"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  auto plain = train(2, with({"train.eval_interval=0"}));
+  auto evaluated = train(2, with({"train.eval_interval=2"}));
+  ASSERT_EQ(plain.summary["losses"].size(), 5u) << plain.output;
+  ASSERT_EQ(evaluated.summary["losses"].size(), 5u) << evaluated.output;
+  EXPECT_TRUE(plain.summary["eval_losses"].empty());
+  const auto& evals = evaluated.summary["eval_losses"];
+  ASSERT_EQ(evals.size(), 3u) << evals.dump();
+  const int64_t expected_steps[] = {2, 4, 5};
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(evals[i]["step"].get<int64_t>(), expected_steps[i]) << evals.dump();
+    const double loss = evals[i]["loss"].get<double>();
+    EXPECT_TRUE(std::isfinite(loss)) << evals.dump();
+    EXPECT_GT(loss, 0) << evals.dump();
+    // Every step prints here (steps_per_print 1): the held-out loss is on exactly those lines.
+    const std::string line = "step " + std::to_string(expected_steps[i]) + "/5 |";
+    const size_t at = evaluated.output.find(line);
+    ASSERT_NE(at, std::string::npos) << evaluated.output;
+    const std::string printed = evaluated.output.substr(at, evaluated.output.find('\n', at) - at);
+    char held_out[64];
+    std::snprintf(held_out, sizeof held_out, "held-out loss %.4f", loss);
+    EXPECT_NE(printed.find(held_out), std::string::npos) << printed;
+  }
+  size_t printed_evals = 0;
+  for (size_t at = 0; (at = evaluated.output.find("held-out loss", at)) != std::string::npos; ++at) ++printed_evals;
+  EXPECT_EQ(printed_evals, 3u) << evaluated.output;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(plain.summary["losses"][i].get<double>(), evaluated.summary["losses"][i].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(plain.grad_norms.at(i), evaluated.grad_norms.at(i)) << "step " << i + 1;
+  }
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The README names where the demo writes its per-step figures, rank logs and summary: the demo's
+// own command line (scripts/train-demo.sh, for three steps) writes exactly there.
+TEST(Demo, WritesWhereTheReadmeSays) {
+  const std::string root = ZT_SOURCE_DIR;
+  const std::string readme = read_text(root + "/README.md");
+  const size_t sentence = readme.find("figures go to");
+  ASSERT_NE(sentence, std::string::npos) << "README.md must say where the demo writes";
+  std::vector<std::string> paths;
+  for (size_t at = sentence; paths.size() < 3;) {
+    const size_t open = readme.find('`', at), close = readme.find('`', open + 1);
+    ASSERT_NE(close, std::string::npos);
+    paths.push_back(readme.substr(open + 1, close - open - 1));
+    at = close + 1;
+  }
+  // The demo's command: the words after `zerotrain train` up to the forwarded "$@".
+  const std::string script = read_text(root + "/scripts/train-demo.sh");
+  const size_t command = script.find("zerotrain train ");
+  ASSERT_NE(command, std::string::npos) << script;
+  std::stringstream words(script.substr(command + 16, script.find('\n', command) - command - 16));
+  std::vector<std::string> args{cli_path(), "train"};
+  for (std::string word; words >> word && word != "\"$@\"";)
+    args.push_back(word.rfind("configs/", 0) == 0 ? root + "/" + word : word);
+  // Three steps, with the warm-up shortened to fit them (the schedule needs more steps than warm-up).
+  args.insert(args.end(), {"--steps", "3", "--set", "scheduler.params.warmup_num_steps=1"});
+  const std::string dir = make_temp_dir("demo");
+  auto r = run_process(args, {}, std::chrono::seconds(240), dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string csv = paths[0], logs = paths[1], summary = paths[2];
+  EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::path(dir) / csv)) << csv;
+  EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::path(dir) / logs / "rank0.log")) << logs;
+  EXPECT_TRUE(std::filesystem::is_regular_file(std::filesystem::path(dir) / summary)) << summary;
 }
 
 TEST(TrainLauncher, UsesTheEnvironmentOfAnExternalLauncher) {

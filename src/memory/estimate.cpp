@@ -271,9 +271,9 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     est.notes.push_back("on a CPU device, offloading to cpu moves nothing: it is the memory already in use");
   const std::string& retain = config.train.retain_freed_memory;
   if (cpu_device && (retain == "always" || (retain == "auto" && !zero.shard_parameters)))
-    est.notes.push_back("the heap is retained (train.retain_freed_memory, \"auto\" at stages 0-2) and fragments: "
-                        "measured peaks ran 14-31% above this estimate (docs/memory.md); \"never\" keeps them "
-                        "within 5% for tensors of 1 MiB or more");
+    est.notes.push_back("the heap is retained (train.retain_freed_memory \"always\", or \"auto\" at stages 0-2) "
+                        "and fragments: measured peaks ran 14-34% above this estimate (docs/memory.md); the "
+                        "default \"never\" keeps them within 10%");
   if (!model.has_shape())
     est.notes.push_back("activations not estimated: give the model's layers, hidden size, sequence length and "
                         "vocabulary (or a preset)");

@@ -35,10 +35,15 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, b
   // Retained: keep freed memory in the process. Large temporaries (logits, their gradients) are
   // otherwise returned to the OS on free and page-faulted in again on the next step (design §10).
   // Measured on GPT-2 124M (docs/benchmarks.md): 2.5x fewer page faults and 7% more tokens/s
-  // than glibc's defaults, for about 8% more peak RSS.
-  // Not retained (the default with sharded parameters, where memory is the point): every block
-  // of 1 MiB or more is mapped on its own and unmapped when freed. A fixed threshold also stops
-  // glibc from raising it on its own (up to 32 MiB), after which blocks of the size of a
+  // than glibc's defaults, for about 8% more peak RSS. But the retained heap fragments: peaks ran
+  // 14-34% above the memory estimate at stages 0-2 on the small presets, so it is opt-in
+  // ("always", or "auto" at stages 0-2), and the estimate's notes say so.
+  // Not retained (the default, "never"): every block of 64 KiB or more is mapped on its own and
+  // unmapped when freed, so the resident set follows the live tensors that the estimate counts
+  // (docs/memory.md). A 1 MiB threshold left the activations of small models (256-512 KiB
+  // tensors) in the heap, whose fragmentation put their peaks 10-16% above the estimate; at
+  // 64 KiB they are within 3% (docs/benchmarks.md "memory estimate"). A fixed threshold also
+  // stops glibc from raising it on its own (up to 32 MiB), after which blocks of the size of a
   // transformer block would stay in the heap and fragment it: measured at stage 3, the retained
   // heap costs about 1 GiB of peak RSS on GPT-2 124M (docs/benchmarks.md "stage 3"). Stage 3
   // keeps its gathered blocks' memory itself (GatherPool in src/zero/engine.cpp).
@@ -46,7 +51,7 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, b
     mallopt(M_MMAP_MAX, 0);              // serve large blocks from the heap, where they are reused
     mallopt(M_TRIM_THRESHOLD, INT_MAX);  // and never give the heap's top back between steps
   } else {
-    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    mallopt(M_MMAP_THRESHOLD, 64 << 10);
   }
   return settings;
 }

@@ -12,7 +12,7 @@ struct RuntimeSettings {
 
 // Sets LibTorch's intra-op threads (requested > 0, else available cores / `local_ranks`), one
 // inter-op thread, and an allocator policy: with `retain_freed_memory` freed pages stay in the
-// process for reuse, else blocks of 1 MiB or more go back to the OS when freed. Call once,
+// process for reuse, else blocks of 64 KiB or more go back to the OS when freed. Call once,
 // before large allocations.
 RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, bool retain_freed_memory);
 

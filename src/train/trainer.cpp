@@ -107,6 +107,13 @@ double mean_over_ranks(Communicator& comm, double value, const char* label) {
   return t.item<double>() / comm.world_size();
 }
 
+// Largest `value` over all ranks.
+int64_t max_over_ranks(Communicator& comm, int64_t value, const char* label) {
+  auto t = torch::full({1}, value, torch::kInt64);
+  comm.all_reduce(t, ReduceOp::Max, label).wait();
+  return t.item<int64_t>();
+}
+
 }  // namespace
 
 void check_training_inputs(const TrainConfig& config) {
@@ -215,6 +222,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     const bool append = first_step > 0 && std::filesystem::exists(path);
     csv.open(path, append ? std::ios::app : std::ios::trunc);
     if (!csv) throw DataError(fmt::format("csv_monitor.output_path: cannot write '{}'", path.string()));
+    // Every row holds its own step's figures (docs/memory.md "The per-step log"): tokens/s of
+    // this step alone, and the largest peak RSS over all ranks so far.
     if (!append) csv << "step,loss,lr,grad_norm,skipped,tokens_per_second,elapsed_seconds,peak_rss_bytes_max,loss_scale\n";
   }
 
@@ -251,6 +260,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     // Dropout masks differ per rank (as with one process per device elsewhere) and depend only on
     // (seed, rank, step), so that a resumed run draws what the uninterrupted one would have.
     torch::manual_seed(config.train.seed + 1000003ull * (rank + 1) + 7919ull * uint64_t(step));
+    const auto step_start = clock::now();
     double loss_sum = 0;
     StepResult result;
     for (int64_t a = 0; a < accum; ++a) {
@@ -270,6 +280,10 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     ++breakdown.steps;
     ZT_CHECK_STATE(result.boundary, "the last micro-step of a window must end it");
     const double loss = mean_over_ranks(*comm, loss_sum / double(accum), "train.loss");
+    // This step's rate on this rank: its micro-steps and the loss's reduction, not the evaluation,
+    // checkpoint or printing that may follow.
+    const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
+    const double step_rate = tokens_per_step / step_seconds;
     losses.push_back(loss);
     skipped_flags.push_back(result.skipped ? 1 : 0);
     ++window_steps;
@@ -292,12 +306,15 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
     std::vector<RankStats> stats;
     if (print) stats = gather_rank_stats(*comm, engine, baseline_rss);
-    int64_t peak_max = 0;
-    for (auto& s : stats) peak_max = std::max(peak_max, s.peak_rss);
-    if (csv.is_open())
-      csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{},{:g}\n", step + 1, loss, result.lr,
-                         result.grad_norm, result.skipped ? 1 : 0, print ? last_rate : 0.0, elapsed, peak_max,
-                         result.loss_scale);
+    // The CSV's peak is every rank's, on every row: one 8-byte all-reduce per step, taken by all
+    // ranks alike because the configuration (csv_monitor.enabled) is the same on all of them.
+    if (config.csv_monitor.enabled) {
+      const int64_t peak_max = max_over_ranks(*comm, peak_rss_bytes(), "csv.peak_rss");
+      if (csv.is_open())
+        csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{},{:g}\n", step + 1, loss, result.lr,
+                           result.grad_norm, result.skipped ? 1 : 0, step_rate, elapsed, peak_max,
+                           result.loss_scale);
+    }
     if (!options.save_dir.empty() &&
         (last || (options.save_every > 0 && (step + 1) % options.save_every == 0))) {
       const auto save_start = clock::now();

@@ -4,14 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 namespace zt::testing {
-namespace {
-struct Context {
-  c10::DataPtr inner;
-  int64_t bytes;
-};
-}  // namespace
 
 CountingAllocator& CountingAllocator::instance() {
   static auto* allocator = new CountingAllocator();
@@ -43,26 +39,36 @@ int64_t CountingAllocator::peak() const {
 c10::DataPtr CountingAllocator::allocate(size_t n) {
   c10::DataPtr inner = base_->allocate(n);
   void* data = inner.get();
-  auto* context = new Context{std::move(inner), int64_t(n)};
+  // Nothing to count (zero bytes); the base's DataPtr already keeps the contract.
+  if (data == nullptr) return inner;
   {
     std::lock_guard lock(mutex_);
     live_ += int64_t(n);
     peak_ = std::max(peak_, live_);
+    allocations_.emplace(data, Allocation{std::move(inner), int64_t(n)});
   }
-  return {data, context, &CountingAllocator::release, c10::Device(c10::DeviceType::CPU)};
+  // The context is the data pointer itself, as c10::Allocator::raw_allocate requires.
+  return {data, data, &CountingAllocator::release, c10::Device(c10::DeviceType::CPU)};
 }
 
 void CountingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   default_copy_data(dest, src, count);
 }
 
-void CountingAllocator::release(void* p) {
-  auto* context = static_cast<Context*>(p);
+void CountingAllocator::release(void* data) {
+  auto& self = instance();
+  std::unordered_map<void*, Allocation>::node_type entry;
   {
-    std::lock_guard lock(instance().mutex_);
-    instance().live_ -= context->bytes;
+    std::lock_guard lock(self.mutex_);
+    entry = self.allocations_.extract(data);
+    if (entry) self.live_ -= entry.mapped().bytes;
   }
-  delete context;
+  if (!entry) {
+    // A deleter cannot throw; a pointer this allocator never handed out is a broken test.
+    std::fprintf(stderr, "CountingAllocator: freeing %p, which it did not allocate\n", data);
+    std::abort();
+  }
+  // `entry` goes out of scope here, outside the lock: the base allocator frees the memory.
 }
 
 }  // namespace zt::testing
