@@ -594,8 +594,10 @@ struct Tiny : torch::nn::Module {
 
 // A fresh stage-2 engine over `comm`; one training step. Throws what the engine throws.
 std::shared_ptr<Tiny> one_engine_step(std::shared_ptr<Communicator> comm) {
-  auto config = parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}})", {},
-                             comm->world_size());
+  // overlap_comm: gradients are reduced from autograd hooks, inside backward.
+  auto config = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "overlap_comm": true}})", {},
+      comm->world_size());
   torch::manual_seed(5);
   auto net = std::make_shared<Tiny>();
   Engine engine(net, config, comm);
@@ -615,44 +617,50 @@ TEST(CommFaults, BadFaultsAreConfigErrors) {
   EXPECT_THROW(FaultInjectingCommunicator(comm, {{.sequence = 2}, {.sequence = 2}}), ConfigError);
 }
 
-// Every rank fails the same collective in the middle of an engine step: a CommError that names
-// it, and the communicator refuses everything afterwards.
+// Every rank fails the same collective of an engine step (a gradient reduction inside
+// backward, then the last collective of step()): a CommError that names it, and the
+// communicator refuses everything afterwards.
 TEST(CommFaults, AFailedCollectiveInAnEngineStepIsACommErrorAndLeavesTheCommunicatorUnusable) {
   if (is_rank_process()) {
     auto inner = rank_communicator();
     // A dry run learns the collectives of construction plus one step.
     auto counting = std::make_shared<FaultInjectingCommunicator>(inner, std::vector<CommFault>{});
     one_engine_step(counting);
-    const auto& seen = counting->issued();
+    const auto seen = counting->issued();
     ASSERT_GE(seen.size(), 2u);
-    const size_t k = seen.size() - 1;  // the last collective of the step
-    const std::uint64_t fail_at = inner->next_sequence() + k;
-    const std::string label = seen[k].label;
-    const std::string kind = seen[k].kind;
-
-    auto faulty = std::make_shared<FaultInjectingCommunicator>(
-        inner, std::vector<CommFault>{{.sequence = fail_at, .action = CommFault::Action::Fail}});
-    try {
-      one_engine_step(faulty);
-      ADD_FAILURE() << "expected CommError";
-    } catch (const CommError& e) {
-      std::cout << "CAUGHT: " << e.what() << std::endl;
-      EXPECT_TRUE(contains(e.what(), fmt::format("rank {}/2 failed in {} '{}' (seq {}): injected fault", inner->rank(),
-                                                 kind, label, fail_at)))
-          << e.what();
+    const auto first_reduction = std::find_if(seen.begin(), seen.end(), [](const auto& c) {
+      return c.kind == "reduce_scatter" || c.kind == "all_reduce";
+    });
+    ASSERT_NE(first_reduction, seen.end());
+    for (size_t k : {size_t(first_reduction - seen.begin()), seen.size() - 1}) {
+      const std::uint64_t fail_at = inner->next_sequence() + k;
+      const std::string label = seen[k].label;
+      const std::string kind = seen[k].kind;
+      auto faulty = std::make_shared<FaultInjectingCommunicator>(
+          inner, std::vector<CommFault>{{.sequence = fail_at, .action = CommFault::Action::Fail}});
+      try {
+        one_engine_step(faulty);
+        ADD_FAILURE() << "expected CommError at " << kind << " '" << label << "'";
+      } catch (const CommError& e) {
+        std::cout << "CAUGHT: " << e.what() << std::endl;
+        EXPECT_TRUE(contains(e.what(), fmt::format("rank {}/2 failed in {} '{}' (seq {}): injected fault",
+                                                   inner->rank(), kind, label, fail_at)))
+            << e.what();
+      }
+      try {
+        faulty->barrier("after");
+        ADD_FAILURE() << "expected CommError";
+      } catch (const CommError& e) {
+        EXPECT_TRUE(contains(e.what(), fmt::format("cannot start barrier 'after' (seq {})", fail_at))) << e.what();
+        EXPECT_TRUE(contains(e.what(), "failed earlier")) << e.what();
+        EXPECT_TRUE(contains(e.what(), "injected fault")) << e.what();
+      }
+      // Every rank failed the same collective before the inner communicator saw it, so the
+      // inner one still pairs its collectives correctly.
+      auto t = torch::ones({3});
+      inner->all_reduce(t, ReduceOp::Sum, "still.usable").wait();
+      EXPECT_TRUE(torch::equal(t, torch::full({3}, 2.0f)));
     }
-    try {
-      faulty->barrier("after");
-      ADD_FAILURE() << "expected CommError";
-    } catch (const CommError& e) {
-      EXPECT_TRUE(contains(e.what(), fmt::format("cannot start barrier 'after' (seq {})", fail_at))) << e.what();
-      EXPECT_TRUE(contains(e.what(), "failed earlier")) << e.what();
-      EXPECT_TRUE(contains(e.what(), "injected fault")) << e.what();
-    }
-    // The inner communicator issued nothing for the failed collective, on any rank: it still works.
-    auto t = torch::ones({3});
-    inner->all_reduce(t, ReduceOp::Sum, "still.usable").wait();
-    EXPECT_TRUE(torch::equal(t, torch::full({3}, 2.0f)));
     return;
   }
   auto r = run_ranks(2, "CommFaults.AFailedCollectiveInAnEngineStepIsACommErrorAndLeavesTheCommunicatorUnusable",
