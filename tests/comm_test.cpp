@@ -1,5 +1,6 @@
 // comm: rendezvous parsing, options, and every collective on 2 and 3 real ranks (Gloo over
 // loopback) against a locally computed reference; timeouts and their messages.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -13,6 +14,9 @@
 #include "support/multirank.h"
 #include "support/process.h"
 #include "zerotrain/comm.h"
+#include "zerotrain/comm_faults.h"
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 
 using namespace zt;
@@ -465,6 +469,11 @@ TEST(CommMultiRank, SkippedCollectiveTimesOutWithLabelledMessage) {
                        "rank 0/2 timed out after 2.0 s in all_reduce 'grads.bucket3' (seq 1, 1000 float elements): "
                        "waiting for the other ranks to enter the same collective"))
       << r.describe();
+  // Without a launcher the flight recorder is kept in memory and written to the log at the timeout.
+  EXPECT_TRUE(contains(r.ranks[0].output, "flight recorder of rank 0/2: the last 2 collectives, oldest first"))
+      << r.describe();
+  EXPECT_TRUE(contains(r.ranks[0].output, "timed-out  all_reduce     'grads.bucket3'")) << r.describe();
+  EXPECT_TRUE(contains(r.ranks[0].output, "completed  all_reduce     'warmup'")) << r.describe();
   EXPECT_LT(r.wall_seconds, 20.0);
 }
 
@@ -568,4 +577,121 @@ TEST(CommRendezvousTimeout, MissingPeersFailWithinTheTimeout) {
   EXPECT_EQ(r1.exit_code, 0) << r1.output;
   echo_caught(r1.output);
   EXPECT_TRUE(contains(r1.output, "rank 1/2: could not reach rank 0's rendezvous store at 127.0.0.1:")) << r1.output;
+}
+
+// ---------------------------------------------------------------- fault injection
+
+namespace {
+
+struct Tiny : torch::nn::Module {
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  Tiny() {
+    a = register_module("a", torch::nn::Linear(4, 8));
+    b = register_module("b", torch::nn::Linear(8, 2));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return b->forward(torch::tanh(a->forward(x))); }
+};
+
+// A fresh stage-2 engine over `comm`; one training step. Throws what the engine throws.
+std::shared_ptr<Tiny> one_engine_step(std::shared_ptr<Communicator> comm) {
+  // overlap_comm: gradients are reduced from autograd hooks, inside backward.
+  auto config = parse_config(
+      R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2, "overlap_comm": true}})", {},
+      comm->world_size());
+  torch::manual_seed(5);
+  auto net = std::make_shared<Tiny>();
+  Engine engine(net, config, comm);
+  auto loss = net->forward(torch::randn({2, 4})).pow(2).mean();
+  engine.backward(loss);
+  engine.step();
+  return net;
+}
+
+}  // namespace
+
+TEST(CommFaults, BadFaultsAreConfigErrors) {
+  auto comm = make_communicator(RendezvousInfo{}, {});
+  EXPECT_THROW(FaultInjectingCommunicator(nullptr, {}), ConfigError);
+  EXPECT_THROW(FaultInjectingCommunicator(comm, {{.sequence = 1, .action = CommFault::Action::Delay, .delay = -5ms}}),
+               ConfigError);
+  EXPECT_THROW(FaultInjectingCommunicator(comm, {{.sequence = 2}, {.sequence = 2}}), ConfigError);
+}
+
+// Every rank fails the same collective of an engine step (a gradient reduction inside
+// backward, then the last collective of step()): a CommError that names it, and the
+// communicator refuses everything afterwards.
+TEST(CommFaults, AFailedCollectiveInAnEngineStepIsACommErrorAndLeavesTheCommunicatorUnusable) {
+  if (is_rank_process()) {
+    auto inner = rank_communicator();
+    // A dry run learns the collectives of construction plus one step.
+    auto counting = std::make_shared<FaultInjectingCommunicator>(inner, std::vector<CommFault>{});
+    one_engine_step(counting);
+    const auto seen = counting->issued();
+    ASSERT_GE(seen.size(), 2u);
+    const auto first_reduction = std::find_if(seen.begin(), seen.end(), [](const auto& c) {
+      return c.kind == "reduce_scatter" || c.kind == "all_reduce";
+    });
+    ASSERT_NE(first_reduction, seen.end());
+    for (size_t k : {size_t(first_reduction - seen.begin()), seen.size() - 1}) {
+      const std::uint64_t fail_at = inner->next_sequence() + k;
+      const std::string label = seen[k].label;
+      const std::string kind = seen[k].kind;
+      auto faulty = std::make_shared<FaultInjectingCommunicator>(
+          inner, std::vector<CommFault>{{.sequence = fail_at, .action = CommFault::Action::Fail}});
+      try {
+        one_engine_step(faulty);
+        ADD_FAILURE() << "expected CommError at " << kind << " '" << label << "'";
+      } catch (const CommError& e) {
+        std::cout << "CAUGHT: " << e.what() << std::endl;
+        EXPECT_TRUE(contains(e.what(), fmt::format("rank {}/2 failed in {} '{}' (seq {}): injected fault",
+                                                   inner->rank(), kind, label, fail_at)))
+            << e.what();
+      }
+      try {
+        faulty->barrier("after");
+        ADD_FAILURE() << "expected CommError";
+      } catch (const CommError& e) {
+        EXPECT_TRUE(contains(e.what(), fmt::format("cannot start barrier 'after' (seq {})", fail_at))) << e.what();
+        EXPECT_TRUE(contains(e.what(), "failed earlier")) << e.what();
+        EXPECT_TRUE(contains(e.what(), "injected fault")) << e.what();
+      }
+      // Every rank failed the same collective before the inner communicator saw it, so the
+      // inner one still pairs its collectives correctly.
+      auto t = torch::ones({3});
+      inner->all_reduce(t, ReduceOp::Sum, "still.usable").wait();
+      EXPECT_TRUE(torch::equal(t, torch::full({3}, 2.0f)));
+    }
+    return;
+  }
+  auto r = run_ranks(2, "CommFaults.AFailedCollectiveInAnEngineStepIsACommErrorAndLeavesTheCommunicatorUnusable",
+                     {{"ZT_COMM_TIMEOUT_SECONDS", "20"}}, std::chrono::seconds(60));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+  echo_caught(r.ranks[0].output);
+}
+
+// Rank 1 is late to two collectives (one of them inside an engine step): results are those of
+// an undisturbed run.
+TEST(CommFaults, ADelayedCollectiveStillGivesCorrectResults) {
+  if (is_rank_process()) {
+    auto inner = rank_communicator();
+    std::vector<CommFault> faults;
+    if (inner->rank() == 1) {
+      faults.push_back({.sequence = inner->next_sequence() + 1, .action = CommFault::Action::Delay, .delay = 300ms});
+      faults.push_back({.sequence = inner->next_sequence() + 4, .action = CommFault::Action::Delay, .delay = 300ms});
+    }
+    auto comm = std::make_shared<FaultInjectingCommunicator>(inner, faults);
+    for (int i = 0; i < 3; ++i) {
+      auto t = torch::full({5}, float(comm->rank() + 1 + i));
+      comm->all_reduce(t, ReduceOp::Sum, "sum" + std::to_string(i)).wait();
+      EXPECT_TRUE(torch::equal(t, torch::full({5}, float(3 + 2 * i)))) << i;
+    }
+    auto pd = one_engine_step(comm)->parameters();
+    auto pp = one_engine_step(inner)->parameters();
+    ASSERT_EQ(pd.size(), pp.size());
+    for (size_t i = 0; i < pd.size(); ++i) EXPECT_TRUE(torch::equal(pd[i], pp[i])) << i;
+    return;
+  }
+  auto r = run_ranks(2, "CommFaults.ADelayedCollectiveStillGivesCorrectResults", {{"ZT_COMM_TIMEOUT_SECONDS", "20"}},
+                     std::chrono::seconds(60));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
 }

@@ -328,6 +328,32 @@ TEST(Launch, ARankKilledBySignalGives128PlusSigno) {
   EXPECT_NE(run.err.find("rank 1 was killed by SIGUSR1"), std::string::npos) << run.err;
 }
 
+// Rank 0 fails first with 3; rank 1 ignores the launcher's SIGTERM and then ends badly by
+// itself (`rank1_end`). The launch must return the worse of the two.
+LaunchRun worst_of_two(const std::string& dir, const std::string& rank1_end) {
+  std::string script = "if [ \"$RANK\" = 0 ]; then"
+                       "  i=0; while [ ! -f " + dir + "/ready1 ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done;"
+                       "  echo 'rank 0 gives up'; exit 3; "
+                       "fi; trap '' TERM; touch " + dir + "/ready1; sleep 1; " + rank1_end;
+  return run_launcher(dir, {{"ZT_HELPER_NPROC", "2"}, {"ZT_HELPER_SCRIPT", script}});
+}
+
+TEST(Launch, TheWorstExitCodeOfTheRanksWinsOverTheFirst) {
+  auto dir = zt::testing::make_temp_dir("launch-worst");
+  auto run = worst_of_two(dir, "exit 7");
+  EXPECT_EQ(run.exit_code, 7) << run.err;
+  EXPECT_NE(run.err.find("rank 0 exited with code 3"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("rank 1 also failed: it exited with code 7"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("exit code 7, the worst of the failures: rank 1"), std::string::npos) << run.err;
+}
+
+TEST(Launch, ARankKilledBySigkillByItselfCountsAs137) {
+  auto dir = zt::testing::make_temp_dir("launch-worst-kill");
+  auto run = worst_of_two(dir, "kill -KILL $$");
+  EXPECT_EQ(run.exit_code, 128 + SIGKILL) << run.err;
+  EXPECT_NE(run.err.find("rank 1 also failed: it was killed by SIGKILL"), std::string::npos) << run.err;
+}
+
 // Sends `signo` to a launcher once all its ranks are up; checks the code and that nothing is left.
 void check_signal_forwarded(int signo, bool ranks_ignore_sigterm) {
   auto dir = zt::testing::make_temp_dir("launch-fwd");

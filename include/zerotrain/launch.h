@@ -14,13 +14,21 @@
 // also get SIGKILL if the launcher itself is killed hard (PR_SET_PDEATHSIG; this reaches the
 // ranks, not processes they started).
 //
-// Exit code (design §8 point 15), the root cause rather than the numerically worst:
-//   - the code of the first rank that failed on its own (128 + signo if a signal killed it),
-//     not the 143 of the ranks stopped because of it: a rank exiting 3 makes the launch return 3;
-//   - else 128 + signo when the launcher was stopped by a signal (even if the ranks then
+// Exit code (design §8 point 15), the worst of the ranks' own failures:
+//   - the largest exit code among the ranks that failed by themselves (128 + signo for a death
+//     by a signal), not the 143 of the ranks the launcher stopped because of them: rank 0
+//     exiting 3 and rank 1 exiting 7 (or dying by SIGKILL, 137) make the launch return 7 (137).
+//     A rank counts as stopped by the launcher when it ended by, or with 128 + the number of, a
+//     signal the launcher had sent it;
+//   - at least 128 + signo when the launcher was stopped by a signal (even if the ranks then
 //     exited cleanly: the job did not finish);
 //   - else 0. 127 (not found) or 126 (not executable) when the program cannot be run; then
 //     nothing is started.
+//
+// Flight recorder (include/zerotrain/flight_recorder.h): each rank gets
+// ZT_FLIGHT_RECORDER_FILE=<log_dir>/rank<i>.flight (a stale one is removed first). After a
+// failed job the launcher reads the rings and, when ranks issued different collectives, prints
+// one line "collectives diverged: rank R ..." naming the rank, the sequence number and label.
 // Bad options (nproc < 1, no command, port out of range, log directory not creatable) throw
 // zt::ConfigError before anything starts.
 //

@@ -25,6 +25,7 @@
 
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
+#include "zerotrain/flight_recorder.h"
 
 namespace zt {
 namespace {
@@ -64,9 +65,12 @@ bool is_low_precision(const at::Tensor& t) { return t.scalar_type() == at::kBFlo
 struct FailureState {
   std::mutex mutex;
   std::string first_error;
-  void record(const std::string& error) {
+  // True for the first failure only (the one that dumps the flight recorder).
+  bool record(const std::string& error) {
     std::lock_guard lock(mutex);
-    if (first_error.empty()) first_error = error;
+    if (!first_error.empty()) return false;
+    first_error = error;
+    return true;
   }
   std::string get() {
     std::lock_guard lock(mutex);
@@ -87,6 +91,13 @@ struct BackendCaps {
 // why the emulations exist and can be forced with CommOptions.
 constexpr BackendCaps kGlooCaps{true, true, true};
 
+// The failure that made the communicator unusable, followed by what led to it, in the rank's log.
+void dump_flight_recorder(const FlightRecorder& recorder, const std::string& error) {
+  std::string text = "zerotrain comm: " + error + "\n" + recorder.dump();
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+}
+
 bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
@@ -105,6 +116,7 @@ struct CollectiveHandle::State {
   std::vector<at::Tensor> keep_alive;   // the caller's tensors and our temporaries
   std::function<void()> finalize;       // emulation steps after the transfer
   std::shared_ptr<FailureState> failure;
+  std::shared_ptr<FlightRecorder> recorder;
 
   std::mutex mutex;
   bool done = false;
@@ -141,7 +153,8 @@ struct CollectiveHandle::State {
           error = fmt::format("rank {}/{} failed in {} after {:.1f} s: {} (another rank may have exited or failed)", rank,
                               world_size, describe(), waited, reason);
         }
-        failure->record(error);
+        recorder->finished(sequence, timed_out ? CollectiveState::TimedOut : CollectiveState::Failed);
+        if (failure->record(error)) dump_flight_recorder(*recorder, error);
         done = true;
         throw CommError(error);
       }
@@ -153,6 +166,7 @@ struct CollectiveHandle::State {
     finalize = nullptr;
     keep_alive.clear();
     done = true;
+    recorder->finished(sequence, CollectiveState::Completed);
   }
 
   bool is_completed() {
@@ -261,6 +275,22 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info, std::chro
   return store;
 }
 
+// In the file the launcher named (it survives the rank's death), else in memory. A file that
+// cannot be created costs the post-mortem, not the run: say so and keep the ring in memory.
+std::shared_ptr<FlightRecorder> make_recorder(const RendezvousInfo& info) {
+  const char* path = std::getenv(kFlightRecorderFileVariable);
+  if (path != nullptr && *path != '\0') {
+    try {
+      return std::make_shared<FlightRecorder>(info.rank, info.world_size, path);
+    } catch (const std::exception& e) {
+      std::string text = fmt::format("zerotrain comm: rank {}: {}; keeping the flight recorder in memory only\n",
+                                     info.rank, e.what());
+      std::fwrite(text.data(), 1, text.size(), stderr);
+    }
+  }
+  return std::make_shared<FlightRecorder>(info.rank, info.world_size);
+}
+
 class ProcessGroupCommunicator final : public Communicator {
  public:
   ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options)
@@ -269,6 +299,7 @@ class ProcessGroupCommunicator final : public Communicator {
       throw ConfigError(fmt::format("rendezvous: expected 0 <= rank < world size, found rank {} of {}", info.rank,
                                     info.world_size));
     }
+    recorder_ = make_recorder(info);
     if (info.world_size == 1) return;  // nothing to meet; collectives are local copies
     caps_ = kGlooCaps;
     caps_.avg = caps_.avg && !options.emulate_avg;
@@ -297,10 +328,11 @@ class ProcessGroupCommunicator final : public Communicator {
   int rank() const override { return info_.rank; }
   int world_size() const override { return info_.world_size; }
   std::uint64_t next_sequence() const override { return next_sequence_; }
+  const FlightRecorder& flight_recorder() const { return *recorder_; }
 
   CollectiveHandle all_reduce(at::Tensor flat, ReduceOp op, std::string_view label) override {
     check_tensor("all_reduce", label, flat, "flat");
-    auto state = begin("all_reduce", label, elements_text(flat));
+    auto state = begin("all_reduce", label, elements_text(flat), flat.nbytes());
     if (info_.world_size == 1) return finish_local(state);  // the reduction of one buffer is itself
 
     // Emulation: reduce a low-precision buffer in an fp32 temporary, then round once.
@@ -328,7 +360,7 @@ class ProcessGroupCommunicator final : public Communicator {
     check_tensor("reduce_scatter", label, input, "input");
     check_tensor("reduce_scatter", label, output, "output");
     check_pair("reduce_scatter", label, output, input, "input");
-    auto state = begin("reduce_scatter", label, elements_text(output) + " per rank");
+    auto state = begin("reduce_scatter", label, elements_text(output) + " per rank", input.nbytes());
     if (info_.world_size == 1) {
       output.copy_(input);
       return finish_local(state);
@@ -382,7 +414,7 @@ class ProcessGroupCommunicator final : public Communicator {
     check_tensor("all_gather", label, input, "input");
     check_tensor("all_gather", label, output, "output");
     check_pair("all_gather", label, input, output, "output");
-    auto state = begin("all_gather", label, elements_text(input) + " per rank");
+    auto state = begin("all_gather", label, elements_text(input) + " per rank", output.nbytes());
     if (info_.world_size == 1) {
       output.copy_(input);
       return finish_local(state);
@@ -415,7 +447,7 @@ class ProcessGroupCommunicator final : public Communicator {
       throw CommError(fmt::format("rank {}/{}: broadcast '{}': expected a root rank in 0..{}, found {}", info_.rank,
                                   info_.world_size, label, info_.world_size - 1, root));
     }
-    auto state = begin("broadcast", label, fmt::format("{} from rank {}", elements_text(tensor), root));
+    auto state = begin("broadcast", label, fmt::format("{} from rank {}", elements_text(tensor), root), tensor.nbytes());
     if (info_.world_size == 1) return finish_local(state);
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -428,8 +460,11 @@ class ProcessGroupCommunicator final : public Communicator {
   }
 
   void barrier(std::string_view label) override {
-    auto state = begin("barrier", label, "");
-    if (info_.world_size == 1) return;
+    auto state = begin("barrier", label, "", 0);
+    if (info_.world_size == 1) {
+      finish_local(state);
+      return;
+    }
     c10d::BarrierOptions o;
     o.timeout = options_.timeout;
     // Always Gloo: a barrier carries no data, and an NCCL barrier would need a device.
@@ -441,7 +476,7 @@ class ProcessGroupCommunicator final : public Communicator {
   using StatePtr = std::shared_ptr<CollectiveHandle::State>;
 
   // Checks the communicator is usable and gives the collective its sequence number.
-  StatePtr begin(const char* kind, std::string_view label, std::string size_text) {
+  StatePtr begin(const char* kind, std::string_view label, std::string size_text, std::uint64_t bytes) {
     auto state = std::make_shared<CollectiveHandle::State>();
     state->kind = kind;
     state->label = std::string(label);
@@ -450,17 +485,20 @@ class ProcessGroupCommunicator final : public Communicator {
     state->world_size = info_.world_size;
     state->timeout = options_.timeout;
     state->failure = failure_;
+    state->recorder = recorder_;
     if (std::string earlier = failure_->get(); !earlier.empty()) {
       state->sequence = next_sequence_;
       throw CommError(fmt::format("rank {}/{} cannot start {}: the communicator failed earlier: {}", info_.rank,
                                   info_.world_size, state->describe(), earlier));
     }
     state->sequence = next_sequence_++;
+    recorder_->issued(state->sequence, kind, label, bytes);
     return state;
   }
 
   static CollectiveHandle finish_local(const StatePtr& state) {
     state->done = true;
+    state->recorder->finished(state->sequence, CollectiveState::Completed);
     return CollectiveHandle(state);
   }
 
@@ -480,7 +518,8 @@ class ProcessGroupCommunicator final : public Communicator {
   [[noreturn]] void fail_to_start(CollectiveHandle::State& state, const std::exception& e) {
     std::string error = fmt::format("rank {}/{} could not start {}: {}", info_.rank, info_.world_size,
                                     state.describe(), first_line(e.what()));
-    failure_->record(error);
+    recorder_->finished(state.sequence, CollectiveState::Failed);
+    if (failure_->record(error)) dump_flight_recorder(*recorder_, error);
     throw CommError(error);
   }
 
@@ -552,6 +591,7 @@ class ProcessGroupCommunicator final : public Communicator {
   CommOptions options_;
   BackendCaps caps_;
   std::shared_ptr<FailureState> failure_;
+  std::shared_ptr<FlightRecorder> recorder_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
 #ifdef ZT_CUDA

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "zerotrain/error.h"
+#include "zerotrain/flight_recorder.h"
 
 extern char** environ;
 
@@ -181,7 +182,7 @@ Resolved resolve_program(const std::string& program) {
 }
 
 // The environment of rank `rank`: ours, with the rendezvous variables torchrun sets replaced.
-std::vector<std::string> rank_environment(int rank, int nproc, int port) {
+std::vector<std::string> rank_environment(int rank, int nproc, int port, const std::string& flight_file) {
   std::vector<std::pair<std::string, std::string>> set = {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(nproc)},
@@ -191,6 +192,7 @@ std::vector<std::string> rank_environment(int rank, int nproc, int port) {
       {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", std::to_string(port)},
       {"ZT_LAUNCHED", "1"},
+      {kFlightRecorderFileVariable, flight_file},
   };
   // Design §10: N ranks on few cores. Busy-waiting OpenMP workers steal the cores the other
   // ranks need, and one OpenMP thread per core per rank oversubscribes; the user's own
@@ -316,6 +318,8 @@ struct Rank {
   int exit_code = 0;       // exit status, or 128 + signo
   std::string status_text; // "exited with code 3", "was killed by SIGKILL (signal 9)"
   std::string log_path;
+  std::string flight_path; // its flight recorder ring (written by its communicator, if any)
+  bool own_failure = false; // failed by itself, not by a signal the launcher sent
 };
 
 // File descriptors closed when the launch ends, whichever way it ends.
@@ -414,6 +418,31 @@ void close_inherited_fds() {
   ::_exit(err == ENOENT ? 127 : 126);  // the shell's codes: not found / cannot execute
 }
 
+// One line of the launcher's output: a label with a newline must not split it.
+std::string one_line(std::string text) {
+  for (char& c : text)
+    if (c == '\n' || c == '\r') c = ' ';
+  return text;
+}
+
+// After a failed job: which rank left the common sequence of collectives, from the rings the
+// ranks' communicators kept in their files (absent for programs that never communicated).
+void report_divergence(const std::vector<Rank>& ranks, const fs::path& log_dir) {
+  std::vector<FlightRing> rings;
+  for (const Rank& r : ranks) {
+    if (r.pid <= 0) continue;
+    try {
+      if (auto ring = read_flight_ring(r.flight_path)) rings.push_back(std::move(*ring));
+    } catch (const std::exception& e) {
+      say(one_line(e.what()));
+    }
+  }
+  if (rings.size() < 2) return;
+  if (auto d = find_divergence(rings))
+    say(one_line("collectives diverged: " + d->description + "; flight records: " +
+                 (log_dir / "rank*.flight").string()));
+}
+
 std::string describe_status(int status, int* code) {
   if (WIFEXITED(status)) {
     *code = WEXITSTATUS(status);
@@ -467,6 +496,9 @@ int launch_local(const LaunchOptions& options) {
   for (int i = 0; i < nproc; ++i) {
     ranks[i].index = i;
     ranks[i].log_path = (log_dir / ("rank" + std::to_string(i) + ".log")).string();
+    ranks[i].flight_path = (log_dir / ("rank" + std::to_string(i) + ".flight")).string();
+    // A ring left by an earlier job would be read as this one's by the analysis at the end.
+    fs::remove(ranks[i].flight_path, ec);
     log_fds[i] = fds.add(::open(ranks[i].log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (log_fds[i] < 0)
       throw ConfigError("launch: cannot open log file '" + ranks[i].log_path + "': " + std::strerror(errno));
@@ -501,12 +533,14 @@ int launch_local(const LaunchOptions& options) {
 
   const pid_t launcher_pid = ::getpid();
   bool fork_failed = false;
-  int first_failure = -1;  // index of the rank whose failure stopped the job
+  int first_failure = -1;  // index of the first rank that failed (its log tail is shown)
   int stop_signal = 0;     // a signal the launcher received and forwarded
+  std::vector<int> sent_signals;  // every signal the launcher sent to the ranks' groups
   bool stopping = false, escalated = false;
   Clock::time_point kill_deadline{};
 
   auto begin_stop = [&](int signo) {
+    sent_signals.push_back(signo);
     signal_groups(ranks, signo);
     if (!stopping) {
       stopping = true;
@@ -521,11 +555,12 @@ int launch_local(const LaunchOptions& options) {
       if (r.running) still += (still.empty() ? "" : ", ") + std::to_string(r.index);
     say("sending SIGKILL to what is left" + (still.empty() ? std::string() : " (ranks " + still + ")") +
         " after the " + std::to_string(options.kill_grace.count()) + " ms grace");
+    sent_signals.push_back(SIGKILL);
     signal_groups(ranks, SIGKILL);
   };
 
   for (int i = 0; i < nproc; ++i) {
-    std::vector<std::string> env = rank_environment(i, nproc, port);
+    std::vector<std::string> env = rank_environment(i, nproc, port, ranks[i].flight_path);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -596,8 +631,17 @@ int launch_local(const LaunchOptions& options) {
       } else {
         r.status_text = describe_status(status, &r.exit_code);
       }
+      // A rank failed by itself unless it ended by (or with the code of) a signal we sent it:
+      // the 143 of a rank we stopped is not a failure of its own, a 7 or a SIGSEGV is.
+      const bool by_our_signal =
+          stopping && std::any_of(sent_signals.begin(), sent_signals.end(), [&](int s) { return r.exit_code == 128 + s; });
+      r.own_failure = r.exit_code != 0 && !by_our_signal;
+      if (r.own_failure && stopping) {
+        say("rank " + std::to_string(r.index) + " also failed: it " + r.status_text + "; log: " + r.log_path);
+      }
       if (r.exit_code != 0 && !stopping) {
-        // The first failure is the root cause; everything after it is our own stopping.
+        // The first failure is the first thing to look at; everything after it may be a
+        // consequence (a peer's collective failing) or our own stopping.
         first_failure = r.index;
         std::string message = "rank " + std::to_string(r.index) + " " + r.status_text +
                               "; log: " + r.log_path + "; stopping the other ranks";
@@ -643,18 +687,29 @@ int launch_local(const LaunchOptions& options) {
   }
   if (tee) tee->stop_and_join();
 
-  // ---- Exit code: the root cause. A rank failing on its own wins (its code, not the 143 of
-  // the ranks we stopped afterwards); else a signal sent to the launcher (128 + signo, even if
-  // the ranks shut down cleanly on it: the job did not finish); else 0.
+  // ---- Exit code (design §8 point 15): the worst of the ranks' own failures (the largest
+  // code, 128 + signo for a death by signal), not the 143 of the ranks we stopped; a signal
+  // sent to the launcher counts as 128 + signo (even if the ranks shut down cleanly on it: the
+  // job did not finish); else 0.
   int result = 0;
-  if (first_failure >= 0) {
-    result = ranks[first_failure].exit_code;
-  } else if (stop_signal != 0) {
-    result = 128 + stop_signal;
-  } else if (fork_failed) {
-    result = 1;
+  int worst_rank = -1;
+  int own_failures = 0;
+  for (const Rank& r : ranks) {
+    if (!r.own_failure) continue;
+    ++own_failures;
+    if (r.exit_code > result) {
+      result = r.exit_code;
+      worst_rank = r.index;
+    }
   }
-  if (result != 0 && first_failure < 0 && stop_signal != 0)
+  if (stop_signal != 0) result = std::max(result, 128 + stop_signal);
+  if (fork_failed) result = std::max(result, 1);
+  if (result != 0) report_divergence(ranks, log_dir);
+  if (worst_rank >= 0 && first_failure >= 0 && result == ranks[worst_rank].exit_code &&
+      result != ranks[first_failure].exit_code)
+    say("exit code " + std::to_string(result) + ", the worst of the failures: rank " + std::to_string(worst_rank) +
+        " " + ranks[worst_rank].status_text);
+  if (result != 0 && own_failures == 0 && stop_signal != 0)
     say("stopped by " + signal_name(stop_signal) + "; exit code " + std::to_string(result));
   return result;
 }
