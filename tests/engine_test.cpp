@@ -1,12 +1,16 @@
 // Engine (stage 0) in one process against the plain LibTorch loop it replaces.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <set>
+
 #include "support/process.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/layout.h"
+#include "zerotrain/lr_schedule.h"
 
 namespace {
 
@@ -197,6 +201,71 @@ TEST(Engine, RejectsModelWithoutTrainableParameters) {
   auto net = std::make_shared<Net>();
   for (auto& p : net->parameters()) p.set_requires_grad(false);
   EXPECT_THROW(zt::Engine(net, config, single_rank()), zt::ConfigError);
+}
+
+// One parameter w with loss sum(c * w) (× inf on the chosen steps): the gradient is c, or
+// infinite, so SGD's update w -= lr * c shows the learning rate each step really used.
+struct Linear1 : torch::nn::Module {
+  torch::Tensor w;
+  Linear1() { w = register_parameter("w", torch::ones({4})); }
+};
+
+// As DeepSpeed, a step skipped for overflow leaves the schedule where it was: the lr used by
+// every step is the schedule at the number of steps applied before it, learning_rate() agrees,
+// and a checkpoint resumes on the same point of the curve.
+TEST(Engine, SkippedStepsDoNotAdvanceTheSchedule) {
+  const std::set<int> overflow_steps{2, 3, 7};
+  const std::vector<double> c{0.5, -0.25, 0.125, 0.375};
+  for (std::string precision : {"fp32", "fp16"}) {
+    const std::string json = R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0,
+       "optimizer": {"type": "SGD", "params": {"lr": 0.08}},
+       "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.08,
+                     "warmup_num_steps": 16, "warmup_type": "linear"}})" +
+                             std::string(precision == "fp16" ? R"(, "fp16": {"enabled": true})" : "") + "}";
+    const auto config = zt::parse_config(json, {}, 1);
+    const zt::LrSchedule schedule(config.scheduler, config.optimizer.lr);
+    auto net = std::make_shared<Linear1>();
+    zt::Engine engine(net, config, single_rank());
+    const torch::Tensor coefficients = torch::tensor(c, torch::kFloat);
+    auto run_step = [&](zt::Engine& e, Linear1& n, bool overflow) {
+      auto loss = (n.w.to(torch::kFloat) * coefficients).sum() * (overflow ? INFINITY : 1.0);
+      e.backward(loss);
+      return e.step();
+    };
+    int64_t applied = 0;
+    for (int step = 0; step < 12; ++step) {
+      const bool overflow = overflow_steps.count(step) > 0;
+      const double expected = schedule.lr_at(applied);
+      EXPECT_DOUBLE_EQ(engine.learning_rate(), expected) << precision << " step " << step;
+      const torch::Tensor before = net->w.detach().to(torch::kFloat).clone();
+      const auto r = run_step(engine, *net, overflow);
+      EXPECT_EQ(r.skipped, overflow) << precision << " step " << step;
+      EXPECT_DOUBLE_EQ(r.lr, expected) << precision << " step " << step;
+      const torch::Tensor moved = net->w.detach().to(torch::kFloat) - before;
+      if (overflow) {
+        EXPECT_TRUE(torch::equal(moved, torch::zeros({4}))) << precision << " step " << step;
+      } else {
+        ++applied;
+        // fp32: the update itself shows the lr; fp16 rounds the working weights too coarsely.
+        if (precision == "fp32")
+          EXPECT_TRUE(torch::allclose(moved, -expected * coefficients, 0.0, 1e-6))
+              << "step " << step << " moved " << moved << " expected lr " << expected;
+      }
+    }
+    EXPECT_EQ(engine.global_step(), 12);
+    EXPECT_EQ(engine.skipped_steps(), int64_t(overflow_steps.size()));
+    ASSERT_LT(applied, schedule.warmup_steps()) << "the test must end inside the warm-up to see the difference";
+
+    // A resumed engine continues at the same point of the schedule.
+    const std::string dir = zt::testing::make_temp_dir("lr-skipped-" + precision);
+    engine.save_checkpoint(dir, "t");
+    auto resumed_net = std::make_shared<Linear1>();
+    zt::Engine resumed(resumed_net, config, single_rank());
+    resumed.load_checkpoint(dir);
+    EXPECT_EQ(resumed.skipped_steps(), engine.skipped_steps());
+    EXPECT_DOUBLE_EQ(resumed.learning_rate(), schedule.lr_at(applied)) << precision;
+    EXPECT_DOUBLE_EQ(run_step(resumed, *resumed_net, false).lr, run_step(engine, *net, false).lr) << precision;
+  }
 }
 
 }  // namespace

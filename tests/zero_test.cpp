@@ -5,6 +5,9 @@
 #include <cmath>
 #include <mutex>
 #include <optional>
+#include <thread>
+
+#include <torch/csrc/autograd/graph_task.h>
 
 #include "support/counting_allocator.h"
 #include "support/multirank.h"
@@ -143,45 +146,80 @@ void expect_ranks_pass(const std::string& filter, std::vector<int> worlds) {
 
 }  // namespace
 
-// fp32: stages 1 and 2 (one bucket, and small buckets with and without overlap) equal stage 0.
-TEST(ZeroParity, Fp32StagesOneToThreeEqualStageZero) {
+// fp32 parity with stage 0, one test per stage so that each stays short: one bucket without
+// overlap, and 5000-element buckets (several per block) with overlap; 5 optimizer steps of 2
+// micro-steps, clipping active on every one.
+constexpr int kParitySteps = 5;
+
+// Stage 0 on this world, checked to be a meaningful reference.
+RunResult parity_reference(std::shared_ptr<zt::Communicator> comm) {
+  auto reference = train(comm, {.stage = 0, .steps = kParitySteps});
+  for (double loss : reference.losses) EXPECT_TRUE(std::isfinite(loss));
+  for (double norm : reference.grad_norms) EXPECT_GT(norm, 0.05) << "clipping must be active on every step";
+  return reference;
+}
+
+void expect_parity(const RunResult& reference, const RunResult& run, const std::string& what) {
+  expect_losses_close(reference, run, 1e-5, what);
+  // The global norm from owned shards and one all-reduce equals stage 0's.
+  for (size_t i = 0; i < run.grad_norms.size(); ++i)
+    EXPECT_NEAR(run.grad_norms[i], reference.grad_norms[i], 1e-5 * reference.grad_norms[i]) << what << " " << i;
+  if (run.final_parameters.defined())
+    EXPECT_LE((run.final_parameters - reference.final_parameters).abs().max().item<double>(), 1e-5) << what;
+}
+
+void expect_stage_parity(std::shared_ptr<zt::Communicator> comm, int stage) {
+  const auto reference = parity_reference(comm);
+  for (auto [bucket, overlap] : {std::pair<int64_t, bool>{500'000'000, false}, {5000, true}}) {
+    const auto run = train(comm, {.stage = stage, .overlap_comm = overlap, .bucket_size = bucket, .steps = kParitySteps});
+    expect_parity(reference, run,
+                  "stage " + std::to_string(stage) + " bucket " + std::to_string(bucket) + (overlap ? " overlap" : ""));
+  }
+}
+
+TEST(ZeroParity, Fp32StageOneEqualsStageZero) {
+  if (is_rank_process()) return expect_stage_parity(rank_communicator(), 1);
+  expect_ranks_pass("ZeroParity.Fp32StageOneEqualsStageZero", {1, 2, 3});
+}
+
+TEST(ZeroParity, Fp32StageTwoEqualsStageZero) {
+  if (is_rank_process()) return expect_stage_parity(rank_communicator(), 2);
+  expect_ranks_pass("ZeroParity.Fp32StageTwoEqualsStageZero", {1, 2, 3});
+}
+
+TEST(ZeroParity, Fp32StageThreeEqualsStageZero) {
+  if (is_rank_process()) return expect_stage_parity(rank_communicator(), 3);
+  expect_ranks_pass("ZeroParity.Fp32StageThreeEqualsStageZero", {1, 2, 3});
+}
+
+// Stage 3 with small parameters kept whole (biases and norms below 1000 elements; ln_f is then no
+// block at all), and with the model built already sharded.
+TEST(ZeroParity, Fp32StageThreePersistentAndShardedBuildEqualStageZero) {
   if (is_rank_process()) {
     auto comm = rank_communicator();
-    const auto reference = train(comm, {.stage = 0});
-    for (double loss : reference.losses) ASSERT_TRUE(std::isfinite(loss));
-    for (double norm : reference.grad_norms) ASSERT_GT(norm, 0.05) << "clipping must be active on every step";
-    // One bucket without overlap, and 5000-element buckets (several per block) with overlap
-    // (overlap_comm changes nothing at stage 1).
-    for (int stage : {1, 2, 3}) {
-      for (auto [bucket, overlap] : {std::pair<int64_t, bool>{500'000'000, false}, {5000, stage > 1}}) {
-        {
-          const auto run = train(comm, {.stage = stage, .overlap_comm = overlap, .bucket_size = bucket});
-          const std::string what = "stage " + std::to_string(stage) + " bucket " + std::to_string(bucket) +
-                                   (overlap ? " overlap" : "");
-          expect_losses_close(reference, run, 1e-5, what);
-          // The global norm from owned shards and one all-reduce equals stage 0's.
-          for (size_t i = 0; i < run.grad_norms.size(); ++i)
-            EXPECT_NEAR(run.grad_norms[i], reference.grad_norms[i], 1e-5 * reference.grad_norms[i]) << what << " " << i;
-          if (run.final_parameters.defined())
-            EXPECT_LE((run.final_parameters - reference.final_parameters).abs().max().item<double>(), 1e-5) << what;
-        }
-      }
-    }
-    // Stage 3 with small parameters kept whole (biases and norms below 1000 elements; ln_f is then
-    // no block at all), and with the model built already sharded.
+    const auto reference = parity_reference(comm);
     for (bool sharded_construction : {false, true}) {
-      const auto run = train(comm, {.stage = 3, .overlap_comm = true, .bucket_size = 5000,
+      const auto run = train(comm, {.stage = 3, .overlap_comm = true, .bucket_size = 5000, .steps = kParitySteps,
                                     .persistence_threshold = 1000, .sharded_construction = sharded_construction});
-      expect_losses_close(reference, run, 1e-5, sharded_construction ? "stage 3 sharded construction" : "stage 3 persistent");
+      expect_parity(reference, run, sharded_construction ? "stage 3 sharded construction" : "stage 3 persistent");
     }
-    // The engine adopts a sharded build at any stage: stage 0 then trains exactly as from an
-    // unsharded build (same initial values, same arithmetic).
-    const auto adopted = train(comm, {.stage = 0, .sharded_construction = true});
+    return;
+  }
+  expect_ranks_pass("ZeroParity.Fp32StageThreePersistentAndShardedBuildEqualStageZero", {1, 2, 3});
+}
+
+// The engine adopts a sharded build at any stage: stage 0 then trains exactly as from an
+// unsharded build (same initial values, same arithmetic).
+TEST(ZeroParity, ShardedBuildAtStageZeroEqualsUnshardedBuild) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const auto reference = train(comm, {.stage = 0, .steps = kParitySteps});
+    const auto adopted = train(comm, {.stage = 0, .steps = kParitySteps, .sharded_construction = true});
     EXPECT_EQ(adopted.losses, reference.losses);
     EXPECT_TRUE(torch::equal(adopted.final_parameters, reference.final_parameters));
     return;
   }
-  expect_ranks_pass("ZeroParity.Fp32StagesOneToThreeEqualStageZero", {1, 2, 3});
+  expect_ranks_pass("ZeroParity.ShardedBuildAtStageZeroEqualsUnshardedBuild", {1, 2, 3});
 }
 
 // LAMB's per-tensor trust ratios need norms summed across the ranks holding pieces of a tensor.
@@ -204,21 +242,30 @@ TEST(ZeroParity, LambAndSgdShardedEqualStageZero) {
 }
 
 // bf16 working weights with fp32 masters: every stage stays within 2% of fp32 training over 10
-// steps, and the stages agree with each other within 0.5%.
-TEST(ZeroParity, Bf16StaysWithinTolerance) {
-  if (is_rank_process()) {
-    auto comm = rank_communicator();
-    const auto fp32 = train(comm, {.stage = 0});
-    const auto bf16_stage0 = train(comm, {.stage = 0, .precision = "bf16"});
-    expect_losses_close(fp32, bf16_stage0, 2e-2, "bf16 stage 0 vs fp32");
-    for (int stage : {1, 2, 3}) {
-      const auto run = train(comm, {.stage = stage, .precision = "bf16", .bucket_size = 5000});
-      expect_losses_close(fp32, run, 2e-2, "bf16 stage " + std::to_string(stage) + " vs fp32");
-      expect_losses_close(bf16_stage0, run, 5e-3, "bf16 stage " + std::to_string(stage) + " vs bf16 stage 0");
-    }
-    return;
-  }
-  expect_ranks_pass("ZeroParity.Bf16StaysWithinTolerance", {2, 3});
+// steps, and the sharded stages agree with bf16 stage 0 within 0.5%. One test per sharded stage
+// (bf16 matrix multiplies are slow without AVX512_BF16).
+void expect_bf16_within_tolerance(std::shared_ptr<zt::Communicator> comm, int stage) {
+  const auto fp32 = train(comm, {.stage = 0});
+  const auto bf16_stage0 = train(comm, {.stage = 0, .precision = "bf16"});
+  expect_losses_close(fp32, bf16_stage0, 2e-2, "bf16 stage 0 vs fp32");
+  const auto run = train(comm, {.stage = stage, .precision = "bf16", .bucket_size = 5000});
+  expect_losses_close(fp32, run, 2e-2, "bf16 stage " + std::to_string(stage) + " vs fp32");
+  expect_losses_close(bf16_stage0, run, 5e-3, "bf16 stage " + std::to_string(stage) + " vs bf16 stage 0");
+}
+
+TEST(ZeroParity, Bf16StageOneStaysWithinTolerance) {
+  if (is_rank_process()) return expect_bf16_within_tolerance(rank_communicator(), 1);
+  expect_ranks_pass("ZeroParity.Bf16StageOneStaysWithinTolerance", {2, 3});
+}
+
+TEST(ZeroParity, Bf16StageTwoStaysWithinTolerance) {
+  if (is_rank_process()) return expect_bf16_within_tolerance(rank_communicator(), 2);
+  expect_ranks_pass("ZeroParity.Bf16StageTwoStaysWithinTolerance", {2, 3});
+}
+
+TEST(ZeroParity, Bf16StageThreeStaysWithinTolerance) {
+  if (is_rank_process()) return expect_bf16_within_tolerance(rank_communicator(), 3);
+  expect_ranks_pass("ZeroParity.Bf16StageThreeStaysWithinTolerance", {2, 3});
 }
 
 // fp16: a gradient overflow on one rank, in one micro-step, skips exactly that optimizer step on
@@ -346,6 +393,112 @@ TEST(ZeroParity, OutOfOrderAndUnusedGradientsEqualStageZero) {
   expect_ranks_pass("ZeroParity.OutOfOrderAndUnusedGradientsEqualStageZero", {2, 3});
 }
 
+namespace {
+
+// Passes every collective on and records when gradient reductions are issued (from inside a
+// running backward or not) and, for the parameter all-gathers after a step, how many elements of
+// the earlier ones were still in flight; on rank 1 it delays each such all-gather so that rank 0's
+// earlier ones cannot have completed unless rank 0 waited for them.
+class RecordingCommunicator : public zt::Communicator {
+ public:
+  explicit RecordingCommunicator(std::shared_ptr<zt::Communicator> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::uint64_t next_sequence() const override { return inner_->next_sequence(); }
+  zt::CollectiveHandle all_reduce(at::Tensor flat, zt::ReduceOp op, std::string_view label) override {
+    note_reduction(label);
+    return inner_->all_reduce(std::move(flat), op, label);
+  }
+  zt::CollectiveHandle reduce_scatter(at::Tensor input, at::Tensor output, zt::ReduceOp op, std::string_view label,
+                                      zt::InputUse use) override {
+    note_reduction(label);
+    return inner_->reduce_scatter(std::move(input), std::move(output), op, label, use);
+  }
+  zt::CollectiveHandle all_gather(at::Tensor input, at::Tensor output, std::string_view label) override {
+    if (!label.starts_with("params.bucket")) return inner_->all_gather(std::move(input), std::move(output), label);
+    if (rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    int64_t in_flight = 0;
+    for (auto& [handle, numel] : gathers_)
+      if (!handle.is_completed()) in_flight += numel;
+    max_in_flight = std::max(max_in_flight, in_flight);
+    const int64_t numel = output.numel();
+    auto handle = inner_->all_gather(std::move(input), std::move(output), label);
+    gathers_.emplace_back(handle, numel);
+    return handle;
+  }
+  zt::CollectiveHandle broadcast(at::Tensor tensor, int root, std::string_view label) override {
+    return inner_->broadcast(std::move(tensor), root, label);
+  }
+  void barrier(std::string_view label) override { inner_->barrier(label); }
+
+  int reductions_in_backward = 0, reductions_after_backward = 0;
+  int64_t max_in_flight = 0;  // elements of earlier parameter all-gathers not completed at an issue
+
+ private:
+  void note_reduction(std::string_view label) {
+    if (!label.starts_with("grads.bucket")) return;
+    (torch::autograd::get_current_graph_task_id() != -1 ? reductions_in_backward : reductions_after_backward)++;
+  }
+  std::shared_ptr<zt::Communicator> inner_;
+  std::vector<std::pair<zt::CollectiveHandle, int64_t>> gathers_;
+};
+
+}  // namespace
+
+// overlap_comm at stages 0 and 1: true reduces each bucket from the gradient hooks while backward
+// runs, false once backward has returned (DeepSpeed without overlap); stage 2 reduces during
+// backward either way (without overlap each reduction completes before the next bucket fills).
+// Every variant trains to the same parameters.
+TEST(ZeroComm, OverlapCommDecidesWhenGradientsAreReduced) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const auto reference = train_tangled(comm, 0, false, "AdamW");
+    for (int stage : {0, 1, 2})
+      for (bool overlap : {false, true}) {
+        auto recording = std::make_shared<RecordingCommunicator>(comm);
+        const auto run = train_tangled(recording, stage, overlap, "AdamW");
+        const std::string what = "stage " + std::to_string(stage) + (overlap ? " overlap" : "");
+        EXPECT_LE((run - reference).abs().max().item<double>(), 1e-6) << what;
+        const int in = recording->reductions_in_backward, after = recording->reductions_after_backward;
+        if (overlap || stage == 2) {
+          EXPECT_GT(in, 0) << what;
+        } else {
+          EXPECT_EQ(in, 0) << what;
+          EXPECT_GT(after, 0) << what;
+        }
+      }
+    return;
+  }
+  expect_ranks_pass("ZeroComm.OverlapCommDecidesWhenGradientsAreReduced", {2});
+}
+
+// allgather_bucket_size bounds the elements of the post-step parameter all-gathers in flight at
+// once: below one bucket, each waits for the previous; by default they are issued all together.
+TEST(ZeroComm, AllgatherBucketSizeBoundsTheGathersInFlight) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    std::map<int64_t, int64_t> max_in_flight;
+    for (int64_t size : {int64_t(1), int64_t(500'000'000)}) {
+      auto recording = std::make_shared<RecordingCommunicator>(comm);
+      auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4,
+          "zero_optimization": {"stage": 1, "reduce_bucket_size": 120, "allgather_bucket_size": )" +
+                                         std::to_string(size) + "}}",
+                                     {}, comm->world_size());
+      torch::manual_seed(5);
+      auto net = std::make_shared<Tangled>();
+      zt::Engine engine(net, config, recording);
+      ASSERT_GE(engine.layout().buckets.size(), 3u);
+      engine.backward(net->forward(torch::randn({4, 10})).pow(2).mean());
+      EXPECT_TRUE(engine.step().stepped);
+      max_in_flight[size] = recording->max_in_flight;
+    }
+    EXPECT_EQ(max_in_flight[1], 0);
+    if (comm->rank() == 0) EXPECT_GT(max_in_flight[500'000'000], 0) << "rank 1 delays each all-gather";
+    return;
+  }
+  expect_ranks_pass("ZeroComm.AllgatherBucketSizeBoundsTheGathersInFlight", {2});
+}
+
 // ---------------------------------------------------------------- stage 3
 
 namespace {
@@ -404,37 +557,195 @@ TEST(ZeroStage3, SharedWeightsCustomModelEqualsStageZero) {
   expect_ranks_pass("ZeroStage3.SharedWeightsCustomModelEqualsStageZero", {1, 2, 3});
 }
 
-// The instrumented counter: gathered full parameters never exceed the two largest blocks, with
-// prefetch (default) and without; the tied embedding is gathered twice per forward.
-TEST(ZeroStage3, GatheredBytesStayWithinTheTwoLargestBlocks) {
+namespace {
+
+struct PrefetchRun {
+  int64_t peak_gathered = 0;   // bytes
+  int64_t prefetched = 0;      // blocks gathered ahead of their use
+  std::vector<int64_t> sizes;  // block sizes in elements, largest first
+};
+
+// Two steps of the tiny GPT at stage 3 with the given prefetch budget and live limit (elements):
+// the first forward records the block order, everything after it prefetches.
+PrefetchRun run_prefetch(std::shared_ptr<zt::Communicator> comm, int64_t prefetch, int64_t max_live) {
+  auto config = make_config({.stage = 3}, comm->world_size());
+  config.zero.stage3_prefetch_bucket_size = prefetch;
+  config.zero.stage3_max_live_parameters = max_live;
+  torch::manual_seed(7);
+  auto model = zt::GPT(zt::gpt_preset("tiny"));
+  zt::Engine engine(model.ptr(), config, comm);
+  PrefetchRun run;
+  std::map<int, int64_t> block_numel;
+  for (const auto& b : engine.layout().buckets)
+    if (b.group >= 0) block_numel[b.group] += b.numel;
+  for (auto& [group, numel] : block_numel) run.sizes.push_back(numel);
+  std::sort(run.sizes.rbegin(), run.sizes.rend());
+  EXPECT_EQ(engine.peak_gathered_parameter_bytes(), 0) << "construction leaves every block released";
+  for (int step = 0; step < 2; ++step)
+    for (int micro = 0; micro < 2; ++micro) {
+      auto tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
+      engine.backward(model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)));
+      engine.step();
+    }
+  run.peak_gathered = engine.peak_gathered_parameter_bytes();
+  run.prefetched = engine.prefetched_blocks();
+  return run;
+}
+
+}  // namespace
+
+// A prefetch budget smaller than every block still prefetches the next block (as DeepSpeed, a
+// positive budget takes at least one), so at most the block computing, the next one and the tied
+// embedding (gathered for the whole backward) are live; a zero budget prefetches nothing.
+TEST(ZeroStage3, PrefetchGathersTheNextBlockHoweverLarge) {
   if (is_rank_process()) {
     auto comm = rank_communicator();
-    for (int64_t prefetch : {int64_t(50'000'000), int64_t(0)}) {
-      auto config = make_config({.stage = 3}, comm->world_size());
-      config.zero.stage3_prefetch_bucket_size = prefetch;
-      torch::manual_seed(7);
-      auto model = zt::GPT(zt::gpt_preset("tiny"));
-      zt::Engine engine(model.ptr(), config, comm);
-      std::map<int, int64_t> block_bytes;
-      for (const auto& b : engine.layout().buckets)
-        if (b.group >= 0) block_bytes[b.group] += b.numel * 4;
-      std::vector<int64_t> sizes;
-      for (auto& [group, bytes] : block_bytes) sizes.push_back(bytes);
-      std::sort(sizes.rbegin(), sizes.rend());
-      ASSERT_GE(sizes.size(), 2u);
-      EXPECT_EQ(engine.peak_gathered_parameter_bytes(), 0) << "construction leaves every block released";
-      for (int step = 0; step < 3; ++step)
-        for (int micro = 0; micro < 2; ++micro) {
-          auto tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
-          engine.backward(model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)));
-          engine.step();
-        }
-      EXPECT_LE(engine.peak_gathered_parameter_bytes(), sizes[0] + sizes[1]) << "prefetch " << prefetch;
-      EXPECT_GE(engine.peak_gathered_parameter_bytes(), sizes[0]) << "prefetch " << prefetch;
-    }
+    const auto one_ahead = run_prefetch(comm, 1, 1'000'000'000);
+    ASSERT_GE(one_ahead.sizes.size(), 3u);
+    EXPECT_GT(one_ahead.prefetched, 0) << "a block larger than the budget must still be prefetched";
+    const auto& s = one_ahead.sizes;
+    EXPECT_LE(one_ahead.peak_gathered, (s[0] + s[1] + s[2]) * 4);
+    EXPECT_GE(one_ahead.peak_gathered, (s[0] + s.back()) * 4) << "two blocks live at once";
+    const auto none = run_prefetch(comm, 0, 1'000'000'000);
+    EXPECT_EQ(none.prefetched, 0);
+    EXPECT_LE(none.peak_gathered, (s[0] + s[1]) * 4) << "the tied embedding and one block";
+    EXPECT_GE(none.peak_gathered, s[0] * 4);
     return;
   }
-  expect_ranks_pass("ZeroStage3.GatheredBytesStayWithinTheTwoLargestBlocks", {2});
+  expect_ranks_pass("ZeroStage3.PrefetchGathersTheNextBlockHoweverLarge", {2});
+}
+
+// stage3_max_live_parameters bounds the prefetch (DeepSpeed: the budget is the smaller of the
+// prefetch size and what the live limit leaves): a generous budget runs several blocks ahead, a
+// live limit below every block stops prefetch, and a limit of about one block keeps the live
+// elements within it plus the one block a positive budget may overshoot by.
+TEST(ZeroStage3, LiveLimitFollowsTheConfiguration) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const auto ahead = run_prefetch(comm, 1'000'000'000, 1'000'000'000);
+    const auto& s = ahead.sizes;
+    ASSERT_GE(s.size(), 4u);
+    EXPECT_GT(ahead.peak_gathered, (s[0] + s[1] + s[2]) * 4) << "a large budget prefetches several blocks";
+    const auto none = run_prefetch(comm, 1'000'000'000, s.back());
+    EXPECT_EQ(none.prefetched, 0) << "no room beyond the block computing";
+    const int64_t limit = s[0] + s.back();
+    const auto bounded = run_prefetch(comm, 1'000'000'000, limit);
+    EXPECT_GT(bounded.prefetched, 0);
+    EXPECT_LE(bounded.peak_gathered, (limit + s[0]) * 4);
+    EXPECT_LT(bounded.peak_gathered, ahead.peak_gathered);
+    return;
+  }
+  expect_ranks_pass("ZeroStage3.LiveLimitFollowsTheConfiguration", {2});
+}
+
+namespace {
+zt::TrainConfig one_rank_config(int stage) {
+  return zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.1,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+      "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "stage3_param_persistence_threshold": 0}})",
+                          {}, 1);
+}
+std::shared_ptr<zt::Communicator> world_of_one() { return zt::make_communicator(zt::RendezvousInfo{}, {}); }
+}  // namespace
+
+// A graph that outlives its stage-3 engine: backward is a named error, not a use of freed memory;
+// the model's blocks then refuse to run, and a new engine refuses the model.
+TEST(ZeroLifetime, BackwardAfterTheStage3EngineIsDestroyedIsAnError) {
+  auto net = std::make_shared<Shared>();
+  const auto config = one_rank_config(3);
+  torch::Tensor loss;
+  {
+    zt::Engine engine(net, config, world_of_one());
+    loss = net->forward(torch::randn({4, 8})).pow(2).mean();
+  }
+  try {
+    loss.backward();
+    ADD_FAILURE() << "expected zt::Error";
+  } catch (const zt::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("backward reached block 'model.enc' after the engine that owns its parameters was "
+                           "destroyed"),
+              std::string::npos)
+        << message;
+  }
+  try {
+    net->forward(torch::randn({4, 8}));
+    ADD_FAILURE() << "expected zt::Error";
+  } catch (const zt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sharded by a stage-3 engine that has been destroyed"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(zt::Engine(net, config, world_of_one()), zt::ConfigError);
+}
+
+// Stages 0-2 leave gradient hooks on the parameters: after the engine is gone they do nothing and
+// backward is plain autograd (under ASan this used to read the destroyed engine).
+TEST(ZeroLifetime, HooksOutliveTheirEngineHarmlessly) {
+  for (int stage : {0, 1, 2}) {
+    struct Net : torch::nn::Module {
+      torch::nn::Linear a{nullptr};
+      Net() { a = register_module("a", torch::nn::Linear(4, 4)); }
+    };
+    auto net = std::make_shared<Net>();
+    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": )" +
+                                       std::to_string(stage) + "}}",
+                                   {}, 1);
+    torch::Tensor loss;
+    {
+      zt::Engine engine(net, config, world_of_one());
+      loss = net->a->forward(torch::ones({1, 4})).sum();
+    }
+    EXPECT_NO_THROW(loss.backward()) << "stage " << stage;
+  }
+}
+
+namespace {
+// Shared with a seed, trained by its own engine one micro-step at a time.
+struct SharedRun {
+  std::shared_ptr<Shared> net;
+  std::unique_ptr<zt::Engine> engine;
+  int seed = 0, step = 0;
+  std::vector<double> losses;
+  SharedRun(int stage, int seed) : seed(seed) {
+    torch::manual_seed(seed);
+    net = std::make_shared<Shared>();
+    engine = std::make_unique<zt::Engine>(net, one_rank_config(stage), world_of_one());
+  }
+  void advance() {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 * seed + step++);
+    auto loss = net->forward(torch::randn({4, 8}, gen)).pow(2).mean();
+    losses.push_back(loss.item<double>());
+    engine->backward(loss);
+    engine->step();
+  }
+};
+}  // namespace
+
+// Each stage-3 engine owns the blocks of its own model: two alive at once train independently
+// (interleaved, each equals its own stage-0 run); a second engine on the same model is refused.
+TEST(ZeroLifetime, TwoStage3EnginesTrainTheirOwnModels) {
+  SharedRun a(3, 11), b(3, 12);
+  for (int i = 0; i < 6; ++i) {
+    a.advance();
+    b.advance();
+  }
+  for (auto* run : {&a, &b}) {
+    SharedRun reference(0, run->seed);
+    for (int i = 0; i < 6; ++i) reference.advance();
+    for (size_t i = 0; i < reference.losses.size(); ++i)
+      EXPECT_LE(std::abs(reference.losses[i] - run->losses[i]) / std::abs(reference.losses[i]), 1e-5)
+          << "seed " << run->seed << " step " << i;
+  }
+  try {
+    zt::Engine second(a.net, one_rank_config(3), world_of_one());
+    ADD_FAILURE() << "expected zt::Error";
+  } catch (const zt::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block 'model.enc' belongs to another stage-3 engine that is alive"),
+              std::string::npos)
+        << e.what();
+  }
+  a.advance();  // the refused engine left the first one intact
+  EXPECT_TRUE(std::isfinite(a.losses.back()));
 }
 
 namespace {

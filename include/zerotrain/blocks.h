@@ -18,7 +18,8 @@
 //   identity autograd function that gathers them again before the block's backward. A block may
 //   run several times in one step (shared weights; a tied embedding and head): every run
 //   gathers, and the parameters are released for good once all their gradients are in.
-// - Without such an engine (stages 0–2, or no engine) run_block is just fn(x).
+// - Without such an engine (stages 0–2, or no engine) run_block is just fn(x); a block whose
+//   stage-3 engine was destroyed has no parameter data and run_block on it throws zt::Error.
 // - Thread-safety: mark_block may be called from any thread; run_block from the thread that
 //   drives the engine.
 //
@@ -47,6 +48,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace at {
 class Tensor;
@@ -63,17 +65,21 @@ void mark_block(const std::shared_ptr<torch::nn::Module>& module);
 bool is_marked_block(const torch::nn::Module& module);
 at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const BlockFunction& fn);
 
-// What run_block calls when a stage-3 engine owns a module; implemented by the engine. One
-// runner may be installed at a time.
+// What run_block calls when a stage-3 engine owns a module; implemented by the engine. Several
+// engines may be alive in one process, each owning the blocks of its own model.
 class BlockRunner {
  public:
   virtual ~BlockRunner() = default;
-  // The block id of `module`, or -1 when this runner does not own it.
-  virtual int block_of(const torch::nn::Module& module) const = 0;
   virtual at::Tensor run(int block, const at::Tensor& x, const BlockFunction& fn) = 0;
 };
-// Installs `runner` (nullptr removes it); throws zt::Error when another one is installed.
-void install_block_runner(BlockRunner* runner);
+// Makes `runner` run `modules` (modules[i] is its block i); throws zt::Error when one of them
+// belongs to another installed runner.
+void install_block_runner(BlockRunner* runner, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
+// Forgets `runner`. Its modules keep no parameter data (the engine held it): run_block on one of
+// them throws zt::Error from then on instead of reading freed memory.
+void remove_block_runner(BlockRunner* runner);
+// True when an installed runner owns `module`.
+bool has_block_runner(const torch::nn::Module& module);
 
 class ShardedConstruction {
  public:

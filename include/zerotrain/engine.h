@@ -35,6 +35,12 @@
 //   backward() returns. docs/zero.md has the data flow.
 // - Every rank must use the same parameters in the same order in every backward (as with
 //   plain data parallel); the reductions launched from gradient hooks rely on it.
+// - Lifetime: a graph built through the model may outlive the engine. A backward through it
+//   after the engine is destroyed throws zt::Error at stage 3 (the blocks' parameters went with
+//   the engine; run_block on them throws too) and is plain autograd at stages 0-2. Several
+//   engines may be alive in one process, one per model.
+// - Gradient reduction at stages 0 and 1 (on the boundary micro-step) is launched from the
+//   gradient hooks while backward runs with zero_optimization.overlap_comm, else after it.
 // - Not thread-safe: drive one engine from one thread. Every rank must call backward()/step()
 //   the same number of times in the same order (they run collectives).
 #pragma once
@@ -82,7 +88,9 @@ class Engine {
   bool next_backward_is_boundary() const;
   int64_t global_step() const;     // optimizer steps taken (skipped ones included)
   int64_t skipped_steps() const;
-  double learning_rate() const;    // for the next optimizer step
+  // For the next optimizer step: the schedule at global_step() - skipped_steps(), since (as in
+  // DeepSpeed) a step skipped for an fp16 overflow does not advance the schedule.
+  double learning_rate() const;
   double loss_scale() const;       // for the next backward (1 unless fp16)
   // Long-lived model state this rank allocated, by role (compare with model_state_formula).
   ModelStateBytes model_state_bytes() const;
@@ -95,6 +103,8 @@ class Engine {
   // or the last reset; parameters outside every block (kept whole) are not counted.
   int64_t peak_gathered_parameter_bytes() const;
   void reset_peak_gathered_parameter_bytes();
+  // Stage 3: block gathers launched ahead of the block's use (prefetch) since construction.
+  int64_t prefetched_blocks() const;
   // Checkpoints (docs/checkpoint.md): collectives, called between optimizer steps (not inside an
   // accumulation window). save_checkpoint writes dir/tag — this rank's master weights and
   // optimizer moments by parameter name and element range, the step counters, the loss scaler and

@@ -1,8 +1,8 @@
 // Learning-rate schedules with DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py).
 //
 // lr_at(step) is a pure function of the step: no state to save or restore, so a resumed run
-// continues on the same curve. `step` is the number of optimizer steps already taken (0 for the
-// first step) and plays the role of DeepSpeed's `last_batch_iteration`: lr_at(s) is the value
+// continues on the same curve. `step` is the number of optimizer steps already applied (0 for the
+// first step; the engine does not count steps skipped for an fp16 overflow, as DeepSpeed) and plays the role of DeepSpeed's `last_batch_iteration`: lr_at(s) is the value
 // DeepSpeed's scheduler reports after its (s+1)-th step(). (DeepSpeed steps its scheduler after
 // the optimizer, so there the value is applied one optimizer step later and the very first step
 // runs at the pre-start lr; zerotrain applies lr_at(s) to step s.)

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -17,7 +18,16 @@ namespace {
 
 std::mutex registry_mutex;
 std::vector<std::weak_ptr<torch::nn::Module>> marked;  // expired entries are pruned on use
-BlockRunner* active_runner = nullptr;
+struct Owner {
+  BlockRunner* runner = nullptr;
+  int block = -1;
+};
+std::unordered_map<const torch::nn::Module*, Owner> owners;  // blocks of the installed runners
+std::atomic<int> owned_count{0};                              // lets run_block skip the lookup when none
+// Blocks whose stage-3 engine was destroyed: their parameters have no data.
+std::vector<std::weak_ptr<torch::nn::Module>> orphaned;
+std::unordered_map<BlockRunner*, std::vector<std::weak_ptr<torch::nn::Module>>> modules_of;
+std::atomic<int> orphaned_count{0};
 ShardedConstruction* active_construction = nullptr;
 
 struct PendingShards {
@@ -99,25 +109,59 @@ bool is_marked_block(const torch::nn::Module& module) {
 }
 
 at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const BlockFunction& fn) {
-  BlockRunner* runner = active_runner;
-  if (runner != nullptr)
-    if (int block = runner->block_of(module); block >= 0) return runner->run(block, x, fn);
-  if (pending_count.load() > 0) {
+  if (owned_count.load() > 0) {
+    Owner owner;
+    {
+      std::lock_guard lock(registry_mutex);
+      if (auto it = owners.find(&module); it != owners.end()) owner = it->second;
+    }
+    if (owner.runner != nullptr) return owner.runner->run(owner.block, x, fn);
+  }
+  if (pending_count.load() > 0 || orphaned_count.load() > 0) {
     std::lock_guard lock(registry_mutex);
     for (const auto& entry : pending)
       if (auto m = entry.module.lock(); m.get() == &module)
         throw Error("run_block: block '" + module.name() +
                     "' was built under ShardedConstruction and holds only this rank's shard; construct the Engine "
                     "on the model before running it");
+    for (const auto& weak : orphaned)
+      if (auto m = weak.lock(); m.get() == &module)
+        throw Error("run_block: the parameters of block '" + module.name() +
+                    "' were sharded by a stage-3 engine that has been destroyed and have no data; keep the engine "
+                    "alive while the model is used");
   }
   return fn(x);
 }
 
-void install_block_runner(BlockRunner* runner) {
+void install_block_runner(BlockRunner* runner, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
   std::lock_guard lock(registry_mutex);
-  if (runner != nullptr && active_runner != nullptr && active_runner != runner)
-    throw Error("stage 3: another engine with sharded parameters is alive in this process; one at a time is supported");
-  active_runner = runner;
+  for (const auto& m : modules)
+    if (auto it = owners.find(m.get()); it != owners.end() && it->second.runner != runner)
+      throw Error("stage 3: block '" + m->name() + "' already belongs to another engine that is alive");
+  auto& mine = modules_of[runner];
+  for (int i = 0; i < int(modules.size()); ++i) {
+    owners[modules[i].get()] = {runner, i};
+    mine.push_back(modules[i]);
+  }
+  owned_count = int(owners.size());
+}
+
+void remove_block_runner(BlockRunner* runner) {
+  std::lock_guard lock(registry_mutex);
+  std::erase_if(owners, [&](const auto& entry) { return entry.second.runner == runner; });
+  owned_count = int(owners.size());
+  if (auto it = modules_of.find(runner); it != modules_of.end()) {
+    std::erase_if(orphaned, [](const auto& weak) { return weak.expired(); });
+    for (auto& weak : it->second)
+      if (!weak.expired()) orphaned.push_back(weak);
+    modules_of.erase(it);
+  }
+  orphaned_count = int(orphaned.size());
+}
+
+bool has_block_runner(const torch::nn::Module& module) {
+  std::lock_guard lock(registry_mutex);
+  return owners.count(&module) > 0;
 }
 
 ShardedConstruction::ShardedConstruction(int rank, int world_size) : rank_(rank), world_size_(world_size) {

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -108,12 +109,21 @@ struct BucketProgress {
   std::optional<CollectiveHandle> handle;  // AllReduce / ReduceScatterInPlace
 };
 
+// What the engine leaves in autograd graphs and gradient hooks, which may outlive it: the engine
+// clears `impl` in its destructor, so that a backward that runs afterwards finds out instead of
+// using freed memory.
+struct Liveness : torch::CustomClassHolder {
+  std::atomic<Engine::Impl*> impl{nullptr};
+};
+
 // Identity on a block's output whose backward gathers the block's parameters again before the
 // block's own backward runs (design §10: it fires before the block's parameter gradients).
 struct Regather : public torch::autograd::Function<Regather> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y, int64_t runner,
-                               int64_t block, int64_t position) {
-    ctx->saved_data["runner"] = runner;
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y,
+                               const c10::intrusive_ptr<Liveness>& engine, const std::string& name, int64_t block,
+                               int64_t position) {
+    ctx->saved_data["engine"] = c10::IValue::make_capsule(engine);
+    ctx->saved_data["name"] = name;
     ctx->saved_data["block"] = block;
     ctx->saved_data["position"] = position;
     return y.view_as(y);
@@ -163,6 +173,7 @@ class GatherPool {
 }  // namespace
 
 struct Engine::Impl : BlockRunner {
+  c10::intrusive_ptr<Liveness> liveness = c10::make_intrusive<Liveness>();
   std::shared_ptr<torch::nn::Module> model;
   TrainConfig config;
   std::shared_ptr<Communicator> comm;
@@ -210,9 +221,9 @@ struct Engine::Impl : BlockRunner {
   std::vector<torch::Tensor> bucket_params;
   GatherPool gather_pool;
   std::vector<BlockState> blocks;
-  std::unordered_map<const torch::nn::Module*, int> block_ids;
+  std::vector<std::shared_ptr<torch::nn::Module>> block_modules;  // block id -> its module
   int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
-  int live_blocks = 0;               // Gathering or Gathered
+  int64_t prefetched = 0;            // gathers launched ahead of their block's use
   // Block order: recorded (and checked across ranks) until the first backward, then used to
   // prefetch. docs/zero.md "Stage 3".
   std::vector<int> recorded_order;
@@ -223,7 +234,7 @@ struct Engine::Impl : BlockRunner {
   int64_t global_step = 0;  // optimizer steps taken
   int64_t skipped = 0;
   bool in_backward = false;
-  bool reducing = false;    // this backward launches reductions from the hooks
+  bool reducing = false;    // this window's reductions are launched (from the hooks, or after backward)
 
   Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm)
       : model(std::move(m)), config(c), comm(std::move(cm)), schedule(c.scheduler, c.optimizer.lr),
@@ -246,21 +257,31 @@ struct Engine::Impl : BlockRunner {
                 : c.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
                                                 : GradientReduction::AllReduce;
     build();
-    if (shard_parameters) install_block_runner(this);
+    if (shard_parameters) install_block_runner(this, block_modules);
+    liveness->impl = this;
   }
 
   ~Impl() override {
-    if (shard_parameters) install_block_runner(nullptr);
+    liveness->impl = nullptr;
+    if (shard_parameters) remove_block_runner(this);
   }
 
   // ---------------------------------------------------------------- construction
   void build() {
+    // The parameters of another live stage-3 engine's blocks have no data between its gathers.
+    for (const auto& item : model->named_modules("model", /*include_self=*/true))
+      if (has_block_runner(*item.value()))
+        throw Error("engine: block '" + item.key() +
+                    "' belongs to another stage-3 engine that is alive; one engine per model at a time");
     std::vector<PendingBlock> pending = adopt_sharded_blocks();
+    std::unordered_set<const void*> built_sharded;
+    for (const PendingBlock& b : pending)
+      for (const auto& p : b.shards.parameters) built_sharded.insert(p.unsafeGetTensorImpl());
     std::vector<torch::Tensor> trainable;
     std::vector<ParameterSpec> specs;
     std::vector<int> owners;                        // per spec: the marked module holding it, or -1
     std::unordered_map<const void*, int> owner_of;  // TensorImpl -> marked module
-    std::vector<std::pair<std::string, const torch::nn::Module*>> owner_modules;
+    std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> owner_modules;
     if (shard_parameters) find_marked_modules(owner_of, owner_modules);
     for (auto& named : model->named_parameters(/*recurse=*/true)) {
       const torch::Tensor& p = named.value();
@@ -269,6 +290,9 @@ struct Engine::Impl : BlockRunner {
         throw ConfigError("engine: expected fp32 CPU parameters (the engine makes the working copy), found " +
                           std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
                           named.key() + "'");
+      if (p.numel() > 0 && p.storage().nbytes() == 0 && !built_sharded.count(p.unsafeGetTensorImpl()))
+        throw ConfigError("engine: parameter '" + named.key() +
+                          "' has no data (its block was sharded by a stage-3 engine that has been destroyed)");
       trainable.push_back(p);
       auto owner = owner_of.find(p.unsafeGetTensorImpl());
       owners.push_back(owner == owner_of.end() ? -1 : owner->second);
@@ -419,11 +443,15 @@ struct Engine::Impl : BlockRunner {
         if (int g = layout.buckets[slot.bucket].group; g >= 0) ++blocks[g].trainable;
     for (int i = 0; i < int(slots.size()); ++i) {
       auto accumulator = torch::autograd::impl::grad_accumulator(slots[i].param);
+      // The accumulators outlive the engine in any graph built before it was destroyed; a backward
+      // through such a graph then accumulates as plain autograd does (stage 3: Regather refuses it).
       if (reduction == GradientReduction::ReduceScatterBuckets)
-        accumulator->add_pre_hook(std::make_unique<PreHook>([this, i] { before_gradient(i); }));
+        accumulator->add_pre_hook(std::make_unique<PreHook>([engine = liveness, i] {
+          if (Impl* self = engine->impl.load()) self->before_gradient(i);
+        }));
       accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            after_gradient(i);
+          [engine = liveness, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+            if (Impl* self = engine->impl.load()) self->after_gradient(i);
             return outputs;
           }));
       grad_accumulators.push_back(std::move(accumulator));
@@ -433,7 +461,7 @@ struct Engine::Impl : BlockRunner {
   // Stage 3: the marked modules of the model; each trainable parameter under one belongs to it.
   // Nesting or sharing between blocks is refused.
   void find_marked_modules(std::unordered_map<const void*, int>& owner_of,
-                           std::vector<std::pair<std::string, const torch::nn::Module*>>& modules) {
+                           std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules) {
     for (const auto& item : model->named_modules("model", /*include_self=*/true)) {
       if (!is_marked_block(*item.value())) continue;
       for (const auto& p : item.value()->named_parameters(true)) {
@@ -444,7 +472,7 @@ struct Engine::Impl : BlockRunner {
                             modules[it->second].first + "' and '" + item.key() +
                             "' (blocks must not nest or share parameters)");
       }
-      modules.emplace_back(item.key(), item.value().get());
+      modules.emplace_back(item.key(), item.value());
     }
   }
 
@@ -456,7 +484,7 @@ struct Engine::Impl : BlockRunner {
   // and both complete during that block's backward.
   void assign_blocks(std::vector<torch::Tensor>& trainable, std::vector<ParameterSpec>& specs,
                      const std::vector<int>& owners,
-                     const std::vector<std::pair<std::string, const torch::nn::Module*>>& modules) {
+                     const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules) {
     const int64_t threshold = config.zero.stage3_param_persistence_threshold;
     std::vector<int> block_of_module(modules.size(), -1);
     for (size_t i = 0; i < specs.size(); ++i) {
@@ -464,7 +492,7 @@ struct Engine::Impl : BlockRunner {
       if (owner < 0 || trainable[i].numel() < threshold) continue;
       if (block_of_module[owner] < 0) {
         block_of_module[owner] = int(blocks.size());
-        block_ids[modules[owner].second] = int(blocks.size());
+        block_modules.push_back(modules[owner].second);
         blocks.emplace_back().name = modules[owner].first;
       }
       specs[i].group = block_of_module[owner];
@@ -538,11 +566,6 @@ struct Engine::Impl : BlockRunner {
     pending.materialized = true;
   }
 
-  int block_of(const torch::nn::Module& module) const override {
-    auto it = block_ids.find(&module);
-    return it == block_ids.end() ? -1 : it->second;
-  }
-
   // Starts gathering the block's full parameters (one all-gather per bucket, normally one).
   void launch_gather(int block) {
     BlockState& state = blocks[block];
@@ -557,7 +580,6 @@ struct Engine::Impl : BlockRunner {
                                                  full, "params." + state.name));
     }
     state.residence = Residence::Gathering;
-    ++live_blocks;
     gathered_bytes += state.bytes;
     peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
   }
@@ -580,7 +602,6 @@ struct Engine::Impl : BlockRunner {
     gather(block);  // an in-flight gather must land before its buffer goes
     for (int b : state.buckets) release_storage(b);
     state.residence = Residence::Released;
-    --live_blocks;
     gathered_bytes -= state.bytes;
   }
 
@@ -593,20 +614,27 @@ struct Engine::Impl : BlockRunner {
     storage->set_nbytes(0);
   }
 
-  // Gathers the block at `position` of the recorded order ahead of its use, when the budget
-  // allows: at most stage3_prefetch_bucket_size elements, the gathered elements within
-  // stage3_max_live_parameters, and never more than two blocks live (the one computing and the
-  // next), which bounds gathered memory by the two largest blocks.
-  void prefetch(int64_t position) {
-    if (!order_known || position < 0 || position >= int64_t(recorded_order.size())) return;
-    BlockState& next = blocks[recorded_order[position]];
-    if (next.residence != Residence::Released || live_blocks >= 2) return;
-    if (next.numel > config.zero.stage3_prefetch_bucket_size) return;
+  // Gathers blocks ahead of their use, walking the recorded order from `position` in `direction`
+  // (+1 in forward, -1 in backward), as DeepSpeed's parameter coordinator does: released blocks
+  // are gathered while the elements launched by this call stay below the budget
+  // min(stage3_prefetch_bucket_size, stage3_max_live_parameters - elements already live), so a
+  // positive budget always prefetches at least the next block, however large; a zero
+  // stage3_prefetch_bucket_size turns prefetch off.
+  void prefetch(int64_t position, int direction) {
+    if (!order_known) return;
     int64_t live_numel = 0;
     for (const auto& b : blocks)
       if (b.residence != Residence::Released) live_numel += b.numel;
-    if (live_numel + next.numel > config.zero.stage3_max_live_parameters) return;
-    launch_gather(recorded_order[position]);
+    const int64_t budget =
+        std::min(config.zero.stage3_prefetch_bucket_size, config.zero.stage3_max_live_parameters - live_numel);
+    int64_t launched = 0;
+    for (int64_t p = position; launched < budget && p >= 0 && p < int64_t(recorded_order.size()); p += direction) {
+      const int block = recorded_order[p];
+      if (blocks[block].residence != Residence::Released) continue;
+      launch_gather(block);
+      ++prefetched;
+      launched += blocks[block].numel;
+    }
   }
 
   // First step: every rank must run the same block at every call (or end its forward at the same
@@ -642,11 +670,11 @@ struct Engine::Impl : BlockRunner {
     }
     forward_position = position + 1;
     gather(block);
-    prefetch(position + 1);
+    prefetch(position + 1, +1);
     torch::Tensor y = fn(x);
     release(block);
     if (y.requires_grad() && torch::GradMode::is_enabled())
-      y = Regather::apply(y, reinterpret_cast<int64_t>(this), int64_t(block), position);
+      y = Regather::apply(y, liveness, blocks[block].name, int64_t(block), position);
     return y;
   }
 
@@ -654,7 +682,7 @@ struct Engine::Impl : BlockRunner {
   // before it in forward order is the next to come in backward.
   void gather_for_backward(int block, int64_t position) {
     gather(block);
-    prefetch(position - 1);
+    prefetch(position - 1, -1);
   }
 
   void plan_optimizer_chunks(const std::vector<OwnedFragment>& fragments) {
@@ -682,9 +710,13 @@ struct Engine::Impl : BlockRunner {
     ZT_CHECK_STATE(!in_backward, "backward() re-entered");
     const bool boundary = boundary_next();
     // Gradients are reduced on the boundary micro-step only, except when they are sharded: then
-    // every micro-step reduces, so that no full-size gradient survives a backward.
-    reducing = reduction == GradientReduction::ReduceScatterBuckets || (boundary && world > 1);
-    if (reducing)
+    // every micro-step reduces, so that no full-size gradient survives a backward. Unsharded
+    // gradients are reduced from the gradient hooks while backward runs with overlap_comm, else
+    // once backward has returned (as DeepSpeed's stages 0 and 1 without overlap_comm).
+    const bool sharded_gradients = reduction == GradientReduction::ReduceScatterBuckets;
+    const bool reduce_whole = !sharded_gradients && boundary && world > 1;
+    reducing = sharded_gradients || (reduce_whole && config.zero.overlap_comm);
+    if (sharded_gradients || reduce_whole)
       for (size_t i = 0; i < progress.size(); ++i) {
         progress[i].remaining = layout.buckets[i].end_placement - layout.buckets[i].first_placement;
         if (reduction != GradientReduction::ReduceScatterBuckets) {
@@ -706,7 +738,11 @@ struct Engine::Impl : BlockRunner {
       throw;
     }
     in_backward = false;
-    if (reduction == GradientReduction::ReduceScatterBuckets) flush_buckets();
+    if (sharded_gradients) flush_buckets();
+    if (reduce_whole && !config.zero.overlap_comm) {
+      for (int b = 0; b < int(progress.size()); ++b) launch(b);  // step() waits for them
+      reducing = true;
+    }
     ++micro_step;
   }
 
@@ -981,7 +1017,9 @@ struct Engine::Impl : BlockRunner {
     const double norm = std::sqrt(square_sum) * unscale;
     result.grad_norm = norm;
     result.loss_scale = scaler.scale();
-    result.lr = schedule.lr_at(global_step);
+    // As DeepSpeed, a step skipped for overflow does not advance the schedule (its scheduler
+    // steps only with the optimizer), while global_step counts it.
+    result.lr = schedule.lr_at(global_step - skipped);
     ++global_step;
     const bool overflow = !std::isfinite(norm);
     scaler.update(overflow);
@@ -1132,9 +1170,14 @@ struct Engine::Impl : BlockRunner {
 namespace {
 torch::autograd::variable_list Regather::backward(torch::autograd::AutogradContext* ctx,
                                                   torch::autograd::variable_list grads) {
-  auto* impl = reinterpret_cast<Engine::Impl*>(ctx->saved_data["runner"].toInt());
+  auto engine = c10::static_intrusive_pointer_cast<Liveness>(ctx->saved_data["engine"].toCapsule());
+  Engine::Impl* impl = engine->impl.load();
+  if (impl == nullptr)
+    throw Error("stage 3: backward reached block '" + ctx->saved_data["name"].toStringRef() +
+                "' after the engine that owns its parameters was destroyed (keep the engine alive until every "
+                "backward through its model has run)");
   impl->gather_for_backward(int(ctx->saved_data["block"].toInt()), ctx->saved_data["position"].toInt());
-  return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
 }
 }  // namespace
 
@@ -1148,7 +1191,7 @@ StepResult Engine::step() { return impl_->step(); }
 bool Engine::next_backward_is_boundary() const { return impl_->boundary_next(); }
 int64_t Engine::global_step() const { return impl_->global_step; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
-double Engine::learning_rate() const { return impl_->schedule.lr_at(impl_->global_step); }
+double Engine::learning_rate() const { return impl_->schedule.lr_at(impl_->global_step - impl_->skipped); }
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
                              const std::map<std::string, std::string>& client_state, int keep_last) {
@@ -1164,6 +1207,7 @@ int64_t Engine::buffer_bytes() const { return impl_->buffer_bytes(); }
 int64_t Engine::trainable_parameters() const { return impl_->layout.parameter_numel; }
 const FlatLayout& Engine::layout() const { return impl_->layout; }
 int64_t Engine::peak_gathered_parameter_bytes() const { return impl_->peak_gathered_bytes; }
+int64_t Engine::prefetched_blocks() const { return impl_->prefetched; }
 void Engine::reset_peak_gathered_parameter_bytes() { impl_->peak_gathered_bytes = impl_->gathered_bytes; }
 
 }  // namespace zt
