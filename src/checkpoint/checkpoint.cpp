@@ -326,9 +326,12 @@ fs::path resolve_tag(const fs::path& dir, const std::string& tag_in) {
     if (text.empty() || text.back() != '\n' || text.find('\n') != text.size() - 1)
       throw DataError("'" + (dir / "latest").string() + "' is damaged: expected one line naming a checkpoint");
     tag = text.substr(0, text.size() - 1);
-    if (!plain_tag(tag) || !fs::is_directory(dir / tag))
-      throw DataError("'" + (dir / "latest").string() + "' names " + json(tag).dump(-1, ' ', false, json::error_handler_t::replace) +
-                      ", which is not a checkpoint directory in '" + dir.string() + "'");
+    if (!plain_tag(tag) || !fs::is_directory(dir / tag)) {
+      // Quoted as written, control characters escaped (the message stays one line).
+      const std::string quoted = json(tag).dump(-1, ' ', false, json::error_handler_t::replace);
+      throw DataError("'" + (dir / "latest").string() + "' names '" + quoted.substr(1, quoted.size() - 2) +
+                      "', which is not a checkpoint directory in '" + dir.string() + "'");
+    }
   }
   return dir / tag;
 }

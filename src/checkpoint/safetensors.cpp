@@ -331,7 +331,7 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::m
       throw bad(tensor + ": shape " + value["shape"].dump() + " needs " +
                 (e.nbytes < 0 ? std::string("more bytes than a 64-bit size holds") : std::to_string(e.nbytes) + " bytes") +
                 ", more than the " + std::to_string(file_bytes - data_start - expected_offset) +
-                " bytes left in the file");
+                " bytes left in the file (truncated or damaged)");
     const auto& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() || !offsets[1].is_number_integer())
       throw bad(tensor + ": data_offsets " + offsets.dump());
