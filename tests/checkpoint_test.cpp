@@ -4,6 +4,7 @@
 // Each case runs its ranks several times (a separate process per phase); the rank body reads
 // what to do from ZT_CKPT_* variables and writes its global losses to a file the parent compares.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/file_system.h"
 #include "checkpoint/safetensors.h"
 #include "support/counting_allocator.h"
 #include "support/multirank.h"
@@ -174,16 +176,29 @@ struct SingleRank {
   std::shared_ptr<zt::Communicator> comm = zt::make_communicator(zt::RendezvousInfo{}, {});
   zt::GPT model{nullptr};
   std::unique_ptr<zt::Engine> engine;
-  explicit SingleRank(int seed = 7, int64_t vocab = 256) {
+  // `optimizer`: the configuration's "optimizer" block (default: Adam with its defaults);
+  // `weights`: values to start from instead of the seed's (the engine adopts them).
+  explicit SingleRank(int seed = 7, int64_t vocab = 256, const std::string& optimizer = "",
+                      const torch::Tensor& weights = {}) {
     torch::manual_seed(seed);
     auto gpt_config = zt::gpt_preset("tiny");
     gpt_config.vocab_size = vocab;
     model = zt::GPT(gpt_config);
-    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1}})", {}, 1);
+    if (weights.defined()) {
+      torch::NoGradGuard no_grad;
+      int64_t at = 0;
+      for (auto& p : model->parameters()) {
+        p.copy_(weights.narrow(0, at, p.numel()).view(p.sizes()));
+        at += p.numel();
+      }
+    }
+    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 1})" +
+                                       (optimizer.empty() ? "" : ", \"optimizer\": " + optimizer) + "}",
+                                   {}, 1);
     engine = std::make_unique<zt::Engine>(model.ptr(), config, comm);
   }
-  void step() {
-    auto tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
+  void step() { step(torch::randint(0, 256, {2, 17}, torch::kLong)); }
+  void step(const torch::Tensor& tokens) {
     engine->backward(model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)));
     engine->step();
   }
@@ -327,6 +342,9 @@ TEST(Checkpoint, SaveKilledAnywhereLeavesTheLastCheckpointLoadable) {
     EXPECT_NO_THROW(loader.engine->load_checkpoint(dir.string())) << "trial " << trial;
   }
   std::printf("%d of %d kills interrupted a save in progress\n", interrupted, trials);
+  // The saver does nothing but save, so most kills land inside one; at least one must, or the
+  // test has not shown what it claims.
+  EXPECT_GE(interrupted, 1) << "no kill landed while a save was in progress (no staging directory at kill time)";
 }
 
 // keep_last keeps the newest checkpoints, `latest` names the newest, and staging directories of
@@ -438,4 +456,379 @@ TEST(Checkpoint, EveryDamageToTheManifestOrLatestIsDetected) {
     std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
     EXPECT_NO_THROW(saver.engine->load_checkpoint(dir.string())) << "restored " << file.filename();
   }
+}
+
+namespace {
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// The manifest of dir/tag, changed by `change` and given a valid checksum again (as one who
+// crafts a file would): what fails to load then fails for what was changed.
+void rewrite_manifest(const fs::path& manifest_path, const std::function<void(nlohmann::json&)>& change) {
+  auto manifest = nlohmann::json::parse(read_text(manifest_path));
+  change(manifest);
+  manifest["checksum"] = "00000000";
+  manifest["checksum"] = zt::crc32_hex(manifest.dump(1));
+  std::ofstream(manifest_path, std::ios::binary | std::ios::trunc) << manifest.dump(1);
+}
+
+// A rank file rewritten from its tensors after `change` (names and values), with valid checksums.
+void rewrite_rank_file(const fs::path& path, const std::function<void(std::vector<std::pair<std::string, torch::Tensor>>&)>& change) {
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+  {
+    zt::SafetensorsReader reader(path);
+    metadata = reader.metadata();
+    for (const auto& e : reader.entries()) tensors.emplace_back(e.name, reader.read(e.name));
+  }
+  change(tensors);
+  std::vector<zt::TensorRecord> records;
+  for (const auto& [name, t] : tensors) records.push_back({name, t.scalar_type(), t.sizes().vec()});
+  zt::SafetensorsWriter writer(path, records, metadata);
+  for (const auto& [name, t] : tensors) writer.write(t);
+  writer.finish();
+}
+
+std::vector<std::string> fragment_roles(const zt::StateFragment& f) {
+  std::vector<std::string> roles;
+  for (const auto& [role, t] : f.roles) roles.push_back(role);
+  return roles;
+}
+
+}  // namespace
+
+// Loading another optimizer's state is refused with one line naming both (it used to load Adam's
+// moments into LAMB or SGD silently); with reset_optimizer the weights load, the moments start
+// from zero and the optimizer's step count from 0, while the global step is kept. A changed
+// hyper-parameter is allowed and reported.
+TEST(Checkpoint, AnotherOptimizerIsRefusedUnlessTheOptimizerIsReset) {
+  const fs::path dir = fresh_dir("optimizer");
+  SingleRank saver(7, 256, R"({"type": "Adam", "params": {"lr": 0.001}})");
+  saver.step();
+  saver.step();
+  saver.engine->save_checkpoint(dir.string(), "adam");
+  const torch::Tensor saved_weights = saver.parameters();
+  struct Refused {
+    std::string optimizer, type;
+  };
+  for (const Refused& c : {Refused{R"({"type": "Lamb", "params": {"lr": 0.001}})", "Lamb"},
+                           Refused{R"({"type": "SGD", "params": {"lr": 0.001, "momentum": 0.9}})", "SGD"},
+                           Refused{R"({"type": "SGD", "params": {"lr": 0.001}})", "SGD"}}) {
+    SingleRank loader(99, 256, c.optimizer);
+    const torch::Tensor before = loader.parameters();
+    try {
+      loader.engine->load_checkpoint(dir.string());
+      ADD_FAILURE() << c.type << ": another optimizer's state must be refused";
+    } catch (const zt::DataError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("saved with optimizer Adam, this run uses " + c.type), std::string::npos) << message;
+      EXPECT_NE(message.find((dir / "adam" / "manifest.json").string()), std::string::npos) << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+    EXPECT_TRUE(torch::equal(loader.parameters(), before)) << c.type << ": the engine must be unchanged";
+    EXPECT_EQ(loader.engine->global_step(), 0);
+  }
+  // AdamW keeps Adam's state: it loads, and the changes are reported, one line each.
+  {
+    SingleRank loader(99, 256, R"({"type": "AdamW", "params": {"lr": 0.0005}})");
+    std::vector<std::string> lines;
+    zt::LoadOptions options;
+    options.log = [&](const std::string& line) { lines.push_back(line); };
+    loader.engine->load_checkpoint(dir.string(), "", options);
+    EXPECT_TRUE(torch::equal(loader.parameters(), saved_weights));
+    EXPECT_NE(std::find(lines.begin(), lines.end(), "optimizer.params.lr: 0.001 -> 0.0005"), lines.end())
+        << ::testing::PrintToString(lines);
+    EXPECT_NE(std::find(lines.begin(), lines.end(), "optimizer.type: \"Adam\" -> \"AdamW\""), lines.end())
+        << ::testing::PrintToString(lines);
+    for (const auto& line : lines)
+      EXPECT_TRUE(line.rfind("optimizer.", 0) == 0 || line.rfind("scheduler.", 0) == 0) << line;
+    // Unchanged settings report nothing.
+    SingleRank same(98, 256, R"({"type": "Adam", "params": {"lr": 0.001}})");
+    lines.clear();
+    same.engine->load_checkpoint(dir.string(), "", options);
+    EXPECT_TRUE(lines.empty()) << ::testing::PrintToString(lines);
+  }
+  // Reset: LAMB from Adam's weights. One step equals one step of a fresh LAMB engine started from
+  // the same weights (zero moments, bias correction at step 1), and the global step continues.
+  const std::string lamb = R"({"type": "Lamb", "params": {"lr": 0.001}})";
+  SingleRank reset(99, 256, lamb);
+  zt::LoadOptions options;
+  options.reset_optimizer = true;
+  reset.engine->load_checkpoint(dir.string(), "", options);
+  EXPECT_TRUE(torch::equal(reset.parameters(), saved_weights));
+  EXPECT_EQ(reset.engine->global_step(), 2);
+  SingleRank fresh(5, 256, lamb, saved_weights);
+  ASSERT_TRUE(torch::equal(fresh.parameters(), saved_weights));
+  torch::manual_seed(21);
+  const auto tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
+  reset.step(tokens);
+  fresh.step(tokens);
+  EXPECT_EQ(reset.engine->global_step(), 3);
+  EXPECT_TRUE(torch::equal(reset.parameters(), fresh.parameters()))
+      << "after a reset the first LAMB step must be that of a fresh optimizer";
+  // Saved and resumed again, the reset run continues exactly (its optimizer step count is saved).
+  reset.engine->save_checkpoint(dir.string(), "lamb");
+  SingleRank again(97, 256, lamb);
+  again.engine->load_checkpoint(dir.string());
+  torch::manual_seed(22);
+  const auto next = torch::randint(0, 256, {2, 17}, torch::kLong);
+  again.step(next);
+  reset.step(next);
+  EXPECT_TRUE(torch::equal(again.parameters(), reset.parameters()));
+  // An explicit tag that is not a plain name is refused before anything is read.
+  EXPECT_THROW(again.engine->load_checkpoint(dir.string(), "../adam"), zt::ConfigError);
+}
+
+// A save made to fail at each of its file operations in turn (the k-th create, write, fsync,
+// rename or mkdir, or a full disk from the k-th write on), until a save hits no fault: every failed
+// save throws a zt::Error naming the file and the OS error, and leaves the directory byte for byte
+// as it was (`latest` naming the previous checkpoint, no new checkpoint, no staging directory or
+// temporary file), and the previous checkpoint loads with the values it was saved with.
+TEST(CheckpointFaults, AFailedSaveLeavesThePreviousCheckpoint) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const std::vector<zt::CheckpointParameter> parameters = {{"w", {3, 4}}, {"b", {5}}};
+  auto make_fragments = [](float base) {
+    std::vector<zt::StateFragment> fragments(2);
+    fragments[0] = {"w", 0, 12, {{"master", torch::arange(12, torch::kFloat) + base}, {"exp_avg", torch::full({12}, base)}}};
+    fragments[1] = {"b", 0, 5, {{"master", torch::arange(5, torch::kFloat) - base}, {"exp_avg", torch::full({5}, -base)}}};
+    return fragments;
+  };
+  zt::CheckpointContents contents;
+  contents.parameters = parameters;
+  contents.scalars = {{"global_step", "1"}};
+  const fs::path base = fresh_dir("faults");
+  zt::save_sharded_checkpoint(*comm, base, "old", contents, make_fragments(1.5f), 0);
+  using Fault = zt::FaultInjectingFileSystem::Fault;
+  for (Fault kind : {Fault::Create, Fault::Write, Fault::Sync, Fault::Rename, Fault::Mkdir, Fault::DiskFull}) {
+    const std::string what = zt::to_string(kind);
+    const fs::path dir = fresh_dir("faults-case");
+    fs::copy(base, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    const auto before = snapshot(dir);
+    int failures = 0;
+    for (int k = 1;; ++k) {
+      ASSERT_LE(k, 200) << what << ": a save should not take this many operations";
+      zt::FaultInjectingFileSystem files(zt::FileSystem::real(), kind, k);
+      std::string error;
+      try {
+        zt::save_sharded_checkpoint(*comm, dir, "new", contents, make_fragments(7.25f), 0, files);
+      } catch (const zt::Error& e) {
+        error = e.what();
+      }
+      if (!files.fault_hit()) {
+        EXPECT_EQ(error, "") << what << " k=" << k << ": no fault, no error";
+        EXPECT_EQ(read_text(dir / "latest"), "new\n");
+        break;
+      }
+      ++failures;
+      ASSERT_NE(error, "") << what << " k=" << k << ": the fault must fail the save";
+      const std::string os_error = kind == Fault::DiskFull ? std::strerror(ENOSPC)
+                                   : kind == Fault::Create || kind == Fault::Mkdir ? std::strerror(EACCES)
+                                                                                    : std::strerror(EIO);
+      EXPECT_NE(error.find(os_error), std::string::npos) << what << " k=" << k << ": " << error;
+      EXPECT_NE(error.find("'" + dir.string()), std::string::npos) << what << " k=" << k << " must name the file: " << error;
+      EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+      EXPECT_EQ(snapshot(dir), before) << what << " k=" << k << ": " << error;
+      std::set<std::string> names;
+      for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+      EXPECT_EQ(names, (std::set<std::string>{"latest", "old"})) << what << " k=" << k;
+      // The previous checkpoint, loaded, has exactly its values.
+      auto loaded = make_fragments(0.0f);
+      const auto expected = make_fragments(1.5f);
+      for (auto& f : loaded)
+        for (auto& [role, t] : f.roles) t = torch::full_like(t, -99.0f);
+      zt::load_sharded_checkpoint(*comm, dir, "", parameters, loaded);
+      for (size_t i = 0; i < loaded.size(); ++i)
+        for (const auto& role : fragment_roles(loaded[i]))
+          EXPECT_TRUE(torch::equal(loaded[i].roles.at(role), expected[i].roles.at(role))) << what << " k=" << k << " " << role;
+    }
+    EXPECT_GT(failures, 0) << what;
+    std::printf("%s: %d failed saves before one with no fault\n", what.c_str(), failures);
+  }
+}
+
+// The rank body of the next test: rank 1's writes fail; every rank must throw (none hangs), and
+// the directory keeps the previous checkpoint.
+TEST(CheckpointFaultRank, Body) {
+  if (!is_rank_process()) return;
+  auto comm = zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
+  const fs::path dir = env("ZT_CKPT_FAULT_DIR");
+  const std::vector<zt::CheckpointParameter> parameters = {{"w", {8}}};
+  const int rank = comm->rank();
+  auto fragments = [&](float value) {
+    return std::vector<zt::StateFragment>{{"w", 4 * rank, 4, {{"master", torch::full({4}, value + rank)}}}};
+  };
+  zt::CheckpointContents contents;
+  contents.parameters = parameters;
+  zt::save_sharded_checkpoint(*comm, dir, "old", contents, fragments(1.0f), 0);
+  zt::FaultInjectingFileSystem faulty(zt::FileSystem::real(), zt::FaultInjectingFileSystem::Fault::Write, 1);
+  zt::FileSystem& files = rank == 1 ? static_cast<zt::FileSystem&>(faulty) : zt::FileSystem::real();
+  try {
+    zt::save_sharded_checkpoint(*comm, dir, "new", contents, fragments(2.0f), 0, files);
+    ADD_FAILURE() << "rank " << rank << ": the save must fail on every rank";
+  } catch (const zt::Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("rank-00001-of-00002.safetensors"), std::string::npos) << message;
+    EXPECT_NE(message.find(std::strerror(EIO)), std::string::npos) << message;
+  }
+  comm->barrier("test.after");
+  EXPECT_EQ(read_text(dir / "latest"), "old\n");
+  EXPECT_FALSE(fs::exists(dir / "new"));
+  EXPECT_FALSE(fs::exists(dir / ".partial-new"));
+  auto loaded = fragments(0.0f);
+  zt::load_sharded_checkpoint(*comm, dir, "", parameters, loaded);
+  EXPECT_TRUE(torch::equal(loaded[0].roles.at("master"), torch::full({4}, 1.0f + rank)));
+}
+
+TEST(CheckpointFaults, AFailureOnOneRankFailsTheSaveOnEveryRank) {
+  const std::string dir = fresh_dir("fault-ranks");
+  auto r = run_ranks(2, "CheckpointFaultRank.Body", {{"ZT_CKPT_FAULT_DIR", dir}, {"ZT_COMM_TIMEOUT_SECONDS", "60"}},
+                     std::chrono::seconds(120));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+}
+
+// Hostile checkpoints, crafted with valid checksums: each refused by load and by export with a
+// zt::DataError (zt::ConfigError for a tag argument) naming the file, without a crash, an
+// allocation by a claimed size, or a file read or written outside the checkpoint's directory.
+TEST(Checkpoint, HostileCheckpointsAreRefused) {
+  const fs::path base = fresh_dir("hostile");
+  {
+    SingleRank saver;
+    saver.step();
+    saver.engine->save_checkpoint(base.string(), "only");
+  }
+  const std::string rank_file = "rank-00000-of-00001.safetensors";
+  // A file outside the checkpoint that a path-following reader would open: a valid copy.
+  fs::copy_file(base / "only" / rank_file, base / "outside.safetensors");
+  using Manifest = std::function<void(nlohmann::json&)>;
+  using Pieces = std::function<void(std::vector<std::pair<std::string, torch::Tensor>>&)>;
+  struct Case {
+    std::string what, expected;
+    Manifest manifest;
+    Pieces pieces;
+    bool exported = true;  // export reads it too (the counters among the scalars only load reads)
+  };
+  auto set = [](const std::string& key, nlohmann::json value) -> Manifest {
+    return [key, value](nlohmann::json& m) { m[key] = value; };
+  };
+  auto first_parameter = [](const std::function<void(nlohmann::json&)>& change) -> Manifest {
+    return [change](nlohmann::json& m) { change(m["parameters"][0]); };
+  };
+  const std::vector<Case> cases = {
+      {"a file name leading out", "is not one of its rank files", set("files", {"../outside.safetensors"})},
+      {"an absolute file name", "is not one of its rank files", set("files", {(base / "outside.safetensors").string()})},
+      {"a file name with NUL", "is not one of its rank files", set("files", {std::string("rank-00000-of-00001.safetensors\0x", 33)})},
+      {"a rank beyond the world", "is not one of its rank files", set("files", {"rank-00001-of-00001.safetensors"})},
+      {"a file listed twice", "not a list of at most world_size", set("files", {rank_file, rank_file})},
+      {"a file name that is a number", "is not one of its rank files", set("files", {7})},
+      {"files not a list", "'files' is not a list", set("files", nlohmann::json::object())},
+      {"world size 0", "world_size 0", set("world_size", 0)},
+      {"world size 2^63", "world_size", set("world_size", uint64_t(1) << 63)},
+      {"world size a string", "world_size", set("world_size", "1")},
+      {"no format", "not a zerotrain checkpoint", [](nlohmann::json& m) { m.erase("format"); }},
+      {"no parameters", "not a zerotrain manifest", [](nlohmann::json& m) { m.erase("parameters"); }},
+      {"negative dimension", "has shape", first_parameter([](nlohmann::json& p) { p["shape"] = {-256, -64}; })},
+      {"element count overflow", "more elements than a 64-bit count holds",
+       first_parameter([](nlohmann::json& p) { p["shape"] = {int64_t(1) << 32, int64_t(1) << 32}; })},
+      {"parameter name with ..", "contains '..'", first_parameter([](nlohmann::json& p) { p["name"] = "wte..weight"; })},
+      {"parameter name with NUL", "control character", first_parameter([](nlohmann::json& p) { p["name"] = std::string("wte\0.weight", 11); })},
+      {"parameter listed twice", "is listed twice",
+       [](nlohmann::json& m) { m["parameters"].push_back(m["parameters"][0]); }},
+      {"parameter without a name", "is not {", first_parameter([](nlohmann::json& p) { p.erase("name"); })},
+      {"scalar not a string", "is not a string", [](nlohmann::json& m) { m["scalars"]["global_step"] = 3; }},
+      {"step not a number", "scalar 'global_step' is 'abc'", [](nlohmann::json& m) { m["scalars"]["global_step"] = "abc"; }, nullptr, false},
+      {"step beyond a count", "scalar 'global_step' is '1e400'", [](nlohmann::json& m) { m["scalars"]["global_step"] = "1e400"; }, nullptr, false},
+      {"negative step", "scalar 'global_step' is '-3'", [](nlohmann::json& m) { m["scalars"]["global_step"] = "-3"; }, nullptr, false},
+      {"piece beyond its parameter", "unexpected tensor 'master:wpe.weight:9999'", nullptr,
+       [](auto& t) { t.emplace_back("master:wpe.weight:9999", torch::zeros({4})); }},
+      {"piece at a huge offset", "unexpected tensor 'master:wte.weight:9223372036854775807'", nullptr,
+       [](auto& t) { t.emplace_back("master:wte.weight:9223372036854775807", torch::zeros({4})); }},
+      {"piece at a negative offset", "unexpected tensor 'master:wte.weight:-4'", nullptr,
+       [](auto& t) { t.emplace_back("master:wte.weight:-4", torch::zeros({4})); }},
+      {"overlapping pieces", "overlaps", nullptr,
+       [](auto& t) { t.emplace_back("master:wpe.weight:3", torch::zeros({4})); }},
+      {"piece of an unknown role", "unexpected tensor 'momentum:wpe.weight:0'", nullptr,
+       [](auto& t) { t.emplace_back("momentum:wpe.weight:0", torch::zeros({4})); }},
+      {"piece of an unknown parameter", "unexpected tensor 'master:nothing:0'", nullptr,
+       [](auto& t) { t.emplace_back("master:nothing:0", torch::zeros({4})); }},
+      {"piece in bf16", "unexpected tensor 'master:wpe.weight:0'", nullptr,
+       [](auto& t) {
+         for (auto& [name, tensor] : t)
+           if (name == "master:wpe.weight:0") tensor = tensor.to(torch::kBFloat16);
+       }},
+  };
+  for (const Case& c : cases) {
+    const fs::path dir = fresh_dir("hostile-case");
+    fs::copy(base, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+    if (c.manifest) rewrite_manifest(dir / "only" / "manifest.json", c.manifest);
+    if (c.pieces) rewrite_rank_file(dir / "only" / rank_file, c.pieces);
+    const auto before = snapshot(dir);
+    SingleRank loader(99);
+    const auto parameters = loader.parameters();
+    for (const std::string operation : {"load", "export"}) {
+      if (operation == "export" && !c.exported) continue;
+      try {
+        if (operation == "load") loader.engine->load_checkpoint(dir.string());
+        else zt::export_checkpoint(dir, "", dir / "exported.safetensors", torch::kFloat);
+        ADD_FAILURE() << c.what << ": " << operation << " must refuse it";
+      } catch (const zt::DataError& e) {
+        const std::string message = e.what();
+        EXPECT_NE(message.find(c.expected), std::string::npos) << c.what << " (" << operation << "): " << message;
+        EXPECT_NE(message.find(dir.string()), std::string::npos) << c.what << " must name the file: " << message;
+        EXPECT_EQ(message.find('\n'), std::string::npos) << c.what << ": one line";
+      }
+    }
+    EXPECT_TRUE(torch::equal(loader.parameters(), parameters)) << c.what << ": the engine must be unchanged";
+    EXPECT_EQ(snapshot(dir), before) << c.what << ": nothing may be written";
+  }
+  // Sizes and nesting are bounded before a manifest is parsed.
+  const fs::path dir = fresh_dir("hostile-size");
+  fs::copy(base, dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  SingleRank loader(99);
+  std::ofstream(dir / "only" / "manifest.json", std::ios::binary | std::ios::trunc)
+      << std::string(1'000'000, '[') << std::string(1'000'000, ']');
+  EXPECT_THROW(loader.engine->load_checkpoint(dir.string()), zt::DataError);
+  fs::resize_file(dir / "only" / "manifest.json", (int64_t(64) << 20) + 1);
+  try {
+    loader.engine->load_checkpoint(dir.string());
+    ADD_FAILURE() << "an oversized manifest must be refused";
+  } catch (const zt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 67108864 bytes"), std::string::npos) << e.what();
+  }
+  // A `latest` naming a path, and tags that are paths.
+  std::ofstream(dir / "latest", std::ios::binary | std::ios::trunc) << "../hostile-size/only\n";
+  EXPECT_THROW(loader.engine->load_checkpoint(dir.string()), zt::DataError);
+  EXPECT_THROW(loader.engine->load_checkpoint(dir.string(), "../only"), zt::ConfigError);
+  EXPECT_THROW(zt::export_checkpoint(dir, "/etc", dir / "x.safetensors", torch::kFloat), zt::ConfigError);
+  EXPECT_FALSE(fs::exists(dir / "x.safetensors"));
+}
+
+// `zerotrain export` of a checkpoint in which part of a parameter is in no file: one line naming
+// the parameter, exit 2, nothing written.
+TEST(Checkpoint, ExportRefusesAParameterNotFullyCovered) {
+  const fs::path dir = fresh_dir("uncovered");
+  {
+    SingleRank saver;
+    saver.step();
+    saver.engine->save_checkpoint(dir.string(), "only");
+  }
+  auto r = zt::testing::run_process({zt::testing::cli_path(), "export", dir.string(), "--out", (dir / "ok.safetensors").string()},
+                                    {}, std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code, 0) << r.output << ": the intact checkpoint exports";
+  // The master values of wpe.weight from element 100 on are dropped (its moments stay).
+  rewrite_rank_file(dir / "only" / "rank-00000-of-00001.safetensors", [](auto& tensors) {
+    for (auto& [name, t] : tensors)
+      if (name == "master:wpe.weight:0") t = t.narrow(0, 0, 100).clone();
+  });
+  const fs::path out = dir / "model.safetensors";
+  r = zt::testing::run_process({zt::testing::cli_path(), "export", dir.string(), "--out", out.string()}, {},
+                               std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("parameter 'wpe.weight' has"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("100 of them in the listed files"), std::string::npos) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out.string() + ".partial"));
 }

@@ -199,3 +199,109 @@ TEST(Safetensors, WriterMisuseIsAnError) {
   EXPECT_NO_THROW(read_everything(path));
   EXPECT_THROW(zt::SafetensorsReader(temp_file("absent.safetensors")), zt::DataError);
 }
+
+namespace {
+
+// A file with the given raw header text (its checksum filled in as the writer does, so that only
+// the property under test is wrong) followed by `data_bytes` zero bytes. `entries` is the JSON
+// text of the tensor entries, without braces; every tensor named in `crc_names` gets a checksum.
+std::string hostile_file(const std::string& entries, int64_t data_bytes, const std::vector<std::string>& crc_names = {}) {
+  std::string meta = R"("__metadata__":{)";
+  for (const auto& name : crc_names) meta += "\"zerotrain.crc32:" + name + "\":\"" + zt::crc32_hex(std::string(size_t(data_bytes), '\0')) + "\",";
+  meta += R"("zerotrain.crc32":"00000000"})";
+  std::string header = "{" + meta + (entries.empty() ? "" : "," + entries) + "}";
+  const std::string crc = zt::crc32_hex(header);
+  header.replace(header.find("\"zerotrain.crc32\":\"00000000\""), 28, "\"zerotrain.crc32\":\"" + crc + "\"");
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
+  return bytes + header + std::string(size_t(data_bytes), '\0');
+}
+
+std::string with_length_prefix(std::string bytes, uint64_t length) {
+  for (int i = 0; i < 8; ++i) bytes[size_t(i)] = char(length >> (8 * i));
+  return bytes;
+}
+
+}  // namespace
+
+// Hostile files: each refused by the reader with a zt::DataError naming the file and the
+// problem; none crashes, allocates by a size it claims, or is read past its end. (The header
+// checksums are right: they protect against damage, not against a file made this way.)
+TEST(Safetensors, HostileFilesAreRefused) {
+  // The crafted baseline is valid: what fails below fails for the one property changed.
+  const std::string valid = hostile_file(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8, {"a"});
+  spit(temp_file("hostile-valid.safetensors"), valid);
+  ASSERT_NO_THROW(read_everything(temp_file("hostile-valid.safetensors")));
+  struct Case {
+    std::string what, bytes, expected;
+  };
+  const std::string t = R"("a":{"dtype":"F32",)";
+  std::vector<Case> cases = {
+      {"header length 2^63", with_length_prefix(valid, uint64_t(1) << 63), "header length 9223372036854775808"},
+      {"header length 2^64-1", with_length_prefix(valid, ~uint64_t(0)), "does not fit"},
+      {"header length beyond the file", with_length_prefix(valid, valid.size()), "does not fit"},
+      {"offsets past the end", hostile_file(t + R"("shape":[4],"data_offsets":[0,16]})", 8, {"a"}), "bytes left in the file"},
+      {"offsets past the end, shape consistent", hostile_file(t + R"("shape":[2],"data_offsets":[0,8]})", 4, {"a"}), "bytes left in the file"},
+      {"offsets disagree with the shape", hostile_file(t + R"("shape":[1],"data_offsets":[0,8]})", 8, {"a"}), "data_offsets [0, 8) expected [0, 4)"},
+      {"offsets beyond int64", hostile_file(t + R"("shape":[2],"data_offsets":[0,18446744073709551615]})", 8, {"a"}), "data_offsets"},
+      {"negative offsets", hostile_file(t + R"("shape":[2],"data_offsets":[-8,0]})", 8, {"a"}), "data_offsets"},
+      {"overlapping tensors",
+       hostile_file(t + R"("shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]})", 16, {"a", "b"}),
+       "tensor 'b': data_offsets [4, 12) expected [8, 16)"},
+      {"the same range twice",
+       hostile_file(t + R"("shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8, {"a", "b"}),
+       "tensor 'b'"},
+      {"negative dimension", hostile_file(t + R"("shape":[-2],"data_offsets":[0,8]})", 8, {"a"}), "negative"},
+      {"dimension beyond int64", hostile_file(t + R"("shape":[18446744073709551615],"data_offsets":[0,8]})", 8, {"a"}), "negative"},
+      {"element count overflows", hostile_file(t + R"("shape":[4294967296,4294967296],"data_offsets":[0,0]})", 8, {"a"}),
+       "more bytes than a 64-bit size holds"},
+      {"byte count overflows", hostile_file(t + R"("shape":[4611686018427387904],"data_offsets":[0,0]})", 8, {"a"}),
+       "more bytes than a 64-bit size holds"},
+      {"huge but representable size", hostile_file(t + R"("shape":[1099511627776],"data_offsets":[0,4398046511104]})", 8, {"a"}),
+       "4398046511104 bytes, more than the 8 bytes left"},
+      {"fractional dimension", hostile_file(t + R"("shape":[2.5],"data_offsets":[0,8]})", 8, {"a"}), "non-integer"},
+      {"unknown dtype", hostile_file(R"("a":{"dtype":"F8","shape":[2],"data_offsets":[0,8]})", 8, {"a"}), "unknown dtype"},
+      {"dtype disagrees with the size", hostile_file(R"("a":{"dtype":"F64","shape":[2],"data_offsets":[0,8]})", 8, {"a"}), "bytes left"},
+      {"name with a slash", hostile_file(R"("../a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8, {"../a"}), "contains a path separator"},
+      {"name with ..", hostile_file(R"("a..b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8, {"a..b"}), "contains '..'"},
+      {"name with NUL", hostile_file(R"("a\u0000b":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8), "control character"},
+      {"empty name", hostile_file(R"("":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})", 8), "is empty"},
+      {"extra field", hostile_file(t + R"("shape":[2],"data_offsets":[0,8],"x":1})", 8, {"a"}), "expected exactly"},
+      {"deep nesting", hostile_file(R"("a":{"dtype":"F32","shape":[[[[2]]]],"data_offsets":[0,8]})", 8), "nests deeper than 3"},
+      {"not an object", with_length_prefix(std::string(8, '\0') + "[1,2,3]", 7), "header is not a JSON object"},
+  };
+  {
+    // A header nested a million levels deep.
+    std::string deep = std::string(1'000'000, '[') + std::string(1'000'000, ']');
+    cases.push_back({"a million levels", with_length_prefix(std::string(8, '\0') + deep, deep.size()), "nests deeper than 3"});
+    // A million and one tensors (zero bytes each): refused before a document is built.
+    std::string many;
+    many.reserve(40'000'000);
+    for (int i = 0; i <= 1'000'000; ++i)
+      many += (i ? ",\"" : "\"") + std::to_string(i) + R"(":{"dtype":"U8","shape":[0],"data_offsets":[0,0]})";
+    cases.push_back({"a million and one tensors", hostile_file(many, 0), "more than 1000001 entries"});
+  }
+  for (const Case& c : cases) {
+    const fs::path path = temp_file("hostile.safetensors");
+    spit(path, c.bytes);
+    try {
+      read_everything(path);
+      ADD_FAILURE() << c.what << ": not refused";
+    } catch (const zt::DataError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(path.string()), std::string::npos) << c.what << ": " << message;
+      EXPECT_NE(message.find(c.expected), std::string::npos) << c.what << ": " << message.substr(0, 300);
+      EXPECT_EQ(message.find('\n'), std::string::npos) << c.what << ": one line";
+    }
+  }
+}
+
+// Names that could become paths are refused by the writer too.
+TEST(Safetensors, WriterRefusesNamesThatArePaths) {
+  const auto path = temp_file("names.safetensors");
+  for (const std::string& name : std::vector<std::string>{"../x", "a/b", "a\\b", std::string("a\0b", 3), "x..y", "", "__metadata__"})
+    EXPECT_THROW(zt::SafetensorsWriter(path, {{name, torch::kFloat, {2}}}), zt::Error) << name;
+  EXPECT_THROW(zt::SafetensorsWriter(path, {{"a", torch::kFloat, {-1}}}), zt::Error);
+  EXPECT_THROW(zt::SafetensorsWriter(path, {{"a", torch::kFloat, {int64_t(1) << 62, 4}}}), zt::Error);
+  EXPECT_NO_THROW(zt::SafetensorsWriter(path, {{"h.0.attn.weight", torch::kFloat, {2}}, {"master:wte.weight:0", torch::kFloat, {2}}}));
+}

@@ -417,3 +417,87 @@ TEST(TrainCheckpoint, ResumeContinuesExactlyAndOnAnotherWorldSize) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--resume: no checkpoint in"), std::string::npos) << r.output;
 }
+
+namespace {
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+}  // namespace
+
+// With dropout and gradient accumulation (2 micro-steps): 3 steps, save, and a resumed run to step
+// 6 in fresh processes give the losses of 6 steps straight bitwise, and the same saved state, file
+// for file.
+TEST(TrainCheckpoint, ResumeIsExactWithDropoutAndAccumulation) {
+  const auto dir = make_temp_dir("resume-dropout");
+  parity_config(dir);  // gradient_accumulation_steps 2
+  const std::vector<std::string> common{"--set", "zero_optimization.stage=2", "--set", "model.dropout=0.1"};
+  auto with = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  const auto straight = train_with(dir, 2, with({"--steps", "6", "--save-dir", dir + "/straight"}), "straight");
+  const auto first = train_with(dir, 2, with({"--steps", "3", "--save-dir", dir + "/resumed"}), "first");
+  const auto second =
+      train_with(dir, 2, with({"--steps", "6", "--resume", dir + "/resumed", "--save-dir", dir + "/resumed"}), "second");
+  const auto without = train_with(dir, 2, {"--steps", "1", "--set", "zero_optimization.stage=2"}, "without");
+  ASSERT_FALSE(straight.is_null() || first.is_null() || second.is_null() || without.is_null());
+  EXPECT_NE(without["losses"][0].get<double>(), straight["losses"][0].get<double>()) << "dropout must be active";
+  ASSERT_EQ(second["losses"].size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(first["losses"][i].get<double>(), straight["losses"][i].get<double>()) << i;
+    EXPECT_EQ(second["losses"][i].get<double>(), straight["losses"][3 + i].get<double>()) << "step " << 4 + i;
+  }
+  for (const char* file : {"rank-00000-of-00002.safetensors", "rank-00001-of-00002.safetensors"}) {
+    const std::string a = file_bytes(dir + "/straight/step-6/" + file), b = file_bytes(dir + "/resumed/step-6/" + file);
+    EXPECT_FALSE(a.empty()) << file;
+    EXPECT_TRUE(a == b) << file << ": the saved states must be identical";
+  }
+}
+
+// Resuming with another optimizer type: refused (exit 2, one error line naming both) unless
+// --reset-optimizer, which loads the weights and continues the step count; a changed
+// hyper-parameter is reported on one line naming the old and new values.
+TEST(TrainCheckpoint, AnotherOptimizerNeedsResetOptimizer) {
+  const auto dir = make_temp_dir("resume-optimizer");
+  parity_config(dir);  // AdamW, lr 0.003
+  const std::string ckpt = dir + "/ckpt";
+  ASSERT_FALSE(train_with(dir, 1, {"--steps", "3", "--save-dir", ckpt}, "first").is_null());
+  const std::vector<std::string> base{cli_path(), "train", dir + "/config.json", "--nproc", "1", "--steps", "5",
+                                      "--resume", ckpt, "--summary", dir + "/after.json"};
+  auto run = [&](const std::vector<std::string>& extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_process(args, {}, std::chrono::seconds(120));
+  };
+  auto refused = run({"--set", "optimizer.type=Lamb"});
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  const auto at = refused.output.find("zerotrain: error:");
+  ASSERT_NE(at, std::string::npos) << refused.output;
+  const std::string line = refused.output.substr(at, refused.output.find('\n', at) - at);
+  EXPECT_NE(line.find("saved with optimizer AdamW, this run uses Lamb"), std::string::npos) << line;
+  EXPECT_NE(line.find("--reset-optimizer"), std::string::npos) << line;
+  EXPECT_EQ(refused.output.find("zerotrain: error:", at + 1), std::string::npos) << "one error line: " << refused.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/after.json")) << "nothing may run";
+
+  auto reset = run({"--set", "optimizer.type=Lamb", "--reset-optimizer"});
+  EXPECT_EQ(reset.exit_code, 0) << reset.output;
+  EXPECT_NE(reset.output.find("optimizer.type: \"AdamW\" -> \"Lamb\""), std::string::npos) << reset.output;
+  EXPECT_NE(reset.output.find("optimizer moments reset"), std::string::npos) << reset.output;
+  if (reset.exit_code == 0) {
+    const auto summary = read_json(dir + "/after.json");
+    EXPECT_EQ(summary["first_step"], 3);
+    EXPECT_EQ(summary["losses"].size(), 2u);
+  }
+
+  auto changed = run({"--set", "optimizer.params.lr=0.001"});
+  EXPECT_EQ(changed.exit_code, 0) << changed.output;
+  EXPECT_NE(changed.output.find("optimizer.params.lr: 0.003 -> 0.001"), std::string::npos) << changed.output;
+  EXPECT_EQ(changed.output.find("optimizer.type:"), std::string::npos) << changed.output;
+
+  auto alone = run_process({cli_path(), "train", dir + "/config.json", "--reset-optimizer"}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(alone.exit_code, 2) << alone.output;
+  EXPECT_NE(alone.output.find("--reset-optimizer: needs --resume"), std::string::npos) << alone.output;
+}

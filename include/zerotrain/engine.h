@@ -45,6 +45,7 @@
 //   the same number of times in the same order (they run collectives).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -63,6 +64,21 @@ namespace zt {
 class Communicator;
 struct TrainConfig;
 struct FlatLayout;
+
+// How load_checkpoint treats the optimizer state (docs/checkpoint.md "Changing the optimizer").
+struct LoadOptions {
+  // false: the checkpoint must have been saved with this engine's optimizer type (Adam and AdamW
+  // are one type: the same moments); another type is refused with zt::DataError naming both.
+  // true: only the weights are loaded (the fp32 masters, and the working parameters from them);
+  // the optimizer moments start from zero and the optimizer's own step count (Adam's and LAMB's
+  // bias correction) from 0, while the global step (and with it the learning-rate schedule),
+  // the skipped-step count, the loss scaler and the client state are restored.
+  bool reset_optimizer = false;
+  // Called on rank 0 with one line per optimizer, scheduler or clipping setting that differs from
+  // the checkpoint's ("optimizer.params.lr: 0.003 -> 0.001"): such changes are allowed. Unset:
+  // the lines go to stdout.
+  std::function<void(const std::string&)> log;
+};
 
 struct StepResult {
   bool boundary = false;     // this call ended an accumulation window
@@ -115,6 +131,8 @@ class Engine {
   void save_checkpoint(const std::string& dir, const std::string& tag,
                        const std::map<std::string, std::string>& client_state = {}, int keep_last = 0);
   std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag = "");
+  std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag,
+                                                     const LoadOptions& options);
   Communicator& communicator() const;
   const TrainConfig& config() const;
 

@@ -19,6 +19,9 @@ struct TrainRunOptions {
   int64_t save_every = 0;
   int keep_last = 3;
   std::string resume_dir;
+  // With resume_dir: load the weights only, with fresh optimizer moments (zt::LoadOptions), as
+  // needed to resume with another optimizer type.
+  bool reset_optimizer = false;
 };
 
 // Runs this process as one rank (rank and world from the environment, see comm.h). Returns 0 on

@@ -5,7 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <charconv>
+#include <optional>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -13,7 +17,10 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <set>
 
+#include "checkpoint/file_system.h"
+#include "checkpoint/json_bounds.h"
 #include "checkpoint/safetensors.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
@@ -27,6 +34,14 @@ using json = nlohmann::json;
 constexpr const char* kFormat = "zerotrain-checkpoint";
 constexpr int kVersion = 1;
 constexpr const char* kZeroChecksum = "00000000";
+// Bounds on a manifest, checked before and while parsing: a hostile one cannot make the parser
+// build an outsized document. A manifest lists parameters, files and string maps: 4 levels deep
+// (root, "parameters", one parameter, its shape); 64 MiB holds the names and shapes of about a
+// million parameters.
+constexpr int64_t kMaxManifestBytes = int64_t(64) << 20;
+constexpr int kMaxManifestDepth = 4;
+constexpr int kMaxWorldSize = 99'999;  // the rank file names have 5 digits
+const char* const kRoles[] = {"master", "exp_avg", "exp_avg_sq"};
 
 std::string rank_file_name(int rank, int world) {
   char name[64];
@@ -39,26 +54,23 @@ std::string fragment_name(const std::string& role, const std::string& parameter,
   return role + ":" + parameter + ":" + std::to_string(begin);
 }
 
-void fsync_path(const fs::path& path, bool directory) {
-  const int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open '" + path.string() + "' to flush it: " + std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  if (rc != 0) throw Error("flushing '" + path.string() + "' to disk: " + std::strerror(errno));
-}
-
-// Writes `text` to `path` durably and atomically (temporary file, fsync, rename).
-void write_file_atomically(const fs::path& path, const std::string& text) {
+// Writes `text` to `path` durably and atomically (temporary file, fsync, rename, fsync of the
+// directory).
+void write_file_atomically(FileSystem& files, const fs::path& path, const std::string& text) {
   const fs::path temporary = path.string() + ".tmp";
   {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw Error("cannot write '" + temporary.string() + "'");
+    auto file = files.create(temporary);
+    file->write_at(text.data(), int64_t(text.size()), 0);
+    file->sync();
+    file->close();
   }
-  fsync_path(temporary, false);
-  fs::rename(temporary, path);
-  fsync_path(path.parent_path(), true);
+  files.rename(temporary, path);
+  files.sync_path(path.parent_path(), true);
+}
+
+// A checkpoint tag: a plain directory name (it is joined to the checkpoint directory).
+bool plain_tag(const std::string& tag) {
+  return !tag.empty() && tag != "latest" && tag[0] != '.' && invalid_tensor_name(tag).empty() && tag.size() <= 255;
 }
 
 // Runs `work` on this rank; every rank learns whether all succeeded, and all throw if one failed
@@ -108,8 +120,16 @@ void on_every_rank(Communicator& comm, const std::string& what, const std::funct
 json read_manifest(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError("cannot read '" + path.string() + "'");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxManifestBytes)
+    throw DataError("'" + path.string() + "': not a regular file of at most " + std::to_string(kMaxManifestBytes) +
+                    " bytes (not a zerotrain manifest)");
   std::string text{std::istreambuf_iterator<char>(in), {}};
+  if (int64_t(text.size()) > kMaxManifestBytes)
+    throw DataError("'" + path.string() + "': larger than " + std::to_string(kMaxManifestBytes) + " bytes");
   json manifest;
+  if (const std::string problem = json_bounds_problem(text, kMaxManifestDepth, 64); !problem.empty())
+    throw DataError("'" + path.string() + "' " + problem + " (not a zerotrain manifest)");
   try {
     manifest = json::parse(text);
   } catch (const json::exception& e) {
@@ -128,42 +148,105 @@ json read_manifest(const fs::path& path) {
   return manifest;
 }
 
-std::map<std::string, std::string> load_fragments(const fs::path& dir, const std::string& tag_in,
-                                                  const std::vector<CheckpointParameter>& parameters,
-                                                  std::vector<StateFragment>& fragments);
+LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
+                                const std::vector<CheckpointParameter>& parameters,
+                                std::vector<StateFragment>& fragments,
+                                const std::function<void(const LoadedCheckpoint&)>& check);
 
 }  // namespace
 
 void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std::string& tag,
                              const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
                              int keep_last) {
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest" || tag[0] == '.')
-    throw ConfigError("checkpoint tag '" + tag + "': expected a plain name (not empty, 'latest', or starting with '.')");
+  save_sharded_checkpoint(comm, dir, tag, contents, fragments, keep_last, FileSystem::real());
+}
+
+namespace {
+
+// Rank 0's last phase of a save: the manifest into the staging directory, then the one step that
+// publishes (the directory's rename and `latest`'s replacement), undone if anything up to the
+// final fsync fails, so that a failed save leaves `latest` and the directory as they were.
+void publish(FileSystem& files, const fs::path& dir, const std::string& tag, const fs::path& staging,
+             const fs::path& final_dir, const std::string& manifest_text) {
+  write_file_atomically(files, staging / "manifest.json", manifest_text);
+  // The new `latest` is written before anything is published, so that running out of space fails
+  // here, while there is nothing to undo.
+  const fs::path latest = dir / "latest", latest_tmp = dir / "latest.tmp";
+  std::optional<std::string> previous;
+  if (std::ifstream in(latest, std::ios::binary); in) previous = std::string{std::istreambuf_iterator<char>(in), {}};
+  {
+    auto file = files.create(latest_tmp);
+    const std::string text = tag + "\n";
+    file->write_at(text.data(), int64_t(text.size()), 0);
+    file->sync();
+    file->close();
+  }
+  files.rename(staging, final_dir);
+  bool replaced = false;
+  try {
+    files.rename(latest_tmp, latest);
+    replaced = true;
+    files.sync_path(dir, true);  // both renames durable
+  } catch (const std::exception& e) {
+    std::string undo_error;
+    try {
+      if (replaced) {
+        if (previous) write_file_atomically(files, latest, *previous);
+        else files.remove_all(latest);
+      }
+      files.rename(final_dir, staging);
+      files.sync_path(dir, true);
+    } catch (const std::exception& undo) {
+      undo_error = undo.what();
+    }
+    if (undo_error.empty()) throw;
+    throw Error(std::string(e.what()) + "; undoing the publication of '" + final_dir.string() + "' failed too: " +
+                undo_error);
+  }
+}
+
+}  // namespace
+
+void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std::string& tag,
+                             const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
+                             int keep_last, FileSystem& files) {
+  if (!plain_tag(tag))
+    throw ConfigError("checkpoint tag '" + tag + "': expected a plain name (not empty, 'latest', starting with '.', or "
+                      "containing '/', '..' or a control character)");
   const int rank = comm.rank(), world = comm.world_size();
   const fs::path final_dir = dir / tag;
   const fs::path staging = dir / (".partial-" + tag);
-  on_every_rank(comm, "save (preparing '" + staging.string() + "')", [&] {
-    if (rank != 0) return;
-    if (fs::exists(final_dir))
-      throw Error("'" + final_dir.string() + "' already exists; a checkpoint is never overwritten");
-    fs::create_directories(dir);
-    // What interrupted saves left (one job saves into a directory at a time).
-    for (const auto& entry : fs::directory_iterator(dir))
-      if (entry.path().filename().string().rfind(".partial-", 0) == 0) fs::remove_all(entry.path());
-    fs::create_directories(staging);
-  });
-  // Every rank with state writes its own file, in parallel.
-  on_every_rank(comm, "save (writing '" + (staging / rank_file_name(rank, world)).string() + "')", [&] {
-    if (fragments.empty()) return;
-    std::vector<TensorRecord> records;
-    for (const StateFragment& f : fragments)
-      for (const auto& [role, tensor] : f.roles)
-        records.push_back({fragment_name(role, f.parameter, f.begin), at::kFloat, {f.numel}});
-    SafetensorsWriter writer(staging / rank_file_name(rank, world), records, {{"format", kFormat}});
-    for (const StateFragment& f : fragments)
-      for (const auto& [role, tensor] : f.roles) writer.write(tensor.reshape({-1}).to(at::kFloat));
-    writer.finish();
-  });
+  try {
+    on_every_rank(comm, "save (preparing '" + staging.string() + "')", [&] {
+      if (rank != 0) return;
+      if (fs::exists(final_dir))
+        throw Error("'" + final_dir.string() + "' already exists; a checkpoint is never overwritten");
+      files.create_directories(dir);
+      // What interrupted saves left (one job saves into a directory at a time).
+      for (const auto& entry : fs::directory_iterator(dir))
+        if (entry.path().filename().string().rfind(".partial-", 0) == 0) files.remove_all(entry.path());
+      files.create_directories(staging);
+    });
+    // Every rank with state writes its own file, in parallel.
+    on_every_rank(comm, "save (writing '" + (staging / rank_file_name(rank, world)).string() + "')", [&] {
+      if (fragments.empty()) return;
+      std::vector<TensorRecord> records;
+      for (const StateFragment& f : fragments)
+        for (const auto& [role, tensor] : f.roles)
+          records.push_back({fragment_name(role, f.parameter, f.begin), at::kFloat, {f.numel}});
+      SafetensorsWriter writer(files, staging / rank_file_name(rank, world), records, {{"format", kFormat}});
+      for (const StateFragment& f : fragments)
+        for (const auto& [role, tensor] : f.roles) writer.write(tensor.reshape({-1}).to(at::kFloat));
+      writer.finish();
+    });
+  } catch (...) {
+    // Nothing was published; the staging directory goes (best effort: the next save clears it too).
+    if (rank == 0) try {
+        files.remove_all(staging);
+      } catch (...) {
+      }
+    throw;
+  }
   // Which ranks wrote a file: the manifest lists them, so that a missing one is an error on load.
   at::Tensor wrote = at::zeros({world}, at::kLong);
   wrote[rank] = fragments.empty() ? 0 : 1;
@@ -185,13 +268,19 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
     // The checksum covers the text as written with the checksum zeroed (docs/checkpoint.md).
     manifest["checksum"] = kZeroChecksum;
     manifest["checksum"] = crc32_hex(manifest.dump(1));
-    write_file_atomically(staging / "manifest.json", manifest.dump(1));
-    fsync_path(staging, true);
-    fs::rename(staging, final_dir);
-    fsync_path(dir, true);
-    write_file_atomically(dir / "latest", tag + "\n");
+    try {
+      publish(files, dir, tag, staging, final_dir, manifest.dump(1));
+    } catch (...) {
+      try {
+        files.remove_all(staging);
+        files.remove_all(dir / "latest.tmp");
+      } catch (...) {
+      }
+      throw;
+    }
     if (keep_last > 0) {
       // The newest by save order (the manifest's sequence is the directory's modification order).
+      // Published already: a failure here names what it could not remove.
       std::vector<std::pair<fs::file_time_type, fs::path>> saved;
       for (const auto& entry : fs::directory_iterator(dir))
         if (entry.is_directory() && fs::exists(entry.path() / "manifest.json") &&
@@ -199,7 +288,7 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
           saved.emplace_back(fs::last_write_time(entry.path() / "manifest.json"), entry.path());
       std::sort(saved.begin(), saved.end());
       for (size_t i = 0; i + size_t(keep_last) < saved.size(); ++i)
-        if (saved[i].second != final_dir) fs::remove_all(saved[i].second);
+        if (saved[i].second != final_dir) files.remove_all(saved[i].second);
     }
   });
 }
@@ -208,31 +297,58 @@ std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, c
                                                            const std::string& tag_in,
                                                            const std::vector<CheckpointParameter>& parameters,
                                                            std::vector<StateFragment>& fragments) {
-  std::map<std::string, std::string> scalars;
-  on_every_rank(comm, "load", [&] { scalars = load_fragments(dir, tag_in, parameters, fragments); });
-  return scalars;
+  return load_sharded_checkpoint(comm, dir, tag_in, parameters, fragments, nullptr).scalars;
+}
+
+LoadedCheckpoint load_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std::string& tag_in,
+                                         const std::vector<CheckpointParameter>& parameters,
+                                         std::vector<StateFragment>& fragments,
+                                         const std::function<void(const LoadedCheckpoint&)>& check) {
+  LoadedCheckpoint loaded;
+  on_every_rank(comm, "load", [&] { loaded = load_fragments(dir, tag_in, parameters, fragments, check); });
+  return loaded;
 }
 
 namespace {
 
 fs::path resolve_tag(const fs::path& dir, const std::string& tag_in) {
   std::string tag = tag_in;
+  if (!tag.empty() && !plain_tag(tag))
+    throw ConfigError("checkpoint tag '" + tag + "': expected a plain name in '" + dir.string() +
+                      "' (not 'latest', starting with '.', or containing '/', '..' or a control character)");
   if (tag.empty()) {
     std::ifstream latest(dir / "latest", std::ios::binary);
     if (!latest) throw DataError("no checkpoint in '" + dir.string() + "': '" + (dir / "latest").string() + "' is missing");
-    // Exactly one line, as written: anything else is damage.
-    const std::string text{std::istreambuf_iterator<char>(latest), {}};
+    // Exactly one line, as written: anything else is damage. A tag is at most 255 bytes.
+    std::string text(257, '\0');
+    latest.read(text.data(), std::streamsize(text.size()));
+    text.resize(size_t(latest.gcount()));
     if (text.empty() || text.back() != '\n' || text.find('\n') != text.size() - 1)
       throw DataError("'" + (dir / "latest").string() + "' is damaged: expected one line naming a checkpoint");
     tag = text.substr(0, text.size() - 1);
-    if (tag.empty() || tag.find('/') != std::string::npos || tag == "." || tag == ".." || !fs::is_directory(dir / tag))
-      throw DataError("'" + (dir / "latest").string() + "' names '" + tag + "', which is not a checkpoint directory in '" +
-                      dir.string() + "'");
+    if (!plain_tag(tag) || !fs::is_directory(dir / tag)) {
+      // Quoted as written, control characters escaped (the message stays one line).
+      const std::string quoted = json(tag).dump(-1, ' ', false, json::error_handler_t::replace);
+      throw DataError("'" + (dir / "latest").string() + "' names '" + quoted.substr(1, quoted.size() - 2) +
+                      "', which is not a checkpoint directory in '" + dir.string() + "'");
+    }
   }
   return dir / tag;
 }
 
-// A checkpoint's manifest and files: every header validated, and an index of the saved pieces.
+// "<digits>" as a non-negative int64, or -1.
+int64_t parse_count(std::string_view text) {
+  int64_t value = -1;
+  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string_view::npos) return -1;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
+// A checkpoint's manifest and files, every part validated before any tensor is read: the
+// manifest's structure, its file names (plain rank file names of its world size: a name never
+// leads outside the checkpoint's directory), the parameters (valid names, shapes whose element
+// count does not overflow), every file's header, and the saved pieces (known roles, fp32, inside
+// their parameter, no two overlapping).
 struct OpenCheckpoint {
   struct Piece {
     size_t file;
@@ -242,24 +358,109 @@ struct OpenCheckpoint {
   fs::path root;
   json manifest;
   std::string where;  // the manifest's path, for messages
+  std::vector<CheckpointParameter> parameters;  // in saved order
+  std::map<std::string, int64_t> numels;
+  std::map<std::string, std::string> scalars, configuration;
   std::vector<std::unique_ptr<SafetensorsReader>> files;
-  std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces;  // (role, parameter) -> pieces
+  std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces;  // (role, parameter) -> pieces by begin
 
   explicit OpenCheckpoint(const fs::path& checkpoint) : root(checkpoint) {
-    manifest = read_manifest(root / "manifest.json");
     where = "'" + (root / "manifest.json").string() + "'";
-    if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
-      throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));
-    for (const auto& name : manifest.at("files")) {
-      files.push_back(std::make_unique<SafetensorsReader>(root / name.get<std::string>()));
+    manifest = read_manifest(root / "manifest.json");
+    std::vector<std::string> names;
+    try {
+      if (!manifest.is_object() || manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
+        throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));
+      const json& world_json = manifest.at("world_size");
+      const int64_t world = world_json.is_number_integer() ? world_json.get<int64_t>() : -1;
+      if (world < 1 || world > kMaxWorldSize || (world_json.is_number_unsigned() && world_json.get<uint64_t>() > kMaxWorldSize))
+        throw DataError(where + ": world_size " + world_json.dump() + " is not in [1, " + std::to_string(kMaxWorldSize) + "]");
+      const json& listed = manifest.at("files");
+      if (!listed.is_array() || listed.size() > size_t(world))
+        throw DataError(where + ": 'files' is not a list of at most world_size (" + std::to_string(world) + ") names");
+      std::set<std::string> seen;
+      for (const auto& f : listed) {
+        const std::string name = f.is_string() ? f.get<std::string>() : f.dump();
+        // rank-RRRRR-of-WWWWW.safetensors with W the world size: the only names a save writes.
+        const std::string tail = rank_file_name(0, int(world)).substr(10);
+        bool valid = false;
+        if (f.is_string() && name.size() == 10 + tail.size() && name.rfind("rank-", 0) == 0 && name.substr(10) == tail) {
+          const int64_t rank = parse_count(std::string_view(name).substr(5, 5));
+          valid = rank >= 0 && rank < world;
+        }
+        if (!valid || !seen.insert(name).second)
+          throw DataError(where + ": file name " + json(name).dump(-1, ' ', false, json::error_handler_t::replace) +
+                          " is not one of its rank files (rank-RRRRR-of-" + rank_file_name(0, int(world)).substr(14, 5) +
+                          ".safetensors, each once)");
+        names.push_back(name);
+      }
+      const json& saved = manifest.at("parameters");
+      if (!saved.is_array()) throw DataError(where + ": 'parameters' is not a list");
+      for (const auto& p : saved) {
+        if (!p.is_object() || !p.contains("name") || !p.contains("shape") || !p.at("name").is_string() ||
+            !p.at("shape").is_array())
+          throw DataError(where + ": a parameter is not {\"name\": string, \"shape\": list}: " + p.dump());
+        CheckpointParameter parameter{p.at("name").get<std::string>(), {}};
+        const std::string quoted = json(parameter.name).dump(-1, ' ', false, json::error_handler_t::replace);
+        if (const std::string why = invalid_tensor_name(parameter.name); !why.empty() || parameter.name.find(':') != std::string::npos)
+          throw DataError(where + ": parameter name " + quoted + " " + (why.empty() ? "contains ':'" : why));
+        int64_t numel = 1;
+        for (const auto& d : p.at("shape")) {
+          const int64_t v = d.is_number_integer() && !(d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX) ? d.get<int64_t>() : -1;
+          if (v < 0 || __builtin_mul_overflow(numel, v, &numel))
+            throw DataError(where + ": parameter " + quoted + " has shape " + p.at("shape").dump() +
+                            " (a negative or non-integer dimension, or more elements than a 64-bit count holds)");
+          parameter.shape.push_back(v);
+        }
+        if (!numels.emplace(parameter.name, numel).second) throw DataError(where + ": parameter " + quoted + " is listed twice");
+        parameters.push_back(std::move(parameter));
+      }
+      for (const char* key : {"scalars", "configuration"}) {
+        const json& map = manifest.at(key);
+        if (!map.is_object()) throw DataError(where + ": '" + key + "' is not an object");
+        for (const auto& [k, v] : map.items())
+          if (!v.is_string()) throw DataError(where + ": '" + key + "' value of '" + k + "' is not a string");
+      }
+      scalars = manifest.at("scalars").get<std::map<std::string, std::string>>();
+      configuration = manifest.at("configuration").get<std::map<std::string, std::string>>();
+    } catch (const json::exception& e) {
+      throw DataError(where + ": not a zerotrain manifest (" + e.what() + ")");
+    }
+    for (const std::string& name : names) {
+      files.push_back(std::make_unique<SafetensorsReader>(root / name));
+      const std::string file = "'" + files.back()->path().string() + "'";
       for (const auto& e : files.back()->entries()) {
+        // "<role>:<parameter>:<first element>", fp32, one dimension, inside the parameter.
         const auto first = e.name.find(':'), last = e.name.rfind(':');
-        if (first == std::string::npos || first == last || e.shape.size() != 1)
-          throw DataError("'" + files.back()->path().string() + "': unexpected tensor '" + e.name + "'");
-        pieces[{e.name.substr(0, first), e.name.substr(first + 1, last - first - 1)}].push_back(
-            {files.size() - 1, e.name, std::stoll(e.name.substr(last + 1)), e.shape[0]});
+        const std::string role = first == std::string::npos ? "" : e.name.substr(0, first);
+        const std::string parameter = first == last ? "" : e.name.substr(first + 1, last - first - 1);
+        const int64_t begin = first == last ? -1 : parse_count(std::string_view(e.name).substr(last + 1));
+        const auto numel = numels.find(parameter);
+        if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles) || numel == numels.end() ||
+            begin < 0 || e.dtype != at::kFloat || e.shape.size() != 1 || begin > numel->second ||
+            e.shape[0] > numel->second - begin)
+          throw DataError(file + ": unexpected tensor '" + e.name + "' (expected an fp32 range <role>:<parameter>:<first> of " +
+                          "a parameter of the manifest, inside it)");
+        pieces[{role, parameter}].push_back({files.size() - 1, e.name, begin, e.shape[0]});
       }
     }
+    for (auto& [key, list] : pieces) {
+      std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+      for (size_t i = 1; i < list.size(); ++i)
+        if (list[i].begin < list[i - 1].begin + list[i - 1].numel)
+          throw DataError("'" + files[list[i].file]->path().string() + "': tensor '" + list[i].tensor + "' overlaps '" +
+                          list[i - 1].tensor + "' of '" + files[list[i - 1].file]->path().string() + "'");
+    }
+  }
+
+  // Elements of [begin, begin + numel) of `role` of `parameter` in the saved pieces, from the
+  // headers alone (the pieces do not overlap).
+  int64_t covered(const std::string& role, const std::string& parameter, int64_t begin, int64_t numel) const {
+    int64_t total = 0;
+    if (auto it = pieces.find({role, parameter}); it != pieces.end())
+      for (const Piece& piece : it->second)
+        total += std::max<int64_t>(0, std::min(piece.begin + piece.numel, begin + numel) - std::max(piece.begin, begin));
+    return total;
   }
 
   // Copies elements [begin, begin + destination.numel()) of `role` of `parameter` into
@@ -277,19 +478,21 @@ struct OpenCheckpoint {
     if (covered != numel)
       throw DataError(where + ": elements [" + std::to_string(begin) + ", " + std::to_string(begin + numel) + ") of '" +
                       role + "' of parameter '" + parameter + "' are not all in the listed files (" +
-                      std::to_string(covered) + " found; a shard is missing, or it was saved with another optimizer)");
+                      std::to_string(covered) +
+                      " found; a shard is missing, or it was saved with an optimizer without this state: loading "
+                      "with reset_optimizer (--reset-optimizer) starts the moments afresh)");
   }
 };
 
-std::map<std::string, std::string> load_fragments(const fs::path& dir, const std::string& tag_in,
-                                                  const std::vector<CheckpointParameter>& parameters,
-                                                  std::vector<StateFragment>& fragments) {
+LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
+                                const std::vector<CheckpointParameter>& parameters,
+                                std::vector<StateFragment>& fragments,
+                                const std::function<void(const LoadedCheckpoint&)>& check) {
   OpenCheckpoint checkpoint(resolve_tag(dir, tag_in));
-  const json& manifest = checkpoint.manifest;
   const std::string& where = checkpoint.where;
   // The same model: the same parameter names with the same shapes.
   std::map<std::string, std::vector<int64_t>> saved_shapes;
-  for (const auto& p : manifest.at("parameters")) saved_shapes[p.at("name")] = p.at("shape").get<std::vector<int64_t>>();
+  for (const auto& p : checkpoint.parameters) saved_shapes[p.name] = p.shape;
   for (const auto& p : parameters) {
     auto it = saved_shapes.find(p.name);
     if (it == saved_shapes.end())
@@ -301,10 +504,11 @@ std::map<std::string, std::string> load_fragments(const fs::path& dir, const std
   if (saved_shapes.size() != parameters.size())
     throw DataError(where + ": checkpoint of another model: " + std::to_string(saved_shapes.size()) +
                     " parameters there, " + std::to_string(parameters.size()) + " here");
-
+  LoadedCheckpoint loaded{checkpoint.scalars, checkpoint.configuration, where};
+  if (check) check(loaded);
   for (StateFragment& f : fragments)
     for (auto& [role, destination] : f.roles) checkpoint.read_range(role, f.parameter, f.begin, destination.reshape({-1}));
-  return manifest.at("scalars").get<std::map<std::string, std::string>>();
+  return loaded;
 }
 }  // namespace
 
@@ -313,12 +517,15 @@ int64_t export_checkpoint(const fs::path& dir, const std::string& tag, const fs:
     throw ConfigError(std::string("export: expected dtype fp32 or bf16, found ") + c10::toString(dtype));
   OpenCheckpoint checkpoint(resolve_tag(dir, tag));
   std::vector<TensorRecord> records;
-  for (const auto& p : checkpoint.manifest.at("parameters")) {
-    TensorRecord r{p.at("name").get<std::string>(), dtype, p.at("shape").get<std::vector<int64_t>>()};
-    int64_t numel = 1;
-    for (int64_t d : r.shape) numel *= d;
+  for (const auto& p : checkpoint.parameters) {
+    TensorRecord r{p.name, dtype, p.shape};
+    const int64_t numel = checkpoint.numels.at(p.name);
     if (numel <= 0)
       throw DataError(checkpoint.where + ": parameter '" + r.name + "' has no elements; refusing to export a placeholder");
+    // Checked from the headers before anything is allocated or written: every element is saved.
+    if (const int64_t found = checkpoint.covered("master", r.name, 0, numel); found != numel)
+      throw DataError(checkpoint.where + ": parameter '" + r.name + "' has " + std::to_string(numel) + " elements, " +
+                      std::to_string(found) + " of them in the listed files (a shard is missing); refusing to export it");
     records.push_back(std::move(r));
   }
   if (records.empty()) throw DataError(checkpoint.where + ": no parameters to export");
@@ -327,10 +534,9 @@ int64_t export_checkpoint(const fs::path& dir, const std::string& tag, const fs:
   try {
     SafetensorsWriter writer(partial, records,
                              {{"format", "pt"}, {"zerotrain.checkpoint", checkpoint.root.string()},
-                              {"zerotrain.step", checkpoint.manifest.at("scalars").value("global_step", "")}});
+                              {"zerotrain.step", checkpoint.scalars.count("global_step") ? checkpoint.scalars.at("global_step") : ""}});
     for (const TensorRecord& r : records) {
-      int64_t numel = 1;
-      for (int64_t d : r.shape) numel *= d;
+      const int64_t numel = checkpoint.numels.at(r.name);
       at::Tensor full = at::empty({numel}, at::kFloat);
       checkpoint.read_range("master", r.name, 0, full);
       writer.write(full.view(r.shape).to(dtype));

@@ -11,12 +11,15 @@
 // - load: each rank reads only the saved fragments that overlap the ranges it owns now, verifying
 //   checksums, and fails with zt::DataError naming the file and the problem for a missing
 //   `latest` target, a missing or damaged file, a checkpoint of another model, or a range no file
-//   holds.
+//   holds. Every part of a checkpoint is validated before it is used, whatever the files hold
+//   (docs/checkpoint.md "Hostile files"): a manifest's file names must be its own rank file
+//   names, so no name leads outside the checkpoint's directory.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +27,7 @@
 namespace zt {
 
 class Communicator;
+class FileSystem;
 
 struct CheckpointParameter {
   std::string name;
@@ -51,12 +55,33 @@ void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& di
                              const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
                              int keep_last);
 
-// tag empty: the one dir/latest names. Checks `parameters` against the checkpoint's, fills every
-// role of every fragment, and returns the saved scalars.
+// The same, with every file operation of the save through `files` (checkpoint/file_system.h):
+// each rank may pass its own.
+void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir, const std::string& tag,
+                             const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
+                             int keep_last, FileSystem& files);
+
+// tag empty: the one dir/latest names (a tag given must be a plain name: zt::ConfigError if not).
+// Checks `parameters` against the checkpoint's, fills every role of every fragment, and returns
+// the saved scalars.
 std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir,
                                                            const std::string& tag,
                                                            const std::vector<CheckpointParameter>& parameters,
                                                            std::vector<StateFragment>& fragments);
+
+struct LoadedCheckpoint {
+  std::map<std::string, std::string> scalars;
+  std::map<std::string, std::string> configuration;  // as saved
+  std::string manifest;  // the manifest's path in quotes, for messages
+};
+
+// The same, returning the saved configuration too; `check` (if set) runs on every rank after the
+// manifest and every file header are validated and before any tensor is read, and what it throws
+// fails the load on every rank (the engine refuses another optimizer's state there).
+LoadedCheckpoint load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir, const std::string& tag,
+                                         const std::vector<CheckpointParameter>& parameters,
+                                         std::vector<StateFragment>& fragments,
+                                         const std::function<void(const LoadedCheckpoint&)>& check);
 
 // Writes the model's weights from the checkpoint dir/tag (tag empty: dir/latest) as one
 // safetensors file `out` with one tensor per trainable parameter, named as in the model, in

@@ -12,6 +12,8 @@
 #include <set>
 #include <utility>
 
+#include "checkpoint/file_system.h"
+#include "checkpoint/json_bounds.h"
 #include "zerotrain/error.h"
 
 namespace zt {
@@ -24,6 +26,11 @@ constexpr const char* kHeaderCrcKey = "zerotrain.crc32";  // of the header with 
 constexpr const char* kZeroCrc = "00000000";
 // The format's own bound on the header (safetensors rejects larger ones).
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// Bounds on what a header may describe, checked while parsing so that a hostile header cannot make
+// the parser build an outsized document: far beyond any model's tensor count, and the depth of the
+// format's own structure (root object, entry object, shape or offsets array).
+constexpr int64_t kMaxTensors = 1'000'000;
+constexpr int kMaxDepth = 3;
 
 struct DtypeName {
   at::ScalarType type;
@@ -54,20 +61,6 @@ uint32_t crc_of(const void* data, int64_t n, uint32_t crc = 0) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-void write_all(int fd, const void* data, int64_t n, int64_t offset, const std::filesystem::path& path) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t done = ::pwrite(fd, p, size_t(std::min<int64_t>(n, 1 << 30)), offset);
-    if (done < 0) {
-      if (errno == EINTR) continue;
-      throw Error("writing '" + path.string() + "': " + errno_text());
-    }
-    p += done;
-    n -= done;
-    offset += done;
-  }
-}
-
 void read_all(int fd, void* data, int64_t n, int64_t offset, const std::filesystem::path& path) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
@@ -81,9 +74,11 @@ void read_all(int fd, void* data, int64_t n, int64_t offset, const std::filesyst
   }
 }
 
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+// numel × element size of a shape, or -1 if a dimension is negative or the product overflows.
+int64_t checked_nbytes(const std::vector<int64_t>& shape, int64_t element_size) {
+  int64_t n = element_size;
+  for (int64_t d : shape)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return -1;
   return n;
 }
 
@@ -135,13 +130,24 @@ std::string safetensors_dtype(at::ScalarType dtype) {
   throw Error(std::string("safetensors: no dtype name for ") + c10::toString(dtype));
 }
 
+std::string invalid_tensor_name(const std::string& name) {
+  if (name.empty()) return "is empty";
+  if (name == "__metadata__") return "is reserved";
+  if (name.size() > 4096) return "is longer than 4096 bytes";
+  for (unsigned char c : name)
+    if (c < 0x20 || c == 0x7f) return "contains a control character";
+  if (name.find('/') != std::string::npos || name.find('\\') != std::string::npos) return "contains a path separator";
+  if (name.find("..") != std::string::npos) return "contains '..'";
+  return "";
+}
+
 std::string crc32_hex(std::string_view bytes) { return hex32(crc_of(bytes.data(), int64_t(bytes.size()))); }
 
 // ---------------------------------------------------------------- writer
 
 struct SafetensorsWriter::State {
   std::filesystem::path path;
-  Fd fd;
+  std::unique_ptr<WritableFile> file;
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, std::string> metadata;
   size_t next = 0;
@@ -150,6 +156,10 @@ struct SafetensorsWriter::State {
 };
 
 SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, std::vector<TensorRecord> records,
+                                     std::map<std::string, std::string> metadata)
+    : SafetensorsWriter(FileSystem::real(), std::move(path), std::move(records), std::move(metadata)) {}
+
+SafetensorsWriter::SafetensorsWriter(FileSystem& files, std::filesystem::path path, std::vector<TensorRecord> records,
                                      std::map<std::string, std::string> metadata)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
@@ -160,15 +170,15 @@ SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, std::vector<Ten
       throw Error("safetensors: metadata key '" + key + "' is reserved for checksums ('" + s.path.string() + "')");
   std::set<std::string> names;
   for (auto& r : records) {
-    if (r.name.empty() || r.name == "__metadata__" || !names.insert(r.name).second)
-      throw Error("safetensors: tensor name '" + r.name + "' is empty, reserved or repeated ('" + s.path.string() + "')");
-    for (int64_t d : r.shape)
-      if (d < 0) throw Error("safetensors: tensor '" + r.name + "' has a negative dimension");
+    if (const std::string why = invalid_tensor_name(r.name); !why.empty() || !names.insert(r.name).second)
+      throw Error("safetensors: tensor name '" + r.name + "' " + (why.empty() ? "is repeated" : why) + " ('" +
+                  s.path.string() + "')");
     SafetensorsEntry e;
     e.name = std::move(r.name);
     e.dtype = r.dtype;
     e.shape = std::move(r.shape);
-    e.nbytes = numel_of(e.shape) * int64_t(c10::elementSize(e.dtype));
+    e.nbytes = checked_nbytes(e.shape, int64_t(c10::elementSize(e.dtype)));
+    if (e.nbytes < 0) throw Error("safetensors: tensor '" + e.name + "' has a negative or overflowing shape");
     safetensors_dtype(e.dtype);  // throws for types the format cannot name
     s.entries.push_back(std::move(e));
   }
@@ -180,14 +190,13 @@ SafetensorsWriter::SafetensorsWriter(std::filesystem::path path, std::vector<Ten
     offset += e.nbytes;
   }
   s.file_bytes = offset;
-  s.fd.reset(::open(s.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (s.fd.get() < 0) throw Error("cannot create '" + s.path.string() + "': " + errno_text());
+  s.file = files.create(s.path);
   // The header with zero checksums goes first, so that an interrupted write is never valid.
   const uint64_t length = header.size();
   unsigned char prefix[8];
   for (int i = 0; i < 8; ++i) prefix[i] = uint8_t(length >> (8 * i));
-  write_all(s.fd.get(), prefix, 8, 0, s.path);
-  write_all(s.fd.get(), header.data(), int64_t(header.size()), 8, s.path);
+  s.file->write_at(prefix, 8, 0);
+  s.file->write_at(header.data(), int64_t(header.size()), 8);
 }
 
 SafetensorsWriter::~SafetensorsWriter() = default;
@@ -203,7 +212,7 @@ void SafetensorsWriter::write(const at::Tensor& tensor) {
                 c10::str(tensor.sizes()) + " ('" + s.path.string() + "')");
   const at::Tensor data = tensor.cpu().contiguous();
   e.crc32 = crc_of(data.data_ptr(), e.nbytes);
-  write_all(s.fd.get(), data.data_ptr(), e.nbytes, e.offset, s.path);
+  s.file->write_at(data.data_ptr(), e.nbytes, e.offset);
   ++s.next;
 }
 
@@ -217,9 +226,9 @@ void SafetensorsWriter::finish() {
   header = render_header(s.entries, s.metadata, hex32(crc_of(header.data(), int64_t(header.size()))));
   if (int64_t(header.size()) != s.header_bytes)  // fixed-width checksums keep the size
     throw Error("safetensors: header of '" + s.path.string() + "' changed size when its checksums were filled in");
-  write_all(s.fd.get(), header.data(), int64_t(header.size()), 8, s.path);
-  if (::fsync(s.fd.get()) != 0) throw Error("flushing '" + s.path.string() + "' to disk: " + errno_text());
-  if (::close(s.fd.release()) != 0) throw Error("closing '" + s.path.string() + "': " + errno_text());
+  s.file->write_at(header.data(), int64_t(header.size()), 8);
+  s.file->sync();
+  s.file->close();
   s.finished = true;
 }
 
@@ -257,6 +266,10 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::m
   read_all(s.fd.get(), text.data(), int64_t(length), 8, s.path);
 
   ordered_json header;
+  // Tensors and "__metadata__"; the check runs before any document is built.
+  if (const std::string problem = json_bounds_problem(text, kMaxDepth, kMaxTensors + 1); !problem.empty())
+    throw bad("header " + problem + " (at most " + std::to_string(kMaxTensors) + " tensors, " +
+              std::to_string(kMaxDepth) + " levels)");
   try {
     header = ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
@@ -294,6 +307,7 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::m
     if (!value.is_object() || value.size() != 3 || !value.contains("dtype") || !value.contains("shape") ||
         !value.contains("data_offsets"))
       throw bad(tensor + ": expected exactly dtype, shape and data_offsets");
+    if (const std::string why = invalid_tensor_name(name); !why.empty()) throw bad("tensor name " + ordered_json(name).dump() + " " + why);
     SafetensorsEntry e;
     e.name = name;
     const auto& dtype = value["dtype"];
@@ -306,16 +320,28 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::m
     if (!known) throw bad(tensor + ": unknown dtype " + dtype.dump());
     if (!value["shape"].is_array()) throw bad(tensor + ": shape is not an array");
     for (const auto& d : value["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) throw bad(tensor + ": shape " + value["shape"].dump());
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || (d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX))
+        throw bad(tensor + ": shape " + value["shape"].dump() + " has a negative or non-integer dimension");
       e.shape.push_back(d.get<int64_t>());
     }
+    e.nbytes = checked_nbytes(e.shape, int64_t(c10::elementSize(e.dtype)));
+    // Every byte of a tensor is in the file: a size beyond the file is refused before any
+    // arithmetic on it, and before read() would allocate it.
+    if (e.nbytes < 0 || e.nbytes > file_bytes - data_start - expected_offset)
+      throw bad(tensor + ": shape " + value["shape"].dump() + " needs " +
+                (e.nbytes < 0 ? std::string("more bytes than a 64-bit size holds") : std::to_string(e.nbytes) + " bytes") +
+                ", more than the " + std::to_string(file_bytes - data_start - expected_offset) +
+                " bytes left in the file (truncated or damaged)");
     const auto& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() || !offsets[1].is_number_integer())
       throw bad(tensor + ": data_offsets " + offsets.dump());
-    const int64_t begin = offsets[0].get<int64_t>(), end = offsets[1].get<int64_t>();
-    e.nbytes = numel_of(e.shape) * int64_t(c10::elementSize(e.dtype));
-    // Our files list tensors in data order; the ranges must tile the data section.
-    if (begin != expected_offset || end - begin != e.nbytes)
+    const bool representable = (!offsets[0].is_number_unsigned() || offsets[0].get<uint64_t>() <= INT64_MAX) &&
+                               (!offsets[1].is_number_unsigned() || offsets[1].get<uint64_t>() <= INT64_MAX);
+    const int64_t begin = representable ? offsets[0].get<int64_t>() : -1;
+    const int64_t end = representable ? offsets[1].get<int64_t>() : -1;
+    // Our files list tensors in data order; the ranges must tile the data section (which also
+    // rules out overlapping tensors and ranges past the end). `end` is compared, not subtracted.
+    if (begin != expected_offset || end != expected_offset + e.nbytes)
       throw bad(tensor + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") expected [" +
                 std::to_string(expected_offset) + ", " + std::to_string(expected_offset + e.nbytes) + ")");
     expected_offset = end;

@@ -10,10 +10,15 @@
 //   fills in the checksums (fixed-width, so the header keeps its size), flushes and fsyncs. Memory
 //   stays at the tensor being written. A writer destroyed before finish() leaves an incomplete file
 //   that every reader rejects (its checksums are zeros).
-// - SafetensorsReader validates on open: the length prefix, the JSON, every entry (known dtype,
-//   shape, byte range of exactly numel × element size), that the ranges tile the data section, that
-//   the file has exactly that many bytes, and the header checksum. read() checks the tensor's
-//   checksum. Every failure is a zt::DataError naming the file and the problem.
+// - SafetensorsReader validates on open: the length prefix (at most the file's size and 100 MB),
+//   the JSON (at most 1,000,000 tensors, nesting at most 3 levels deep), every entry (valid name,
+//   known dtype, non-negative shape whose element and byte counts do not overflow, byte range of
+//   exactly numel × element size), that the ranges tile the data section (no overlap, no gap,
+//   nothing past the end), that the file has exactly that many bytes, and the header checksum.
+//   read() checks the tensor's checksum. Every failure is a zt::DataError naming the file and the
+//   problem, whatever the file holds: no crash, no allocation beyond a small multiple of the
+//   header before the checks, and no tensor allocated before its byte range is known to be in
+//   the file.
 // - Neither class is thread-safe; distinct objects may be used from distinct threads.
 #pragma once
 #include <ATen/core/Tensor.h>
@@ -39,11 +44,21 @@ std::string safetensors_dtype(at::ScalarType dtype);
 // zlib's CRC-32 of `bytes` as 8 lowercase hex digits (what the files store).
 std::string crc32_hex(std::string_view bytes);
 
+class FileSystem;
+
+// A tensor name both classes accept: not empty, not "__metadata__", at most 4096 bytes, no
+// control character (NUL included), no '/' or '\\' and no "..", so that a name can never
+// become a path outside a directory. Empty string if valid, else why not.
+std::string invalid_tensor_name(const std::string& name);
+
 class SafetensorsWriter {
  public:
-  // Creates (or truncates) `path`. Names must be unique, not empty and not "__metadata__";
+  // Creates (or truncates) `path`. Names must be unique and valid (invalid_tensor_name);
   // metadata keys must not start with "zerotrain.crc32" (reserved for the checksums).
   SafetensorsWriter(std::filesystem::path path, std::vector<TensorRecord> records,
+                    std::map<std::string, std::string> metadata = {});
+  // The same, with every file operation through `files` (which must outlive the writer).
+  SafetensorsWriter(FileSystem& files, std::filesystem::path path, std::vector<TensorRecord> records,
                     std::map<std::string, std::string> metadata = {});
   ~SafetensorsWriter();
   SafetensorsWriter(const SafetensorsWriter&) = delete;

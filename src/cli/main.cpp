@@ -42,6 +42,7 @@ struct TrainArgs {
   std::string save_dir, resume_dir;
   int64_t save_every = 0;
   int keep_last = 3;
+  bool reset_optimizer = false;
 };
 
 zt::TrainRunOptions run_options(const TrainArgs& args) {
@@ -51,6 +52,7 @@ zt::TrainRunOptions run_options(const TrainArgs& args) {
   options.save_every = args.save_every;
   options.keep_last = args.keep_last;
   options.resume_dir = args.resume_dir;
+  options.reset_optimizer = args.reset_optimizer;
   return options;
 }
 
@@ -67,6 +69,8 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   if (args.save_every < 0 || args.keep_last < 0)
     throw zt::ConfigError(fmt::format("--save-every and --keep-last: expected >= 0, found {} and {}", args.save_every,
                                       args.keep_last));
+  if (args.reset_optimizer && args.resume_dir.empty())
+    throw zt::ConfigError("--reset-optimizer: needs --resume DIR (the checkpoint whose weights to load)");
   if (args.save_every > 0 && args.save_dir.empty())
     throw zt::ConfigError("--save-every: needs --save-dir DIR (where to save)");
   if (!args.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(args.resume_dir) / "latest"))
@@ -287,6 +291,9 @@ int main(int argc, char** argv) {
   train->add_option("--save-every", train_args.save_every, "also save every K optimizer steps (needs --save-dir)");
   train->add_option("--keep-last", train_args.keep_last, "keep the newest K checkpoints in --save-dir (0: all; default 3)");
   train->add_option("--resume", train_args.resume_dir, "continue from the latest checkpoint in this directory");
+  train->add_flag("--reset-optimizer", train_args.reset_optimizer,
+                  "with --resume: load the weights only and start the optimizer moments afresh (to change the "
+                  "optimizer type)");
 
   zt::LaunchOptions launch_options;
   auto* launch = app.add_subcommand("launch", "start N local ranks of a program with torchrun's variables");

@@ -189,14 +189,17 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   int64_t first_step = 0;
   if (!options.resume_dir.empty()) {
     const auto load_start = std::chrono::steady_clock::now();
-    const auto client = engine.load_checkpoint(options.resume_dir);
+    LoadOptions load_options;
+    load_options.reset_optimizer = options.reset_optimizer;
+    load_options.log = [](const std::string& line) { fmt::print("checkpoint: {} (changed since the checkpoint)\n", line); };
+    const auto client = engine.load_checkpoint(options.resume_dir, "", load_options);
     const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     if (auto it = client.find("seed"); it != client.end() && it->second != std::to_string(config.train.seed) && leader)
       fmt::print("note: the checkpoint was saved with train.seed {}; this run uses {}\n", it->second, config.train.seed);
     first_step = engine.global_step();
     if (leader)
-      fmt::print("resumed from {}: the latest checkpoint, at step {}, loaded in {:.2f} s\n", options.resume_dir,
-                 first_step, load_seconds);
+      fmt::print("resumed from {}: the latest checkpoint, at step {}, loaded in {:.2f} s{}\n", options.resume_dir,
+                 first_step, load_seconds, options.reset_optimizer ? " (weights only: optimizer moments reset)" : "");
   }
 
   const int64_t micro = config.train_micro_batch_size_per_gpu;

@@ -6,9 +6,12 @@
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <limits>
+#include <cstdio>
 #include <numeric>
+#include <set>
 #include <unordered_set>
 
 #include "checkpoint/checkpoint.h"
@@ -233,6 +236,9 @@ struct Engine::Impl : BlockRunner {
   int64_t micro_step = 0;   // micro-steps done in the current accumulation window
   int64_t global_step = 0;  // optimizer steps taken
   int64_t skipped = 0;
+  // Applied optimizer steps before the moments last started from zero (a load with
+  // reset_optimizer): the optimizer's own step count, for bias correction, is counted from there.
+  int64_t moments_from = 0;
   bool in_backward = false;
   bool reducing = false;    // this window's reductions are launched (from the hooks, or after backward)
 
@@ -1034,7 +1040,7 @@ struct Engine::Impl : BlockRunner {
     double scale = unscale;
     if (config.gradient_clipping > 0 && norm > config.gradient_clipping)
       scale *= config.gradient_clipping / (norm + 1e-6);
-    apply_optimizer(result.lr, global_step - skipped, float(scale));
+    apply_optimizer(result.lr, global_step - skipped - moments_from, float(scale));
     if (shard_parameters) {
       // A block gathered ahead (prefetched for a forward that did not come) holds old values.
       for (int g = 0; g < int(blocks.size()); ++g) release(g);
@@ -1082,6 +1088,7 @@ struct Engine::Impl : BlockRunner {
     contents.scalars = {{"global_step", std::to_string(global_step)},
                         {"skipped_steps", std::to_string(skipped)},
                         {"optimizer", config.optimizer.type},
+                        {"optimizer.moments_from", std::to_string(moments_from)},
                         {"loss_scale", fmt_double(s.scale)},
                         {"loss_scale.hysteresis_left", std::to_string(s.hysteresis_left)},
                         {"loss_scale.iteration", std::to_string(s.iteration)},
@@ -1091,28 +1098,79 @@ struct Engine::Impl : BlockRunner {
     save_sharded_checkpoint(*comm, dir, tag, contents, owned_state(true), keep_last);
   }
 
-  std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag) {
+  // Adam and AdamW keep the same state; the type names compare case-insensitively.
+  static std::string optimizer_family(std::string type) {
+    for (char& c : type) c = char(std::tolower(static_cast<unsigned char>(c)));
+    return type == "adamw" ? "adam" : type;
+  }
+
+  std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag,
+                                                     const LoadOptions& options) {
     if (micro_step != 0)
       throw Error("load_checkpoint: expected a call between optimizer steps, found micro-step " +
                   std::to_string(micro_step));
-    // Read into copies first, so that a failure leaves this engine as it was.
+    // Read into copies first, so that a failure leaves this engine as it was. Resetting the
+    // optimizer reads the masters only.
     std::vector<StateFragment> fragments = owned_state(false);
+    if (options.reset_optimizer)
+      for (StateFragment& f : fragments) std::erase_if(f.roles, [](const auto& r) { return r.first != "master"; });
     std::vector<StateFragment> staged = fragments;
     for (StateFragment& f : staged)
       for (auto& [role, tensor] : f.roles) tensor = torch::empty({f.numel}, torch::kFloat32);
-    const auto scalars = load_sharded_checkpoint(*comm, dir, tag, registered, staged);
-    auto number = [&](const std::string& key) {
-      auto it = scalars.find(key);
-      if (it == scalars.end()) throw DataError("checkpoint '" + dir + "': no '" + key + "' in its manifest");
-      return std::stod(it->second);
+    std::vector<std::string> changes;
+    LossScaler::State saved_scaler;
+    int64_t step = 0, skipped_steps = 0, saved_moments_from = 0;
+    const auto check = [&](const LoadedCheckpoint& saved) {
+      // The counters, parsed before anything is read: a malformed one is a DataError on every rank.
+      auto number = [&](const std::string& key, double lo, double hi, bool integer) {
+        auto it = saved.scalars.find(key);
+        if (it == saved.scalars.end()) throw DataError(saved.manifest + ": no '" + key + "' in its scalars");
+        size_t used = 0;
+        double v = std::nan("");
+        try {
+          v = std::stod(it->second, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != it->second.size() || !(v >= lo && v <= hi) || (integer && v != std::floor(v)))
+          throw DataError(saved.manifest + ": scalar '" + key + "' is '" + it->second + "', expected " +
+                          (integer ? "an integer" : "a number") + " in [" + fmt_double(lo) + ", " + fmt_double(hi) + "]");
+        return v;
+      };
+      constexpr double kMaxCount = 9007199254740992.0;  // 2^53: exact in a double
+      saved_scaler.scale = number("loss_scale", 0, std::numeric_limits<double>::max(), false);
+      saved_scaler.hysteresis_left = int(number("loss_scale.hysteresis_left", 0, std::numeric_limits<int>::max(), true));
+      saved_scaler.iteration = int64_t(number("loss_scale.iteration", 0, kMaxCount, true));
+      saved_scaler.last_overflow_iteration = int64_t(number("loss_scale.last_overflow_iteration", -1, kMaxCount, true));
+      step = int64_t(number("global_step", 0, kMaxCount, true));
+      skipped_steps = int64_t(number("skipped_steps", 0, double(step), true));
+      // Absent from checkpoints saved before the option existed: the moments started with the run.
+      saved_moments_from = saved.scalars.count("optimizer.moments_from")
+                               ? int64_t(number("optimizer.moments_from", 0, double(step - skipped_steps), true))
+                               : 0;
+      auto it = saved.scalars.find("optimizer");
+      if (it == saved.scalars.end()) throw DataError(saved.manifest + ": no 'optimizer' in its scalars");
+      if (!options.reset_optimizer && optimizer_family(it->second) != optimizer_family(config.optimizer.type))
+        throw DataError(saved.manifest + ": saved with optimizer " + it->second + ", this run uses " +
+                        config.optimizer.type + "; its optimizer state does not apply (load with reset_optimizer, "
+                        "--reset-optimizer, to load the weights only)");
+      // Hyper-parameters may change between runs; each change is reported.
+      auto tracked = [](const std::string& key) {
+        return key.rfind("optimizer.", 0) == 0 || key.rfind("scheduler.", 0) == 0 || key == "gradient_clipping";
+      };
+      std::set<std::string> keys;
+      for (const auto& [key, value] : saved.configuration) if (tracked(key)) keys.insert(key);
+      for (const auto& [key, value] : config.resolved) if (tracked(key)) keys.insert(key);
+      for (const std::string& key : keys) {
+        const auto before = saved.configuration.find(key);
+        const auto after = config.resolved.find(key);
+        const std::string old_value = before == saved.configuration.end() ? "(unset)" : before->second;
+        const std::string new_value = after == config.resolved.end() ? "(unset)" : after->second;
+        if (old_value != new_value) changes.push_back(key + ": " + old_value + " -> " + new_value);
+      }
     };
-    LossScaler::State s;
-    s.scale = number("loss_scale");
-    s.hysteresis_left = int(number("loss_scale.hysteresis_left"));
-    s.iteration = int64_t(number("loss_scale.iteration"));
-    s.last_overflow_iteration = int64_t(number("loss_scale.last_overflow_iteration"));
-    const int64_t step = int64_t(number("global_step")), skipped_steps = int64_t(number("skipped_steps"));
-
+    const LoadedCheckpoint loaded = load_sharded_checkpoint(*comm, dir, tag, registered, staged, check);
+    const auto& scalars = loaded.scalars;
+    const LossScaler::State s = saved_scaler;
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < fragments.size(); ++i)
       for (auto& [role, tensor] : fragments[i].roles) tensor.copy_(staged[i].roles.at(role));
@@ -1129,10 +1187,21 @@ struct Engine::Impl : BlockRunner {
     } else if (shard_world > 1) {
       gather_parameters();
     }
+    if (options.reset_optimizer) {
+      exp_avg.zero_();
+      exp_avg_sq.zero_();
+    }
     clear_gradients();
     global_step = step;
     skipped = skipped_steps;
+    moments_from = options.reset_optimizer ? step - skipped_steps : saved_moments_from;
     scaler.restore(s);
+    if (rank == 0)
+      for (const std::string& line : changes) {
+        if (options.log) options.log(line);
+        else std::printf("checkpoint: %s\n", line.c_str());
+      }
+    if (rank == 0 && !options.log) std::fflush(stdout);
     std::map<std::string, std::string> client;
     for (const auto& [key, value] : scalars)
       if (key.rfind("client.", 0) == 0) client[key.substr(7)] = value;
@@ -1198,7 +1267,11 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
   impl_->save_checkpoint(dir, tag, client_state, keep_last);
 }
 std::map<std::string, std::string> Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  return impl_->load_checkpoint(dir, tag);
+  return impl_->load_checkpoint(dir, tag, LoadOptions{});
+}
+std::map<std::string, std::string> Engine::load_checkpoint(const std::string& dir, const std::string& tag,
+                                                           const LoadOptions& options) {
+  return impl_->load_checkpoint(dir, tag, options);
 }
 Communicator& Engine::communicator() const { return *impl_->comm; }
 const TrainConfig& Engine::config() const { return impl_->config; }
