@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
 #include "config/schema.h"
 #include "support/process.h"
 #include "zerotrain/config.h"
@@ -987,6 +988,56 @@ TEST(ConfigCli, ExportAndLaunchFlagsWithBadValues) {
           {{"launch", "--nproc", "1", "--master-port", "-5", "--", "/bin/true"}, "--master-port"},
       },
       dir);
+}
+
+// A checkpoint whose manifest has the right checksum but fields of the wrong type (written by
+// hand or by another version): export fails with one line and exit 2, as for any damaged input.
+// Found by fuzz/manifest_fuzz; the rank file is the fuzz fixture of a real tiny checkpoint.
+TEST(ConfigCli, ExportOfAMalformedManifestIsOneLine) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_manifest");
+  const std::string fixture = std::string(ZT_SOURCE_DIR) + "/fuzz/data/checkpoint/rank-00000-of-00001.safetensors";
+  std::filesystem::create_directories(dir + "/step-1");
+  std::filesystem::copy_file(fixture, dir + "/step-1/rank-00000-of-00001.safetensors");
+  std::ifstream in(std::string(ZT_SOURCE_DIR) + "/fuzz/corpus/manifest_fuzz/valid.json", std::ios::binary);
+  const json valid = json::parse(in);
+  auto with_checksum = [](json manifest) {  // as the writer computes it: over the text with zeros
+    manifest["checksum"] = "00000000";
+    const std::string zeroed = manifest.dump(1);
+    manifest["checksum"] = zt::crc32_hex(zeroed);
+    return manifest.dump(1);
+  };
+  struct Variant {
+    std::string name;
+    std::function<void(json&)> damage;
+    std::string expected;
+  };
+  const std::vector<Variant> variants = {
+      {"valid", [](json&) {}, ""},
+      {"parameters are numbers", [](json& m) { m["parameters"] = json::array({1, 2}); }, "malformed manifest"},
+      {"files is an object", [](json& m) { m["files"] = json::object({{"a", 1}}); }, "malformed manifest"},
+      {"shape of strings", [](json& m) { m["parameters"][0]["shape"] = json::array({"a"}); }, "malformed manifest"},
+      {"scalars is a list", [](json& m) { m["scalars"] = json::array(); }, "malformed manifest"},
+      {"format is a number", [](json& m) { m["format"] = 3; }, "malformed manifest"},
+      {"shape overflows", [](json& m) { m["parameters"][0]["shape"] = {int64_t{1} << 40, int64_t{1} << 40}; },
+       "has an impossible shape"},
+      {"shape beyond the files", [](json& m) { m["parameters"][0]["shape"] = {int64_t{1} << 40}; },
+       "more than the listed files hold"},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    json manifest = valid;
+    v.damage(manifest);
+    std::ofstream(dir + "/step-1/manifest.json", std::ios::binary | std::ios::trunc) << with_checksum(manifest);
+    const CliResult r = run_cli({"export", dir, "--tag", "step-1", "--out", dir + "/out.safetensors"}, dir);
+    if (v.expected.empty()) {  // the fixture itself exports: the damage, not the setup, fails the others
+      EXPECT_EQ(r.exit_code, 0);
+      EXPECT_TRUE(r.stderr_lines.empty());
+      continue;
+    }
+    EXPECT_EQ(r.exit_code, 2);
+    ASSERT_EQ(r.stderr_lines.size(), 1u);
+    EXPECT_NE(r.stderr_lines[0].find(v.expected), std::string::npos) << r.stderr_lines[0];
+  }
 }
 
 }  // namespace

@@ -232,6 +232,20 @@ fs::path resolve_tag(const fs::path& dir, const std::string& tag_in) {
   return dir / tag;
 }
 
+// The checksum proves the manifest's bytes are intact, not that its fields have the expected
+// types (a manifest edited by hand, or by another version, passes it). Fields are read inside
+// this, so a wrong shape is a DataError naming the file instead of an escaping json exception.
+template <typename F>
+auto reading_manifest(const std::string& where, F&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const json::exception& e) {
+    throw DataError(where + ": malformed manifest (" + e.what() + ")");
+  } catch (const std::logic_error& e) {  // std::stoll of a tensor name's offset
+    throw DataError(where + ": malformed checkpoint (" + e.what() + ")");
+  }
+}
+
 // A checkpoint's manifest and files: every header validated, and an index of the saved pieces.
 struct OpenCheckpoint {
   struct Piece {
@@ -248,6 +262,10 @@ struct OpenCheckpoint {
   explicit OpenCheckpoint(const fs::path& checkpoint) : root(checkpoint) {
     manifest = read_manifest(root / "manifest.json");
     where = "'" + (root / "manifest.json").string() + "'";
+    reading_manifest(where, [&] { index(); });
+  }
+
+  void index() {
     if (manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
       throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));
     for (const auto& name : manifest.at("files")) {
@@ -260,6 +278,13 @@ struct OpenCheckpoint {
             {files.size() - 1, e.name, std::stoll(e.name.substr(last + 1)), e.shape[0]});
       }
     }
+  }
+
+  // How many elements of `role` of `parameter` the files hold (an upper bound of what can be read).
+  int64_t saved_elements(const std::string& role, const std::string& parameter) {
+    int64_t total = 0;
+    for (const Piece& piece : pieces[{role, parameter}]) total += piece.numel;
+    return total;
   }
 
   // Copies elements [begin, begin + destination.numel()) of `role` of `parameter` into
@@ -289,7 +314,9 @@ std::map<std::string, std::string> load_fragments(const fs::path& dir, const std
   const std::string& where = checkpoint.where;
   // The same model: the same parameter names with the same shapes.
   std::map<std::string, std::vector<int64_t>> saved_shapes;
-  for (const auto& p : manifest.at("parameters")) saved_shapes[p.at("name")] = p.at("shape").get<std::vector<int64_t>>();
+  reading_manifest(where, [&] {
+    for (const auto& p : manifest.at("parameters")) saved_shapes[p.at("name")] = p.at("shape").get<std::vector<int64_t>>();
+  });
   for (const auto& p : parameters) {
     auto it = saved_shapes.find(p.name);
     if (it == saved_shapes.end())
@@ -304,7 +331,7 @@ std::map<std::string, std::string> load_fragments(const fs::path& dir, const std
 
   for (StateFragment& f : fragments)
     for (auto& [role, destination] : f.roles) checkpoint.read_range(role, f.parameter, f.begin, destination.reshape({-1}));
-  return manifest.at("scalars").get<std::map<std::string, std::string>>();
+  return reading_manifest(where, [&] { return manifest.at("scalars").get<std::map<std::string, std::string>>(); });
 }
 }  // namespace
 
@@ -313,21 +340,32 @@ int64_t export_checkpoint(const fs::path& dir, const std::string& tag, const fs:
     throw ConfigError(std::string("export: expected dtype fp32 or bf16, found ") + c10::toString(dtype));
   OpenCheckpoint checkpoint(resolve_tag(dir, tag));
   std::vector<TensorRecord> records;
-  for (const auto& p : checkpoint.manifest.at("parameters")) {
-    TensorRecord r{p.at("name").get<std::string>(), dtype, p.at("shape").get<std::vector<int64_t>>()};
-    int64_t numel = 1;
-    for (int64_t d : r.shape) numel *= d;
-    if (numel <= 0)
-      throw DataError(checkpoint.where + ": parameter '" + r.name + "' has no elements; refusing to export a placeholder");
-    records.push_back(std::move(r));
-  }
+  std::string step;
+  reading_manifest(checkpoint.where, [&] {
+    for (const auto& p : checkpoint.manifest.at("parameters")) {
+      TensorRecord r{p.at("name").get<std::string>(), dtype, p.at("shape").get<std::vector<int64_t>>()};
+      int64_t numel = 1;
+      for (int64_t d : r.shape)
+        if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
+          throw DataError(checkpoint.where + ": parameter '" + r.name + "' has an impossible shape " +
+                          json(r.shape).dump());
+      if (numel <= 0)
+        throw DataError(checkpoint.where + ": parameter '" + r.name + "' has no elements; refusing to export a placeholder");
+      // Before allocating the tensor: the files must hold that many elements at all.
+      if (checkpoint.saved_elements("master", r.name) < numel)
+        throw DataError(checkpoint.where + ": parameter '" + r.name + "' has " + std::to_string(numel) +
+                        " elements, more than the listed files hold");
+      records.push_back(std::move(r));
+    }
+    step = checkpoint.manifest.at("scalars").value("global_step", "");
+  });
   if (records.empty()) throw DataError(checkpoint.where + ": no parameters to export");
   const fs::path partial = out.string() + ".partial";
   int64_t bytes = 0;
   try {
     SafetensorsWriter writer(partial, records,
                              {{"format", "pt"}, {"zerotrain.checkpoint", checkpoint.root.string()},
-                              {"zerotrain.step", checkpoint.manifest.at("scalars").value("global_step", "")}});
+                              {"zerotrain.step", step}});
     for (const TensorRecord& r : records) {
       int64_t numel = 1;
       for (int64_t d : r.shape) numel *= d;
