@@ -853,7 +853,7 @@ struct CliCase {
 void expect_cli_refuses(const std::vector<CliCase>& cases, const std::string& dir) {
   for (const CliCase& c : cases) {
     std::string shown;
-    for (const std::string& a : c.args) shown += " " + a.substr(0, 60);
+    for (const std::string& a : c.args) shown.append(" ").append(a, 0, 60);
     SCOPED_TRACE("zerotrain" + shown);
     const CliResult r = run_cli(c.args, dir);
     EXPECT_EQ(r.exit_code, 2);
