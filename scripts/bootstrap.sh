@@ -19,7 +19,8 @@ log() { echo "[bootstrap] $*" >&2; }
 
 apt_packages=(g++ cmake make git python3 python3-pip pkg-config
   libgloo-dev nlohmann-json3-dev libcli11-dev zlib1g-dev 
-  libgtest-dev libgmock-dev)
+  libgtest-dev libgmock-dev
+  clang libclang-rt-14-dev)  # clang + its sanitizer/libFuzzer runtimes: scripts/fuzz.sh
 missing=()
 for p in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

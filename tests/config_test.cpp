@@ -2,11 +2,19 @@
 // (§8.14), overrides, sources, and one clear message per malformed input.
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "checkpoint/safetensors.h"
+#include "config/schema.h"
 #include "support/process.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -219,11 +227,11 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
        "scheduler.params.warmup_max_lr: expected a number >= warmup_min_lr"},
       {R"({"scheduler": {"type": "WarmupCosineLR", "params": {"cos_min_ratio": 2}}})", {},
        "scheduler.params.cos_min_ratio: expected a number in [0, 1], found 2"},
-      {R"({"fp16": {"loss_scale_window": 0}})", {}, "fp16.loss_scale_window: expected a positive integer, found 0"},
+      {R"({"fp16": {"loss_scale_window": 0}})", {}, "fp16.loss_scale_window: expected an integer in [1, 2147483647], found 0"},
       {R"({"data": {"source": "parquet"}})", {}, "data.source: expected one of \"embedded\", \"bin\", \"text\""},
       {R"({"data": {"source": "bin"}})", {}, "data.path: required when data.source is \"bin\""},
       {R"({"data": {"val_fraction": 1.0}})", {}, "data.val_fraction: expected a number in [0, 1), found 1.0"},
-      {R"({"train": {"steps": 0}})", {}, "train.steps: expected a positive integer, found 0"},
+      {R"({"train": {"steps": 0}})", {}, "train.steps: expected an integer in [1, 100000000], found 0"},
       {R"({"comm": {"timeout_seconds": 0}})", {}, "comm.timeout_seconds: expected a positive number, found 0"},
       {R"({"optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})", {},
        "optimizer.params.adam_w_mode: false contradicts optimizer.type \"AdamW\""},
@@ -404,6 +412,632 @@ TEST(Config, LoadConfigErrorsNameThePath) {
 
 TEST(Config, WorldSizeMustBePositive) {
   EXPECT_NE(error_of("{}", {}, 0).find("world size: expected a positive integer, found 0"), std::string::npos);
+}
+
+// --- Hostile input (issue 13): every input that is not a usable configuration is one ConfigError
+// line; nothing crashes, hangs or is silently accepted.
+
+namespace cd = zt::config_detail;
+using json = nlohmann::json;
+
+// The error of an input, whatever exception it is: a test then shows which exception escaped.
+std::string any_error_of(const std::function<void()>& parse) {
+  try {
+    parse();
+  } catch (const ConfigError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("NOT A ConfigError: ") + e.what();
+  }
+  return "NO ERROR";
+}
+
+void expect_one_line_error(const std::string& message, const std::string& expected) {
+  EXPECT_NE(message.find(expected), std::string::npos) << "message: " << message.substr(0, 500);
+  EXPECT_EQ(message.find('\n'), std::string::npos) << "one line: " << message.substr(0, 500);
+  EXPECT_LT(message.size(), 400u) << "short: " << message.substr(0, 500);
+}
+
+// {"a": {"b": value}} for "a.b".
+json nest(const std::string& path, const json& value) {
+  json doc = value;
+  std::string rest = path;
+  std::vector<std::string> parts;
+  std::stringstream in(path);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  for (auto it = parts.rbegin(); it != parts.rend(); ++it) doc = json{{*it, doc}};
+  return doc;
+}
+
+TEST(ConfigHostile, NotJsonBinaryAndHugeTexts) {
+  expect_one_line_error(any_error_of([] { parse_config("hello", {}, 1); }), "config: invalid JSON");
+  std::string binary;
+  for (int i = 0; i < 256; ++i) binary += static_cast<char>(i);
+  const std::string message = any_error_of([&] { parse_config("{\"a\": \"" + binary, {}, 1); });
+  expect_one_line_error(message, "config: invalid JSON");
+  for (unsigned char ch : message) EXPECT_TRUE(ch >= 0x20 && ch < 0x7f) << "printable: " << message;
+  expect_one_line_error(any_error_of([] { parse_config("\x89PNG\r\n\x1a\n\0\0", {}, 1); }), "invalid JSON");
+  // Larger than any configuration: refused before parsing, not by running out of memory.
+  const std::string huge = "{\"model\": {\"preset\": \"" + std::string(2 << 20, 'x') + "\"}}";
+  expect_one_line_error(any_error_of([&] { parse_config(huge, {}, 1); }),
+                        "config: 2097177 bytes, more than the 1048576 bytes a configuration may have");
+  // Under the size limit, a string value is still a name or a path, not a megabyte of text.
+  std::string long_path_doc = R"({"data": {"source": "text", "path": ")";
+  long_path_doc.append(5000, 'p').append("\"}}");
+  expect_one_line_error(any_error_of([&] { parse_config(long_path_doc, {}, 1); }),
+      "data.path: expected a string of at most 4096 bytes, found one of 5000 bytes");
+  // A NUL would cut the path short at the open() call: another file than the one written.
+  expect_one_line_error(any_error_of([] { parse_config(R"({"data": {"source": "text", "path": "a\u0000b"}})", {}, 1); }),
+                        "data.path: expected a string, found \"a\\u0000b\" (control characters are not allowed)");
+}
+
+TEST(ConfigHostile, DeepNestingIsRefusedWithoutRecursion) {
+  expect_one_line_error(any_error_of([] { parse_config(std::string(100000, '['), {}, 1); }),
+                        "config: nested more than 16 levels deep at '(top level)[][][]");
+  expect_one_line_error(any_error_of([] { parse_config(std::string(100000, '[') + std::string(100000, ']'), {}, 1); }),
+                        "nested more than 16 levels deep");
+  std::string objects;
+  for (int i = 0; i < 50000; ++i) objects += "{\"optimizer\":";
+  expect_one_line_error(any_error_of([&] { parse_config(objects, {}, 1); }),
+                        "nested more than 16 levels deep at 'optimizer.optimizer.optimizer.");
+  const std::string deep_value =
+      "{\"optimizer\": {\"params\": {\"lr\": " + std::string(1000, '[') + std::string(1000, ']') + "}}}";
+  expect_one_line_error(any_error_of([&] { parse_config(deep_value, {}, 1); }),
+                        "nested more than 16 levels deep at 'optimizer.params.lr[][]");
+  expect_one_line_error(any_error_of([] { parse_config("{}", {"optimizer.params.lr=" + std::string(100000, '[') + std::string(100000, ']')}, 1); }),
+                        "override 'optimizer.params.lr': nested more than 16 levels deep");
+}
+
+TEST(ConfigHostile, DuplicateKeysAreRefusedNamingTheKey) {
+  expect_one_line_error(any_error_of([] { parse_config(R"({"train": {"steps": 1, "steps": 2}})", {}, 1); }),
+                        "config: duplicate key 'train.steps' (each key may appear once)");
+  expect_one_line_error(any_error_of([] { parse_config(R"({"train": {"steps": 1}, "train": {"seed": 2}})", {}, 1); }),
+                        "config: duplicate key 'train'");
+  // The same name in different blocks is no duplicate.
+  EXPECT_EQ(parse_config(R"({"tensorboard": {"enabled": false}, "csv_monitor": {"enabled": true}})", {}, 1).train.steps,
+            200);
+  expect_one_line_error(
+      any_error_of([] { parse_config("{}", {R"(optimizer.params={"lr": 0.1, "lr": 0.2})"}, 1); }),
+      "override 'optimizer.params': duplicate key 'lr'");
+}
+
+TEST(ConfigHostile, NumbersOutOfRange) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"train": {"steps": 1e999}})", "config: invalid JSON"},
+      {R"({"train": {"steps": -1}})", "train.steps: expected an integer in [1, 100000000], found -1"},
+      {R"({"train": {"steps": 1180591620717411303424}})", "train.steps: expected an integer in [1, 100000000]"},  // 2^70
+      {R"({"train": {"steps": 9223372036854775808}})", "train.steps: expected an integer in [1, 100000000]"},     // 2^63
+      {R"({"train": {"steps": 18446744073709551615}})", "train.steps: expected an integer in [1, 100000000]"},
+      {R"({"train": {"steps": 2.5}})", "train.steps: expected an integer in [1, 100000000], found 2.5"},
+      {R"({"train": {"steps": 9223372036854775807}})", "train.steps: expected an integer in [1, 100000000]"},
+      {R"({"train": {"steps": NaN}})", "config: invalid JSON"},
+      {R"({"train": {"steps": "NaN"}})", "train.steps: expected an integer in [1, 100000000], found \"NaN\""},
+      {R"({"optimizer": {"params": {"lr": Infinity}}})", "config: invalid JSON"},
+      {R"({"optimizer": {"params": {"lr": 1e308}}, "train": {"steps": 1e308}})", "train.steps: expected an integer in [1, 100000000]"},
+      // `int` fields: a value that fits int64 but not int is refused, never truncated.
+      {R"({"fp16": {"loss_scale_window": 1099511627776}})",
+       "fp16.loss_scale_window: expected an integer in [1, 2147483647], found 1099511627776"},
+      {R"({"fp16": {"hysteresis": 4294967297}})", "fp16.hysteresis: expected an integer in [1, 2147483647]"},
+      // Model sizes whose parameter arithmetic would overflow.
+      {R"({"model": {"n_embd": 1099511627776}})", "model.n_embd: expected an integer in [0, 1048576]"},
+      {R"({"model": {"vocab_size": 1e12}})", "model.vocab_size: expected an integer in [0, 16777216]"},
+      // The batch triple's product.
+      {R"({"train_micro_batch_size_per_gpu": 4294967296, "gradient_accumulation_steps": 4294967296})",
+       "batch sizes: train_micro_batch_size_per_gpu × gradient_accumulation_steps × world size overflows"},
+      {R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 9223372036854775807})", "overflows"},
+  };
+  for (const auto& [text, expected] : cases) {
+    SCOPED_TRACE(text);
+    expect_one_line_error(any_error_of([&] { parse_config(text, {}, 2); }), expected);
+  }
+  expect_one_line_error(any_error_of([] { parse_config("{}", {"train.steps=1e999"}, 1); }),
+                        "train.steps: expected an integer in [1, 100000000], found \"1e999\"");
+}
+
+// Every key of the schema, every wrong type: a ConfigError naming the key.
+TEST(ConfigHostile, WrongTypesForEveryKey) {
+  const std::vector<json> samples = {true, 7, 1.5, "zzz", json::array(), json::array({1, 2, 3}), json::object(),
+                                     nullptr};
+  int checked = 0;
+  for (const cd::Leaf& leaf : cd::leaves()) {
+    for (const json& sample : samples) {
+      const bool fits = (leaf.kind == cd::Kind::Bool && sample.is_boolean()) ||
+                        (leaf.kind == cd::Kind::Int && sample.is_number_integer()) ||
+                        (leaf.kind == cd::Kind::Number && sample.is_number()) ||
+                        (leaf.kind == cd::Kind::BatchSize && sample.is_number_integer()) ||
+                        (leaf.kind == cd::Kind::String && sample.is_string() && leaf.choices.empty()) ||
+                        (leaf.nullable && sample.is_null());
+      if (fits) continue;
+      SCOPED_TRACE(leaf.path + " = " + sample.dump());
+      const std::string message = any_error_of([&] { parse_config(nest(leaf.path, sample).dump(), {}, 1); });
+      expect_one_line_error(message, leaf.path + ": expected ");
+      const std::string from_override =
+          any_error_of([&] { parse_config("{}", {leaf.path + "=" + sample.dump()}, 1); });
+      expect_one_line_error(from_override, leaf.path + ": expected ");
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 400);
+}
+
+// Every bounded numeric key just outside its range, and every integer key at the largest value
+// it accepts: refused with its range, or stored whole (a field narrower than the table's range
+// would raise a non-ConfigError here).
+TEST(ConfigHostile, RangesOfEveryNumericKey) {
+  for (const cd::Leaf& leaf : cd::leaves()) {
+    if (leaf.kind != cd::Kind::Int && leaf.kind != cd::Kind::Number) continue;
+    SCOPED_TRACE(leaf.path);
+    const double step = leaf.kind == cd::Kind::Int ? 1 : 1e-3;
+    if (leaf.lo) {
+      const double below = leaf.lo_open ? *leaf.lo : *leaf.lo - step;
+      expect_one_line_error(any_error_of([&] { parse_config(nest(leaf.path, below).dump(), {}, 1); }),
+                            leaf.path + ": expected " + leaf.expected());
+    }
+    if (leaf.hi) {
+      const double above = leaf.hi_open ? *leaf.hi : *leaf.hi + step;
+      expect_one_line_error(any_error_of([&] { parse_config(nest(leaf.path, above).dump(), {}, 1); }),
+                            leaf.path + ": expected " + leaf.expected());
+    }
+    if (leaf.kind == cd::Kind::Int) {
+      const json top = leaf.hi ? json(static_cast<int64_t>(*leaf.hi)) : json(INT64_MAX);
+      const std::string message = any_error_of([&] { parse_config(nest(leaf.path, top).dump(), {}, 1); });
+      EXPECT_EQ(message.find("NOT A ConfigError"), std::string::npos) << message;
+    }
+  }
+}
+
+TEST(ConfigHostile, UnknownKeysAreShownEscapedAndShort) {
+  const std::string newline_key = any_error_of([] { parse_config(R"({"a\nb": 1})", {}, 1); });
+  expect_one_line_error(newline_key, "unknown key 'a\\nb'");
+  std::string long_key_doc = "{\"";
+  long_key_doc.append(500000, 'k').append("\": 1}");
+  const std::string long_key = any_error_of([&] { parse_config(long_key_doc, {}, 1); });
+  expect_one_line_error(long_key, "unknown key 'kkkk");
+  const std::string long_override = any_error_of([] { parse_config("{}", {std::string(500000, 'k') + "=1"}, 1); });
+  expect_one_line_error(long_override, "unknown key 'kkkk");
+}
+
+TEST(ConfigHostile, MalformedOverrides) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"=1", "override '=1': expected key.path=value"},
+      {"", "override '': expected key.path=value"},
+      {"train.steps", "override 'train.steps': expected key.path=value"},
+      {".=1", "unknown key ''"},
+      {"train..steps=1", "unknown key 'train.'"},
+      {"train.steps.=1", "unknown key 'train.steps.'"},
+      {"train.steps=", "train.steps: expected an integer in [1, 100000000], found \"\""},
+      {"train.steps=[1", "train.steps: expected an integer in [1, 100000000], found \"[1\""},
+      {"train.steps=-5", "train.steps: expected an integer in [1, 100000000], found -5"},
+      {"train={\"steps\": 0}", "train.steps: expected an integer in [1, 100000000], found 0"},
+      {"train=[1]", "train: expected an object (a block of settings), found [1]"},
+      {"model.preset=" + std::string(2 << 20, 'x'), "more than the 1048576 bytes a configuration may have"},
+      {"a\x01\x02=1", "unknown key 'a\\u0001\\u0002'"},
+  };
+  for (const auto& [text, expected] : cases) {
+    SCOPED_TRACE(text.substr(0, 80));
+    expect_one_line_error(any_error_of([&] { parse_config("{}", {text}, 1); }), expected);
+  }
+}
+
+TEST(ConfigHostile, FilesThatAreNotConfigurations) {
+  const std::string dir = zt::testing::make_temp_dir("config_hostile");
+  auto load = [](const std::string& path) { return any_error_of([&] { zt::load_config(path, {}, 1); }); };
+  std::ofstream(dir + "/empty.json").flush();
+  expect_one_line_error(load(dir + "/empty.json"), "is empty: expected a JSON object (write {} for all defaults)");
+  std::ofstream(dir + "/blank.json") << " \n\t\n";
+  expect_one_line_error(load(dir + "/blank.json"), "is empty");
+  {
+    std::ofstream out(dir + "/binary.json", std::ios::binary);
+    for (int i = 0; i < 4096; ++i) out.put(static_cast<char>((i * 7919) & 0xff));
+  }
+  expect_one_line_error(load(dir + "/binary.json"), dir + "/binary.json: invalid JSON");
+  // 100 MB (sparse, so the test writes nothing): refused by its size, not read.
+  std::filesystem::resize_file((std::ofstream(dir + "/huge.json").close(), dir + "/huge.json"), 100'000'000);
+  expect_one_line_error(load(dir + "/huge.json"), "100000000 bytes, more than the 1048576 bytes");
+  expect_one_line_error(load("/dev/zero"), "config file '/dev/zero' is not a regular file");
+  expect_one_line_error(load(dir), "is a directory, expected a JSON file");
+  expect_one_line_error(load(""), "config file: expected a path");
+  std::ofstream(dir + "/dup.json") << R"({"train": {"steps": 3}, "train": {"steps": 4}})";
+  expect_one_line_error(load(dir + "/dup.json"), dir + "/dup.json: duplicate key 'train'");
+}
+
+// The audit of "no key accepted and silently ignored" as a table: every key of the schema with
+// what it does. A key added to the schema fails this test until it is classified here; a key
+// that lands in TrainConfig is checked to arrive there, a reserved one to be refused when it
+// differs from its default. (Which code reads each field is listed beside it.)
+TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
+  enum Behaviour { Used, Reserved };
+  struct Entry {
+    Behaviour behaviour;
+    std::string value;  // a non-default valid value ("" for reserved keys)
+    std::function<bool(const TrainConfig&)> arrived;
+    const char* reader;
+  };
+  using C = const TrainConfig&;
+  const std::map<std::string, Entry> table = {
+      {"train_batch_size", {Used, "6", [](C c) { return c.train_batch_size == 6; }, "trainer, engine"}},
+      {"train_micro_batch_size_per_gpu", {Used, "3", [](C c) { return c.train_micro_batch_size_per_gpu == 3; }, "trainer"}},
+      {"gradient_accumulation_steps", {Used, "5", [](C c) { return c.gradient_accumulation_steps == 5; }, "trainer, engine"}},
+      {"gradient_clipping", {Used, "0.5", [](C c) { return c.gradient_clipping == 0.5; }, "engine"}},
+      {"steps_per_print", {Used, "3", [](C c) { return c.steps_per_print == 3; }, "trainer"}},
+      {"wall_clock_breakdown", {Used, "true", [](C c) { return c.wall_clock_breakdown; }, "trainer (time per phase)"}},
+      {"optimizer.type", {Used, "\"SGD\"", [](C c) { return c.optimizer.type == "SGD"; }, "engine"}},
+      {"optimizer.params.lr", {Used, "0.5", [](C c) { return c.optimizer.lr == 0.5; }, "engine, lr schedule"}},
+      {"optimizer.params.betas", {Used, "[0.5, 0.6]", [](C c) { return c.optimizer.beta1 == 0.5 && c.optimizer.beta2 == 0.6; }, "engine"}},
+      {"optimizer.params.eps", {Used, "0.5", [](C c) { return c.optimizer.eps == 0.5; }, "engine"}},
+      {"optimizer.params.weight_decay", {Used, "0.5", [](C c) { return c.optimizer.weight_decay == 0.5; }, "engine"}},
+      {"optimizer.params.adam_w_mode", {Used, "false", [](C c) { return !c.optimizer.adam_w_mode; }, "engine"}},
+      {"optimizer.params.bias_correction", {Used, "false", [](C c) { return !c.optimizer.bias_correction; }, "engine"}},
+      {"optimizer.params.min_coeff", {Used, "0.5", [](C c) { return c.optimizer.min_coeff == 0.5; }, "engine (Lamb)"}},
+      {"optimizer.params.max_coeff", {Used, "5.0", [](C c) { return c.optimizer.max_coeff == 5.0; }, "engine (Lamb)"}},
+      {"optimizer.params.momentum", {Used, "0.5", [](C c) { return c.optimizer.momentum == 0.5; }, "engine (SGD)"}},
+      {"optimizer.params.dampening", {Used, "0.5", [](C c) { return c.optimizer.dampening == 0.5; }, "engine (SGD)"}},
+      {"optimizer.params.nesterov", {Used, "true", [](C c) { return c.optimizer.nesterov; }, "engine (SGD)"}},
+      {"optimizer.params.amsgrad", {Reserved, "", nullptr, ""}},
+      {"scheduler.type", {Used, "\"WarmupLR\"", [](C c) { return c.scheduler.type == "WarmupLR"; }, "lr schedule"}},
+      {"scheduler.params.warmup_min_lr", {Used, "0.0001", [](C c) { return c.scheduler.warmup_min_lr == 0.0001; }, "lr schedule"}},
+      {"scheduler.params.warmup_max_lr", {Used, "0.5", [](C c) { return c.scheduler.warmup_max_lr == 0.5; }, "lr schedule"}},
+      {"scheduler.params.warmup_num_steps", {Used, "7", [](C c) { return c.scheduler.warmup_num_steps == 7; }, "lr schedule"}},
+      {"scheduler.params.warmup_type", {Used, "\"linear\"", [](C c) { return c.scheduler.warmup_type == "linear"; }, "lr schedule"}},
+      {"scheduler.params.total_num_steps", {Used, "70", [](C c) { return c.scheduler.total_num_steps == 70; }, "lr schedule"}},
+      {"scheduler.params.cos_min_ratio", {Used, "0.5", [](C c) { return c.scheduler.cos_min_ratio == 0.5; }, "lr schedule"}},
+      {"scheduler.params.warmup_min_ratio", {Used, "0.5", [](C c) { return c.scheduler.warmup_min_ratio == 0.5; }, "lr schedule"}},
+      {"zero_optimization.stage", {Used, "2", [](C c) { return c.zero.stage == 2 && c.zero.shard_gradients; }, "engine (switches)"}},
+      {"zero_optimization.contiguous_gradients", {Used, "true", [](C c) { return c.zero.contiguous_gradients; }, "always contiguous; false refused"}},
+      {"zero_optimization.reduce_bucket_size", {Used, "1000", [](C c) { return c.zero.reduce_bucket_size == 1000; }, "engine, estimate"}},
+      {"zero_optimization.allgather_bucket_size", {Used, "1000", [](C c) { return c.zero.allgather_bucket_size == 1000; }, "engine"}},
+      {"zero_optimization.overlap_comm", {Used, "true", [](C c) { return c.zero.overlap_comm; }, "engine, estimate"}},
+      {"zero_optimization.reduce_scatter", {Reserved, "", nullptr, ""}},
+      {"zero_optimization.allgather_partitions", {Reserved, "", nullptr, ""}},
+      {"zero_optimization.round_robin_gradients", {Reserved, "", nullptr, ""}},
+      {"zero_optimization.stage3_prefetch_bucket_size", {Used, "1000", [](C c) { return c.zero.stage3_prefetch_bucket_size == 1000; }, "engine (stage 3)"}},
+      {"zero_optimization.stage3_param_persistence_threshold", {Used, "1000", [](C c) { return c.zero.stage3_param_persistence_threshold == 1000; }, "engine, trainer, estimate"}},
+      {"zero_optimization.stage3_max_live_parameters", {Used, "1000", [](C c) { return c.zero.stage3_max_live_parameters == 1000; }, "engine (stage 3)"}},
+      {"zero_optimization.stage3_max_reuse_distance", {Reserved, "", nullptr, ""}},
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", {Reserved, "", nullptr, ""}},
+      {"zero_optimization.sub_group_size", {Reserved, "", nullptr, ""}},
+      {"fp16.enabled", {Used, "true", [](C c) { return c.precision == zt::Precision::FP16; }, "engine, trainer (precision)"}},
+      {"fp16.loss_scale", {Used, "128.0", [](C c) { return c.fp16.loss_scale == 128.0; }, "loss scaler"}},
+      {"fp16.initial_scale_power", {Used, "8", [](C c) { return c.fp16.initial_scale_power == 8; }, "loss scaler"}},
+      {"fp16.loss_scale_window", {Used, "10", [](C c) { return c.fp16.loss_scale_window == 10; }, "loss scaler"}},
+      {"fp16.hysteresis", {Used, "3", [](C c) { return c.fp16.hysteresis == 3; }, "loss scaler"}},
+      {"fp16.min_loss_scale", {Used, "2.0", [](C c) { return c.fp16.min_loss_scale == 2.0; }, "loss scaler"}},
+      {"fp16.auto_cast", {Reserved, "", nullptr, ""}},
+      {"fp16.consecutive_hysteresis", {Reserved, "", nullptr, ""}},
+      {"bf16.enabled", {Used, "true", [](C c) { return c.precision == zt::Precision::BF16; }, "engine, trainer (precision)"}},
+      {"csv_monitor.enabled", {Used, "false", [](C c) { return !c.csv_monitor.enabled; }, "trainer"}},
+      {"csv_monitor.output_path", {Used, "\"out\"", [](C c) { return c.csv_monitor.output_path == "out"; }, "trainer"}},
+      {"csv_monitor.job_name", {Used, "\"job\"", [](C c) { return c.csv_monitor.job_name == "job"; }, "trainer"}},
+      {"tensorboard.enabled", {Reserved, "", nullptr, ""}},
+      {"tensorboard.output_path", {Reserved, "", nullptr, ""}},
+      {"tensorboard.job_name", {Reserved, "", nullptr, ""}},
+      {"model.preset", {Used, "\"small\"", [](C c) { return c.model.preset == "small"; }, "gpt_config_of"}},
+      {"model.n_layer", {Used, "3", [](C c) { return c.model.n_layer == 3; }, "gpt_config_of"}},
+      {"model.n_head", {Used, "3", [](C c) { return c.model.n_head == 3; }, "gpt_config_of"}},
+      {"model.n_embd", {Used, "48", [](C c) { return c.model.n_embd == 48; }, "gpt_config_of"}},
+      {"model.vocab_size", {Used, "300", [](C c) { return c.model.vocab_size == 300; }, "gpt_config_of"}},
+      {"model.context_length", {Used, "64", [](C c) { return c.model.context_length == 64; }, "gpt_config_of"}},
+      {"model.dropout", {Used, "0.5", [](C c) { return c.model.dropout == 0.5; }, "gpt_config_of"}},
+      {"data.source", {Used, "\"text\"", [](C c) { return c.data.source == "text"; }, "trainer (load_data)"}},
+      {"data.path", {Used, "\"p\"", [](C c) { return c.data.path == "p"; }, "trainer (text, bin; refused for embedded)"}},
+      {"data.val_path", {Used, "\"v\"", [](C c) { return c.data.val_path == "v"; }, "trainer (bin only; refused otherwise)"}},
+      {"data.val_fraction", {Used, "0.5", [](C c) { return c.data.val_fraction == 0.5; }, "trainer (split)"}},
+      {"data.sequence_length", {Used, "16", [](C c) { return c.data.sequence_length == 16; }, "trainer, estimate"}},
+      {"train.steps", {Used, "70", [](C c) { return c.train.steps == 70; }, "trainer"}},
+      {"train.seed", {Used, "9", [](C c) { return c.train.seed == 9; }, "trainer"}},
+      {"train.eval_interval", {Used, "9", [](C c) { return c.train.eval_interval == 9; }, "trainer"}},
+      {"train.eval_iters", {Used, "9", [](C c) { return c.train.eval_iters == 9; }, "trainer (noted when eval_interval 0)"}},
+      {"train.threads", {Used, "3", [](C c) { return c.train.threads == 3; }, "trainer (runtime settings)"}},
+      {"train.log_dir", {Used, "\"logs\"", [](C c) { return c.train.log_dir == "logs"; }, "trainer, CLI launch"}},
+      {"train.retain_freed_memory", {Used, "\"never\"", [](C c) { return c.train.retain_freed_memory == "never"; }, "runtime"}},
+      {"(reserved block)", {Reserved, "", nullptr, ""}},
+      {"comm.timeout_seconds", {Used, "9.0", [](C c) { return c.comm.timeout_seconds == 9.0; }, "trainer (communicator)"}},
+  };
+  // Values some keys need besides themselves to be accepted.
+  const std::map<std::string, std::vector<std::string>> context = {
+      {"optimizer.params.min_coeff", {"optimizer.type=\"Lamb\""}},
+      {"optimizer.params.max_coeff", {"optimizer.type=\"Lamb\""}},
+      {"optimizer.params.momentum", {"optimizer.type=\"SGD\""}},
+      {"optimizer.params.dampening", {"optimizer.type=\"SGD\""}},
+      {"optimizer.params.nesterov", {"optimizer.type=\"SGD\"", "optimizer.params.momentum=0.9"}},
+      {"scheduler.params.warmup_min_lr", {"scheduler.type=\"WarmupLR\""}},
+      {"scheduler.params.warmup_max_lr", {"scheduler.type=\"WarmupLR\""}},
+      {"scheduler.params.warmup_num_steps", {"scheduler.type=\"WarmupLR\""}},
+      {"scheduler.params.warmup_type", {"scheduler.type=\"WarmupLR\""}},
+      {"scheduler.params.total_num_steps", {"scheduler.type=\"WarmupCosineLR\"", "scheduler.params.warmup_num_steps=5"}},
+      {"data.path", {"data.source=\"text\""}},
+      {"data.source", {"data.path=\"p\""}},
+      {"gradient_accumulation_steps", {"train_micro_batch_size_per_gpu=2"}},
+      {"scheduler.params.cos_min_ratio", {"scheduler.type=\"WarmupCosineLR\"", "scheduler.params.warmup_num_steps=5"}},
+      {"scheduler.params.warmup_min_ratio", {"scheduler.type=\"WarmupCosineLR\"", "scheduler.params.warmup_num_steps=5"}},
+      {"data.val_path", {"data.source=\"bin\"", "data.path=\"t\""}},
+  };
+  std::set<std::string> schema_keys;
+  for (const cd::Leaf& leaf : cd::leaves()) {
+    schema_keys.insert(leaf.path);
+    SCOPED_TRACE(leaf.path);
+    auto it = table.find(leaf.path);
+    // Whole DeepSpeed blocks zerotrain recognises without implementing: every key reserved.
+    for (const char* block : {"zero_optimization.offload_optimizer.", "zero_optimization.offload_param.",
+                              "activation_checkpointing.", "aio."})
+      if (leaf.path.starts_with(block)) it = table.find("(reserved block)");
+    if (it == table.end()) {
+      ADD_FAILURE() << "schema key '" << leaf.path << "' is not classified: say which code reads it, or reserve it";
+      continue;
+    }
+    const Entry& entry = it->second;
+    if (entry.behaviour == Reserved) {
+      EXPECT_FALSE(leaf.supported) << "listed as reserved but accepted with any value";
+      json other = leaf.kind == cd::Kind::Bool ? json(!leaf.def.get<bool>())
+                   : leaf.def.is_number() && leaf.hi && leaf.def.get<double>() + 1 > *leaf.hi
+                       ? json(leaf.def.get<double>() / 2)
+                   : leaf.def.is_number() ? json(leaf.def.get<double>() + 1)
+                   : leaf.kind == cd::Kind::Int ? json(5)
+                                                : json("x");
+      if (!leaf.choices.empty()) other = leaf.choices.back();
+      expect_one_line_error(any_error_of([&] { parse_config("{}", {leaf.path + "=" + other.dump()}, 1); }),
+                            leaf.path + " = ");
+      continue;
+    }
+    EXPECT_TRUE(leaf.supported);
+    std::vector<std::string> overrides;
+    if (auto c = context.find(leaf.path); c != context.end()) overrides = c->second;
+    overrides.push_back(leaf.path + "=" + entry.value);
+    TrainConfig config;
+    try {
+      config = parse_config("{}", overrides, 1);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << e.what();
+      continue;
+    }
+    EXPECT_TRUE(entry.arrived(config)) << "the value does not reach TrainConfig (read by: " << entry.reader << ")";
+  }
+  for (const auto& [key, entry] : table)
+    EXPECT_TRUE(schema_keys.count(key) || key == "(reserved block)") << key << " is no longer in the schema";
+}
+
+TEST(ConfigAudit, DataKeysTheSourceNeverReadsAreRefused) {
+  expect_one_line_error(error_of(R"({"data": {"path": "train.txt"}})"),
+                        "data.path: not read when data.source is \"embedded\"");
+  expect_one_line_error(error_of(R"({"data": {"source": "text", "path": "a.txt", "val_path": "b.txt"}})"),
+                        "data.val_path: read only when data.source is \"bin\", found \"text\"");
+  expect_one_line_error(error_of(R"({"data": {"source": "bin", "path": "a.bin", "val_path": "b.bin", "val_fraction": 0.2}})"),
+                        "data.val_fraction: not used when data.val_path names the held-out file");
+  EXPECT_NO_THROW(parse_config(R"({"data": {"source": "bin", "path": "a.bin", "val_path": "b.bin"}})", {}, 1));
+}
+
+TEST(ConfigAudit, KeysWithoutEffectHereAreNoted) {
+  EXPECT_TRUE(parse_config("", {}, 1).notes.empty());
+  const std::string root = ZT_SOURCE_DIR;
+  for (const char* name : {"demo.json", "tiny.json", "zero2.json"})
+    EXPECT_TRUE(zt::load_config(root + "/configs/" + name, {}, 2).notes.empty()) << name;
+  const TrainConfig c = parse_config(
+      R"({"fp16": {"enabled": false, "loss_scale_window": 50}, "zero_optimization": {"stage": 1,
+          "stage3_max_live_parameters": 10}, "train": {"eval_iters": 3}, "csv_monitor": {"enabled": false,
+          "job_name": "j"}})",
+      {}, 1);
+  const std::vector<std::string> expected = {
+      "fp16.loss_scale_window has no effect: fp16.enabled is false (the loss scaler runs only in fp16)",
+      "zero_optimization.stage3_max_live_parameters has no effect: zero_optimization.stage is 1 (it applies to stage 3)",
+      "train.eval_iters has no effect: train.eval_interval is 0 (no evaluation runs)",
+      "csv_monitor.job_name has no effect: csv_monitor.enabled is false"};
+  EXPECT_EQ(c.notes, expected);
+  EXPECT_TRUE(parse_config(R"({"fp16": {"enabled": true, "loss_scale_window": 50}})", {}, 1).notes.empty());
+}
+
+// --- The same classes through the CLI binary: exit status 2 and exactly one line on stderr,
+// before anything starts (no rank is launched, nothing is written).
+
+struct CliResult {
+  int exit_code;
+  std::vector<std::string> stderr_lines;
+};
+
+CliResult run_cli(const std::vector<std::string>& args, const std::string& cwd) {
+  // stderr alone: the shell sends stdout to /dev/null and stderr into the captured pipe.
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1 >/dev/null", zt::testing::cli_path()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const auto r = zt::testing::run_process(argv, {}, std::chrono::seconds(60), cwd);
+  CliResult result{r.exit_code, {}};
+  std::stringstream in(r.output);
+  for (std::string line; std::getline(in, line);) result.stderr_lines.push_back(line);
+  return result;
+}
+
+struct CliCase {
+  std::vector<std::string> args;
+  std::string expected;  // substring of the one stderr line
+};
+
+// Each case: exit status 2, exactly one stderr line naming the problem; nothing written in `dir`.
+void expect_cli_refuses(const std::vector<CliCase>& cases, const std::string& dir) {
+  for (const CliCase& c : cases) {
+    std::string shown;
+    for (const std::string& a : c.args) shown.append(" ").append(a, 0, 60);
+    SCOPED_TRACE("zerotrain" + shown);
+    const CliResult r = run_cli(c.args, dir);
+    EXPECT_EQ(r.exit_code, 2);
+    ASSERT_EQ(r.stderr_lines.size(), 1u) << (r.stderr_lines.empty() ? "" : r.stderr_lines.front());
+    EXPECT_TRUE(r.stderr_lines[0].starts_with("zerotrain: error: ")) << r.stderr_lines[0];
+    EXPECT_NE(r.stderr_lines[0].find(c.expected), std::string::npos) << r.stderr_lines[0];
+    EXPECT_LT(r.stderr_lines[0].size(), 600u);
+  }
+  // Nothing was started or written: no run logs and no output files appeared.
+  EXPECT_FALSE(std::filesystem::exists(dir + "/runs"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out.safetensors"));
+}
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  std::ofstream(dir + "/" + name, std::ios::binary) << text;
+  return dir + "/" + name;
+}
+
+// The tiny configuration with its run directory inside `dir`, so that a case that wrongly
+// started training would leave dir/runs behind.
+std::string good_config(const std::string& dir) {
+  return write_file(dir, "good.json", R"({"model": {"preset": "tiny"}, "train": {"steps": 1, "log_dir": "runs"}})");
+}
+
+TEST(ConfigCli, ConfigurationFilesThatAreNotUsable) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_files");
+  std::string bytes;
+  for (int i = 0; i < 2048; ++i) bytes += static_cast<char>((i * 131) & 0xff);
+  std::string deep(100000, '[');
+  deep.append(100000, ']');
+  const std::string huge = write_file(dir, "huge.json", "");
+  std::filesystem::resize_file(huge, 100'000'000);  // sparse: costs no disk
+  const std::string dup = write_file(dir, "dup.json", R"({"optimizer": {"params": {"lr": 1e-3, "lr": 3e-3}}})");
+  expect_cli_refuses(
+      {
+          {{"train", dir + "/missing.json"}, "not found"},
+          {{"train", write_file(dir, "empty.json", "")}, "is empty"},
+          {{"train", write_file(dir, "not.json", "train: {steps: 3}")}, "invalid JSON"},
+          {{"train", write_file(dir, "binary.json", bytes)}, "invalid JSON"},
+          {{"train", write_file(dir, "deep.json", deep)}, "nested more than 16 levels deep"},
+          {{"train", write_file(dir, "open.json", std::string(100000, '['))}, "nested more than 16 levels deep"},
+          {{"train", dup}, "duplicate key 'optimizer.params.lr'"},
+          {{"train", write_file(dir, "inf.json", R"({"optimizer": {"params": {"lr": 1e999}}})")}, "invalid JSON"},
+          {{"train", write_file(dir, "bigint.json", R"({"train": {"steps": 1180591620717411303424}})")},
+           "train.steps: expected an integer in [1, 100000000]"},
+          {{"train", write_file(dir, "float.json", R"({"train": {"steps": 2.5}})")},
+           "train.steps: expected an integer in [1, 100000000], found 2.5"},
+          {{"train", write_file(dir, "type.json", R"({"zero_optimization": {"stage": "2"}})")},
+           "zero_optimization.stage: expected an integer in [0, 3], found \"2\""},
+          {{"train", huge}, "100000000 bytes, more than the 1048576 bytes"},
+          {{"train", dir}, "is a directory"},
+          {{"train", "/dev/zero"}, "is not a regular file"},
+          {{"estimate", dup}, "duplicate key"},
+          {{"estimate", write_file(dir, "window.json", R"({"fp16": {"loss_scale_window": 1099511627776}})")},
+           "fp16.loss_scale_window: expected an integer in [1, 2147483647]"},
+      },
+      dir);
+}
+
+TEST(ConfigCli, TrainFlagsWithBadValues) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_train");
+  const std::string good = good_config(dir);
+  const std::string a_file = write_file(dir, "a_file", "x");
+  expect_cli_refuses(
+      {
+          {{"train", good, "--nproc", "0"}, "--nproc"},
+          {{"train", good, "--nproc", "-1"}, "--nproc"},
+          {{"train", good, "--nproc", "abc"}, "--nproc"},
+          {{"train", good, "--nproc", "99999999999"}, "--nproc"},
+          {{"train", good, "--nproc", "100000"}, "--nproc"},
+          {{"train", good, "--steps", "0"}, "--steps"},
+          {{"train", good, "--steps", "-1"}, "--steps"},
+          {{"train", good, "--steps", "abc"}, "--steps"},
+          {{"train", good, "--steps", "99999999999999999999"}, "--steps"},
+          {{"train", good, "--master-port", "70000"}, "--master-port"},
+          {{"train", good, "--save-every", "-1"}, "--save-every"},
+          {{"train", good, "--keep-last", "-2"}, "--keep-last"},
+          {{"train", good, "--set", "train.steps"}, "override 'train.steps': expected key.path=value"},
+          {{"train", good, "--set", "=3"}, "expected key.path=value"},
+          {{"train", good, "--set", "train.stepz=3"}, "did you mean 'train.steps'?"},
+          {{"train", good, "--set", "train.steps=-1"}, "train.steps: expected an integer in [1, 100000000], found -1"},
+          {{"train", good, "--set", "train.steps=1e999"}, "train.steps: expected an integer in [1, 100000000]"},
+          {{"train", good, "--set", "optimizer.params={\"lr\": 1, \"lr\": 2}"}, "duplicate key 'lr'"},
+          {{"train", good, "--set", "train.steps=" + std::string(50000, '[') + std::string(50000, ']')},
+           "nested more than 16 levels deep"},
+          {{"train", good, "--summary", dir + "/no/such/dir/summary.json"}, "--summary: the directory"},
+          {{"train", good, "--summary", dir}, "--summary: expected a file path, found the directory"},
+          {{"train", good, "--save-dir", a_file}, "--save-dir: expected a directory, found the file"},
+          {{"train", good, "--resume", dir + "/nothing"}, "--resume: no checkpoint"},
+      },
+      dir);
+}
+
+TEST(ConfigCli, EstimateFlagsWithBadValues) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_estimate");
+  expect_cli_refuses(
+      {
+          {{"estimate", "--micro-batch", "0"}, "--micro-batch"},
+          {{"estimate", "--micro-batch", "-1"}, "--micro-batch"},
+          {{"estimate", "--micro-batch", "abc"}, "--micro-batch"},
+          {{"estimate", "--stage", "4"}, "--stage"},
+          {{"estimate", "--stage", "-1"}, "--stage"},
+          {{"estimate", "--nodes", "0"}, "--nodes"},
+          {{"estimate", "--nodes", "99999999999"}, "--nodes"},
+          {{"estimate", "--nodes", "65536", "--devices-per-node", "65536"}, "--devices-per-node"},
+          {{"estimate", "--layers", "-3"}, "--layers"},
+          {{"estimate", "--hidden", "1099511627776", "--layers", "2", "--vocab", "10", "--params", "1B"}, "--hidden"},
+          {{"estimate", "--params", "abc"}, "--params: expected a positive count"},
+          {{"estimate", "--params", "nan"}, "--params: expected a positive count"},
+          {{"estimate", "--device-memory", "-1GiB"}, "--device-memory: expected a size"},
+          {{"estimate", "--headroom", "nan"}, "--headroom"},
+          {{"estimate", "--precision", "fp64"}, "--precision"},
+          {{"estimate", "--set", "model.n_embd=1099511627776"}, "model.n_embd: expected an integer in [0, 1048576]"},
+          {{"estimate", "--set", "nonsense"}, "expected key.path=value"},
+      },
+      dir);
+}
+
+TEST(ConfigCli, ExportAndLaunchFlagsWithBadValues) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_export");
+  expect_cli_refuses(
+      {
+          {{"export", dir + "/no-checkpoint", "--out", dir + "/out.safetensors"}, "no checkpoint in"},
+          {{"export", dir, "--out", dir + "/no/such/dir/out.safetensors"}, "--out: the directory"},
+          {{"export", dir, "--out", dir}, "--out: expected a file path, found the directory"},
+          {{"export", dir, "--out", dir + "/x", "--dtype", "fp64"}, "--dtype"},
+          {{"launch", "--nproc", "0", "--", "/bin/true"}, "--nproc"},
+          {{"launch", "--nproc", "-1", "--", "/bin/true"}, "--nproc"},
+          {{"launch", "--nproc", "abc", "--", "/bin/true"}, "--nproc"},
+          {{"launch", "--nproc", "99999999999", "--", "/bin/true"}, "--nproc"},
+          {{"launch", "--nproc", "5000", "--", "/bin/true"}, "--nproc"},
+          {{"launch", "--nproc", "1", "--master-port", "-5", "--", "/bin/true"}, "--master-port"},
+      },
+      dir);
+}
+
+// A checkpoint whose manifest has the right checksum but fields of the wrong type (written by
+// hand or by another version): export fails with one line and exit 2, as for any damaged input.
+// Found by fuzz/manifest_fuzz; the rank file is the fuzz fixture of a real tiny checkpoint.
+TEST(ConfigCli, ExportOfAMalformedManifestIsOneLine) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_manifest");
+  const std::string fixture = std::string(ZT_SOURCE_DIR) + "/fuzz/data/checkpoint/rank-00000-of-00001.safetensors";
+  std::filesystem::create_directories(dir + "/step-1");
+  std::filesystem::copy_file(fixture, dir + "/step-1/rank-00000-of-00001.safetensors");
+  std::ifstream in(std::string(ZT_SOURCE_DIR) + "/fuzz/corpus/manifest_fuzz/valid.json", std::ios::binary);
+  const json valid = json::parse(in);
+  auto with_checksum = [](json manifest) {  // as the writer computes it: over the text with zeros
+    manifest["checksum"] = "00000000";
+    const std::string zeroed = manifest.dump(1);
+    manifest["checksum"] = zt::crc32_hex(zeroed);
+    return manifest.dump(1);
+  };
+  struct Variant {
+    std::string name;
+    std::function<void(json&)> damage;
+    std::string expected;  // in the one line: the file refused
+  };
+  const std::vector<Variant> variants = {
+      {"valid", [](json&) {}, ""},
+      {"parameters are numbers", [](json& m) { m["parameters"] = json::array({1, 2}); }, "manifest.json"},
+      {"files is an object", [](json& m) { m["files"] = json::object({{"a", 1}}); }, "manifest.json"},
+      {"shape of strings", [](json& m) { m["parameters"][0]["shape"] = json::array({"a"}); }, "manifest.json"},
+      {"scalars is a list", [](json& m) { m["scalars"] = json::array(); }, "manifest.json"},
+      {"format is a number", [](json& m) { m["format"] = 3; }, "manifest.json"},
+      {"shape overflows", [](json& m) { m["parameters"][0]["shape"] = {int64_t{1} << 40, int64_t{1} << 40}; },
+       "manifest.json"},
+      {"shape beyond the files", [](json& m) { m["parameters"][0]["shape"] = {int64_t{1} << 40}; },
+       "manifest.json"},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    json manifest = valid;
+    v.damage(manifest);
+    std::ofstream(dir + "/step-1/manifest.json", std::ios::binary | std::ios::trunc) << with_checksum(manifest);
+    const CliResult r = run_cli({"export", dir, "--tag", "step-1", "--out", dir + "/out.safetensors"}, dir);
+    if (v.expected.empty()) {  // the fixture itself exports: the damage, not the setup, fails the others
+      EXPECT_EQ(r.exit_code, 0);
+      EXPECT_TRUE(r.stderr_lines.empty());
+      continue;
+    }
+    EXPECT_EQ(r.exit_code, 2);
+    ASSERT_EQ(r.stderr_lines.size(), 1u);
+    EXPECT_NE(r.stderr_lines[0].find(v.expected), std::string::npos) << r.stderr_lines[0];
+  }
 }
 
 }  // namespace

@@ -134,15 +134,22 @@ struct TrainConfig {
   std::map<std::string, ValueSource> sources;
   // Dotted key -> value as JSON text, for printing the resolved configuration.
   std::map<std::string, std::string> resolved;
+  // Keys given (file or command line) whose value has no effect in this configuration, one line
+  // each: "fp16.loss_scale_window has no effect: fp16.enabled is false". DeepSpeed configs spell
+  // such keys out routinely, so they are accepted, and the CLI says so once before training.
+  std::vector<std::string> notes;
 };
 
 // Parses JSON text (an empty string means "{}"), applies overrides of the form
 // "key.path=value" (value parsed as JSON, else taken as a string), derives the batch triple for
-// `world_size` and validates. Throws ConfigError.
+// `world_size` and validates. Throws ConfigError, for any input: text over 1 MiB, not JSON,
+// nested deeper than 16 levels, with a duplicate key, a string value over 4096 bytes or with
+// control characters, or a number outside a key's range.
 TrainConfig parse_config(const std::string& json_text, const std::vector<std::string>& overrides,
                          int world_size);
 
-// Reads the file (ConfigError when missing or unreadable), then parse_config().
+// Reads the file (ConfigError when missing, not a regular file, unreadable, empty or over
+// 1 MiB), then parse_config(). An empty file is refused: "{}" asks for all defaults explicitly.
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
                         int world_size);
 

@@ -32,6 +32,31 @@ std::string one_line(std::string text) {
 
 std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
 
+// Flag ranges. Local ranks are processes on this machine: beyond this it is a typo, not a plan.
+constexpr int kMaxLocalRanks = 1024;
+// Model shape flags share the configuration's bounds (model.* in the schema), which keep the
+// size arithmetic within 64 bits.
+constexpr int64_t kMaxLayers = 1 << 16, kMaxWidth = 1 << 20, kMaxHeads = 1 << 16, kMaxTokens = 1 << 24;
+
+// A file the run will write at its end must be writable now: refusing afterwards loses the run.
+void check_output_file(const std::string& path, const std::string& flag) {
+  if (path.empty()) throw zt::ConfigError(fmt::format("{}: expected a file path, found \"\"", flag));
+  std::error_code ec;
+  const std::filesystem::path file(path);
+  if (std::filesystem::is_directory(file, ec))
+    throw zt::ConfigError(fmt::format("{}: expected a file path, found the directory '{}'", flag, path));
+  const std::filesystem::path parent = file.parent_path().empty() ? "." : file.parent_path();
+  if (!std::filesystem::is_directory(parent, ec))
+    throw zt::ConfigError(fmt::format("{}: the directory '{}' does not exist", flag, parent.string()));
+}
+
+// A directory the run will create or fill: it may not exist yet, but must not be a file.
+void check_output_dir(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec))
+    throw zt::ConfigError(fmt::format("{}: expected a directory, found the file '{}'", flag, path));
+}
+
 struct TrainArgs {
   std::string config_path;
   int nproc = 1;
@@ -73,12 +98,15 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
     throw zt::ConfigError("--reset-optimizer: needs --resume DIR (the checkpoint whose weights to load)");
   if (args.save_every > 0 && args.save_dir.empty())
     throw zt::ConfigError("--save-every: needs --save-dir DIR (where to save)");
+  if (!args.summary.empty()) check_output_file(args.summary, "--summary");
+  if (!args.save_dir.empty()) check_output_dir(args.save_dir, "--save-dir");
   if (!args.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(args.resume_dir) / "latest"))
     throw zt::DataError(fmt::format("--resume: no checkpoint in '{}' ('{}/latest' is missing)", args.resume_dir,
                                     args.resume_dir));
   // Validate everything before any process starts: bad input must not cost a launch.
   auto config = zt::load_config(args.config_path, overrides, args.nproc);
   zt::check_training_inputs(config);
+  for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
   zt::LaunchOptions launch;
   launch.nproc = args.nproc;
   launch.master_port = args.master_port;
@@ -281,15 +309,20 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train the reference GPT (spawns --nproc local ranks)");
   train->add_option("config", train_args.config_path, "JSON configuration (DeepSpeed keys + model/data/train)")
       ->required();
-  train->add_option("--nproc", train_args.nproc, "local ranks to start (ignored under an external launcher)");
-  train->add_option("--master-port", train_args.master_port, "rendezvous port on 127.0.0.1 (default: a free one)");
-  train->add_option("--steps", train_args.steps, "optimizer steps (same as --set train.steps=S)");
+  train->add_option("--nproc", train_args.nproc, "local ranks to start (ignored under an external launcher)")
+      ->check(CLI::Range(1, kMaxLocalRanks));
+  train->add_option("--master-port", train_args.master_port, "rendezvous port on 127.0.0.1 (default: a free one)")
+      ->check(CLI::Range(0, 65535));
+  train->add_option("--steps", train_args.steps, "optimizer steps (same as --set train.steps=S)")
+      ->check(CLI::Range(int64_t{1}, int64_t{100'000'000}));  // train.steps' range
   train->add_option("--set", train_args.overrides, "override a configuration value: key.path=value")
       ->take_all()->allow_extra_args(false);
   train->add_option("--summary", train_args.summary, "write a JSON summary of the run to this file");
   train->add_option("--save-dir", train_args.save_dir, "save checkpoints into this directory (at the end, and see --save-every)");
-  train->add_option("--save-every", train_args.save_every, "also save every K optimizer steps (needs --save-dir)");
-  train->add_option("--keep-last", train_args.keep_last, "keep the newest K checkpoints in --save-dir (0: all; default 3)");
+  train->add_option("--save-every", train_args.save_every, "also save every K optimizer steps (needs --save-dir)")
+      ->check(CLI::NonNegativeNumber);
+  train->add_option("--keep-last", train_args.keep_last, "keep the newest K checkpoints in --save-dir (0: all; default 3)")
+      ->check(CLI::NonNegativeNumber);
   train->add_option("--resume", train_args.resume_dir, "continue from the latest checkpoint in this directory");
   train->add_flag("--reset-optimizer", train_args.reset_optimizer,
                   "with --resume: load the weights only and start the optimizer moments afresh (to change the "
@@ -297,8 +330,9 @@ int main(int argc, char** argv) {
 
   zt::LaunchOptions launch_options;
   auto* launch = app.add_subcommand("launch", "start N local ranks of a program with torchrun's variables");
-  launch->add_option("--nproc", launch_options.nproc, "number of ranks")->required();
-  launch->add_option("--master-port", launch_options.master_port, "rendezvous port (default: a free one)");
+  launch->add_option("--nproc", launch_options.nproc, "number of ranks")->required()->check(CLI::Range(1, kMaxLocalRanks));
+  launch->add_option("--master-port", launch_options.master_port, "rendezvous port (default: a free one)")
+      ->check(CLI::Range(0, 65535));
   launch->add_option("--log-dir", launch_options.log_dir, "directory of the per-rank logs");
   launch->add_option("command", launch_options.command, "-- PROGRAM ARGS...")->required();
 
@@ -321,21 +355,25 @@ int main(int argc, char** argv) {
   estimate->add_option("--preset", estimate_args.preset, "GPT preset (" + fmt::format("{}", fmt::join(zt::gpt_preset_names(), ", ")) + ")");
   estimate->add_option("--params", estimate_args.params, "raw figures: trainable parameters (350M, 1.5B, 7e9)");
   estimate->add_option("--largest-block", estimate_args.largest_block, "raw figures: elements of the largest block");
-  estimate->add_option("--layers", estimate_args.layers, "transformer layers");
-  estimate->add_option("--hidden", estimate_args.hidden, "hidden size");
-  estimate->add_option("--heads", estimate_args.heads, "attention heads");
-  estimate->add_option("--seq", estimate_args.seq, "sequence length");
-  estimate->add_option("--vocab", estimate_args.vocab, "vocabulary size");
-  estimate->add_option("--nodes", estimate_args.nodes, "nodes (default 1)");
-  estimate->add_option("--devices-per-node", estimate_args.devices_per_node, "devices per node (default 1)");
+  estimate->add_option("--layers", estimate_args.layers, "transformer layers")->check(CLI::Range(int64_t{1}, kMaxLayers));
+  estimate->add_option("--hidden", estimate_args.hidden, "hidden size")->check(CLI::Range(int64_t{1}, kMaxWidth));
+  estimate->add_option("--heads", estimate_args.heads, "attention heads")->check(CLI::Range(int64_t{1}, kMaxHeads));
+  estimate->add_option("--seq", estimate_args.seq, "sequence length")->check(CLI::Range(int64_t{1}, kMaxTokens));
+  estimate->add_option("--vocab", estimate_args.vocab, "vocabulary size")->check(CLI::Range(int64_t{1}, kMaxTokens));
+  // Bounded so that nodes x devices (the world size, an int) cannot overflow.
+  estimate->add_option("--nodes", estimate_args.nodes, "nodes (default 1)")->check(CLI::Range(1, 1 << 16));
+  estimate->add_option("--devices-per-node", estimate_args.devices_per_node, "devices per node (default 1)")
+      ->check(CLI::Range(1, 1 << 10));
   estimate->add_option("--device", estimate_args.device, "cuda (default) or cpu");
   estimate->add_option("--device-memory", estimate_args.device_memory, "memory per device (80GiB, 40GB, bytes)");
   estimate->add_option("--host-memory", estimate_args.host_memory, "host memory per node");
   estimate->add_option("--nvme", estimate_args.nvme, "NVMe space per node");
-  estimate->add_option("--stage", estimate_args.stage, "ZeRO stage 0-3 (sets zero_optimization.stage)");
+  estimate->add_option("--stage", estimate_args.stage, "ZeRO stage 0-3 (sets zero_optimization.stage)")
+      ->check(CLI::Range(0, 3));
   estimate->add_option("--precision", estimate_args.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  estimate->add_option("--micro-batch", estimate_args.micro_batch, "sequences per device per micro-step");
+  estimate->add_option("--micro-batch", estimate_args.micro_batch, "sequences per device per micro-step")
+      ->check(CLI::PositiveNumber);
   estimate->add_flag("--activation-checkpointing", estimate_args.activation_checkpointing,
                      "recompute each layer in backward (modelled; not implemented by zerotrain yet)");
   estimate->add_option("--offload-optimizer", estimate_args.offload_optimizer, "none, cpu or nvme (modelled)");
@@ -353,7 +391,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::cerr << "zerotrain: error: " << e.what() << " (see zerotrain " << (train->parsed() ? "train " : "")
+    std::cerr << "zerotrain: error: " << one_line(e.what()) << " (see zerotrain " << (train->parsed() ? "train " : "")
               << "--help)\n";
     return 2;
   }
@@ -365,6 +403,7 @@ int main(int argc, char** argv) {
     }
     if (*estimate) return run_estimate(estimate_args);
     if (*export_cmd) {
+      check_output_file(export_args.out, "--out");
       const auto started = std::chrono::steady_clock::now();
       const int64_t bytes = zt::export_checkpoint(export_args.checkpoint, export_args.tag, export_args.out,
                                                   export_args.dtype == "bf16" ? at::kBFloat16 : at::kFloat);

@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -47,18 +49,101 @@ std::vector<std::string> split_path(const std::string& path) {
   return parts;
 }
 
-json parse_json(const std::string& text, const std::string& origin) {
-  if (text.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
+// Printable ASCII only, shortened: parser messages quote the offending input, which may be
+// binary or huge, and the message must stay one readable line.
+std::string printable(const std::string& text, size_t limit = 200) {
+  std::string out;
+  for (unsigned char ch : text) {
+    if (out.size() >= limit) {
+      out += "...";
+      break;
+    }
+    out += (ch >= 0x20 && ch < 0x7f) ? static_cast<char>(ch) : '?';
+  }
+  return out;
+}
+
+// Tracks where the parser is, so that nesting depth and duplicate keys (which nlohmann would
+// silently resolve to the last value) are refused with the key's dotted path.
+class StructureCheck {
+ public:
+  explicit StructureCheck(std::string origin) : origin_(std::move(origin)) {}
+
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start: {
+        if (static_cast<int>(frames_.size()) >= cd::kMaxNestingDepth)
+          throw ConfigError(fmt::format("{}: nested more than {} levels deep at '{}' (not a configuration)", origin_,
+                                        cd::kMaxNestingDepth, printable(child_path(), 80)));
+        Frame frame;
+        frame.path = child_path();
+        frame.is_object = event == json::parse_event_t::object_start;
+        frames_.push_back(std::move(frame));
+        break;
+      }
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        if (!frames_.empty()) frames_.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        Frame& frame = frames_.back();
+        frame.last_key = parsed.get<std::string>();
+        if (!frame.keys.insert(frame.last_key).second)
+          throw ConfigError(fmt::format("{}: duplicate key '{}' (each key may appear once)", origin_,
+                                        printable(child_path(), 80)));
+        break;
+      }
+      case json::parse_event_t::value:
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    std::string path;
+    bool is_object = false;
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::string child_path() const {
+    if (frames_.empty()) return "(top level)";
+    const Frame& f = frames_.back();
+    if (!f.is_object) return f.path + "[]";
+    return f.path.empty() || f.path == "(top level)" ? f.last_key : f.path + "." + f.last_key;
+  }
+  std::string origin_;
+  std::vector<Frame> frames_;
+};
+
+void check_size(size_t bytes, const std::string& origin) {
+  if (bytes > cd::kMaxConfigBytes)
+    throw ConfigError(fmt::format("{}: {} bytes, more than the {} bytes a configuration may have (not a configuration)",
+                                  origin, bytes, cd::kMaxConfigBytes));
+}
+
+// JSON text -> document. `lenient`: text that is not JSON yields nullopt instead of an error
+// (override values, where it then means a plain string); structure errors throw either way.
+std::optional<json> parse_json_text(const std::string& text, const std::string& origin, bool lenient) {
+  StructureCheck check(origin);
   try {
     // Comments are accepted: example configs explain themselves; plain JSON is unaffected.
-    return json::parse(text, nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
+    return json::parse(text, std::ref(check), /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
+    if (lenient) return std::nullopt;
     // nlohmann's text carries "parse error at line L, column C: ..."; drop its id prefix.
     std::string what = e.what();
     if (auto pos = what.find("] "); what.starts_with("[json.exception") && pos != std::string::npos)
       what = what.substr(pos + 2);
-    throw ConfigError(fmt::format("{}: invalid JSON: {}", origin, what));
+    throw ConfigError(fmt::format("{}: invalid JSON: {}", origin, printable(what)));
   }
+}
+
+json parse_json(const std::string& text, const std::string& origin) {
+  check_size(text.size(), origin);
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) return json::object();
+  return *parse_json_text(text, origin, false);
 }
 
 // Records the source of every leaf present under `node` (the block at `block`) and rejects
@@ -82,9 +167,10 @@ void walk(const json& node, const std::string& block, ValueSource source,
 // "key.path=value": the value is JSON when it parses as JSON, else the literal string, so
 // `--set scheduler.type=WarmupLR` needs no quoting and `--set optimizer.params.lr=3e-4` is a number.
 void apply_override(json& doc, const std::string& text, std::map<std::string, ValueSource>& sources) {
+  check_size(text.size(), fmt::format("override '{}'", printable(text, 60)));
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw ConfigError(fmt::format("override '{}': expected key.path=value", text));
+    throw ConfigError(fmt::format("override '{}': expected key.path=value", printable(text, 60)));
   const std::string path = text.substr(0, eq);
   const std::string raw = text.substr(eq + 1);
 
@@ -106,8 +192,8 @@ void apply_override(json& doc, const std::string& text, std::map<std::string, Va
     block = here;
   }
 
-  json value = json::parse(raw, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  if (value.is_discarded()) value = raw;
+  std::optional<json> parsed = parse_json_text(raw, "override '" + printable(path, 60) + "'", /*lenient=*/true);
+  json value = parsed ? std::move(*parsed) : json(raw);
   if (cd::find_leaf(path)) {
     (*node)[parts.back()] = value;
     sources[path] = ValueSource::CommandLine;
@@ -144,6 +230,31 @@ const json* lookup(const json& doc, const std::string& path) {
   return node;
 }
 
+bool given(const TrainConfig& c, const std::string& path) {
+  auto it = c.sources.find(path);
+  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine);
+}
+
+// Keys that are valid but cannot matter in this configuration (see TrainConfig::notes).
+void add_notes(TrainConfig& c) {
+  auto note_if_given = [&](const std::vector<std::string>& keys, const std::string& why) {
+    for (const std::string& key : keys)
+      if (given(c, key)) c.notes.push_back(fmt::format("{} has no effect: {}", key, why));
+  };
+  if (c.precision != Precision::FP16)
+    note_if_given({"fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window", "fp16.hysteresis",
+                   "fp16.min_loss_scale"},
+                  "fp16.enabled is false (the loss scaler runs only in fp16)");
+  if (c.zero.stage < 3)
+    note_if_given({"zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_max_live_parameters",
+                   "zero_optimization.stage3_param_persistence_threshold"},
+                  fmt::format("zero_optimization.stage is {} (it applies to stage 3)", c.zero.stage));
+  if (c.train.eval_interval == 0)
+    note_if_given({"train.eval_iters", "data.val_path"}, "train.eval_interval is 0 (no evaluation runs)");
+  if (!c.csv_monitor.enabled)
+    note_if_given({"csv_monitor.output_path", "csv_monitor.job_name"}, "csv_monitor.enabled is false");
+}
+
 TrainConfig build(json doc, const std::vector<std::string>& overrides, int world_size, const std::string& origin) {
   if (world_size < 1) throw ConfigError(fmt::format("world size: expected a positive integer, found {}", world_size));
   if (!doc.is_object())
@@ -173,6 +284,7 @@ TrainConfig build(json doc, const std::vector<std::string>& overrides, int world
   cd::derive(config, values);
   cd::validate_semantics(config, values);
   cd::validate_support(config, values);
+  add_notes(config);
   for (const auto& [path, value] : values) config.resolved[path] = value.dump();
   return config;
 }
@@ -184,15 +296,30 @@ TrainConfig parse_config(const std::string& json_text, const std::vector<std::st
 }
 
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides, int world_size) {
+  const std::string shown = printable(path);
   std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) throw ConfigError(fmt::format("config file '{}' not found", path));
-  if (std::filesystem::is_directory(path, ec))
-    throw ConfigError(fmt::format("config file '{}' is a directory, expected a JSON file", path));
+  if (path.empty()) throw ConfigError("config file: expected a path, found \"\"");
+  const auto status = std::filesystem::status(path, ec);
+  if (!std::filesystem::exists(status)) throw ConfigError(fmt::format("config file '{}' not found", shown));
+  if (std::filesystem::is_directory(status))
+    throw ConfigError(fmt::format("config file '{}' is a directory, expected a JSON file", shown));
+  // A device or pipe (/dev/zero) could be endless: only regular files, and only so much of them.
+  if (!std::filesystem::is_regular_file(status))
+    throw ConfigError(fmt::format("config file '{}' is not a regular file", shown));
   std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) throw ConfigError(fmt::format("config file '{}' could not be read", path));
-  return build(parse_json(text.str(), path), overrides, world_size, path);
+  if (!in) throw ConfigError(fmt::format("config file '{}' could not be opened", shown));
+  std::string text(cd::kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  if (in.bad()) throw ConfigError(fmt::format("config file '{}' could not be read", shown));
+  text.resize(static_cast<size_t>(in.gcount()));
+  const std::string origin = fmt::format("config file '{}'", shown);
+  if (text.size() > cd::kMaxConfigBytes) {
+    const auto size = std::filesystem::file_size(path, ec);
+    check_size(ec ? text.size() : static_cast<size_t>(size), origin);
+  }
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw ConfigError(fmt::format("{} is empty: expected a JSON object (write {{}} for all defaults)", origin));
+  return build(parse_json(text, shown), overrides, world_size, shown);
 }
 
 std::string describe(const TrainConfig& config) {

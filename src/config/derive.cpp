@@ -24,6 +24,17 @@ void set_derived(TrainConfig& c, Values& values, const std::string& path, const 
 // train_batch_size = micro × accumulation × world; any two determine the third. With one given,
 // DeepSpeed's rules: only train_batch_size -> accumulation 1; only micro -> accumulation 1; only
 // accumulation is not enough. None given: micro 1, accumulation 1 (zerotrain's default).
+// a × b, or a ConfigError when the product does not fit in 64 bits (huge batch keys).
+int64_t checked_product(int64_t a, int64_t b) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product))
+    throw ConfigError(fmt::format(
+        "batch sizes: train_micro_batch_size_per_gpu × gradient_accumulation_steps × world size overflows "
+        "(factors {} and {})",
+        a, b));
+  return product;
+}
+
 void derive_batch(TrainConfig& c, Values& values) {
   const int64_t world = c.world_size;
   int64_t& tbs = c.train_batch_size;
@@ -34,26 +45,26 @@ void derive_batch(TrainConfig& c, Values& values) {
   const char* kAccum = "gradient_accumulation_steps";
 
   if (tbs && micro && accum) {
-    if (tbs != micro * accum * world)
+    if (tbs != checked_product(checked_product(micro, accum), world))
       throw ConfigError(fmt::format(
           "batch size mismatch: train_batch_size {} != train_micro_batch_size_per_gpu {} × "
           "gradient_accumulation_steps {} × world size {} (= {})",
-          tbs, micro, accum, world, micro * accum * world));
+          tbs, micro, accum, world, checked_product(checked_product(micro, accum), world)));
   } else if (tbs && micro) {
-    if (tbs % (micro * world) != 0)
+    if (tbs % checked_product(micro, world) != 0)
       throw ConfigError(fmt::format(
           "train_batch_size {} is not divisible by train_micro_batch_size_per_gpu {} × world size {}", tbs, micro,
           world));
-    accum = tbs / (micro * world);
+    accum = tbs / checked_product(micro, world);
     set_derived(c, values, kAccum, accum);
   } else if (tbs && accum) {
-    if (tbs % (accum * world) != 0)
+    if (tbs % checked_product(accum, world) != 0)
       throw ConfigError(fmt::format(
           "train_batch_size {} is not divisible by gradient_accumulation_steps {} × world size {}", tbs, accum, world));
-    micro = tbs / (accum * world);
+    micro = tbs / checked_product(accum, world);
     set_derived(c, values, kMicro, micro);
   } else if (micro && accum) {
-    tbs = micro * accum * world;
+    tbs = checked_product(checked_product(micro, accum), world);
     set_derived(c, values, kTbs, tbs);
   } else if (tbs) {
     if (tbs % world != 0)
@@ -64,7 +75,7 @@ void derive_batch(TrainConfig& c, Values& values) {
     set_derived(c, values, kMicro, micro);
   } else if (micro) {
     accum = 1;
-    tbs = micro * world;
+    tbs = checked_product(micro, world);
     set_derived(c, values, kAccum, accum);
     set_derived(c, values, kTbs, tbs);
   } else if (accum) {
@@ -202,6 +213,13 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
 
   if ((c.data.source == "bin" || c.data.source == "text") && c.data.path.empty())
     throw ConfigError(fmt::format("data.path: required when data.source is \"{}\"", c.data.source));
+  // Data keys the chosen source never reads would be silently ignored.
+  if (c.data.source == "embedded" && given(c, "data.path"))
+    throw ConfigError("data.path: not read when data.source is \"embedded\" (set data.source to \"bin\" or \"text\")");
+  if (c.data.source != "bin" && given(c, "data.val_path"))
+    throw ConfigError(fmt::format("data.val_path: read only when data.source is \"bin\", found \"{}\"", c.data.source));
+  if (!c.data.val_path.empty() && given(c, "data.val_fraction"))
+    throw ConfigError("data.val_fraction: not used when data.val_path names the held-out file (give one of them)");
   if (c.model.preset.empty()) throw ConfigError("model.preset: expected a preset name, found \"\"");
   if (c.train.log_dir.empty()) throw ConfigError("train.log_dir: expected a directory path, found \"\"");
 }

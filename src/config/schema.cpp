@@ -6,16 +6,32 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <limits>
 #include <set>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
 
 #include "zerotrain/error.h"
 
 namespace zt::config_detail {
 namespace {
 
-// Assigns a checked value to a TrainConfig field of whatever type the field has.
-#define ZT_FIELD(member)                                            \
-  [](TrainConfig& c, const json& v) { c.member = v.get<std::decay_t<decltype(c.member)>>(); }
+// Stores a checked value in a field of whatever type the field has. An integer the field cannot
+// hold means the table's range is wider than the field: a defect of the table, never stored
+// truncated (config_test checks every integer key at its upper bound).
+template <typename T>
+void store(T& field, const json& v) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    const int64_t wide = v.get<int64_t>();
+    if (!std::in_range<T>(wide))
+      throw std::logic_error(fmt::format("configuration table: {} does not fit its field", wide));
+    field = static_cast<T>(wide);
+  } else {
+    field = v.get<T>();
+  }
+}
+#define ZT_FIELD(member) [](TrainConfig& c, const json& v) { store(c.member, v); }
 
 Leaf make(std::string path, Kind kind, json def, std::function<void(TrainConfig&, const json&)> assign) {
   Leaf leaf;
@@ -170,8 +186,9 @@ std::vector<Leaf> build_table() {
   t.push_back(boolean("fp16.enabled", false, ZT_FIELD(fp16.enabled)));
   t.push_back(non_negative("fp16.loss_scale", 0.0, ZT_FIELD(fp16.loss_scale)));
   t.push_back(integer("fp16.initial_scale_power", 16, 0, 63, ZT_FIELD(fp16.initial_scale_power)));
-  t.push_back(integer("fp16.loss_scale_window", 1000, 1, std::nullopt, ZT_FIELD(fp16.loss_scale_window)));
-  t.push_back(integer("fp16.hysteresis", 2, 1, std::nullopt, ZT_FIELD(fp16.hysteresis)));
+  constexpr double kIntMax = std::numeric_limits<int>::max();  // these two are `int` fields
+  t.push_back(integer("fp16.loss_scale_window", 1000, 1, kIntMax, ZT_FIELD(fp16.loss_scale_window)));
+  t.push_back(integer("fp16.hysteresis", 2, 1, kIntMax, ZT_FIELD(fp16.hysteresis)));
   t.push_back(positive("fp16.min_loss_scale", 1.0, ZT_FIELD(fp16.min_loss_scale)));
   t.push_back(reserved(boolean("fp16.auto_cast", false, none)));
   t.push_back(reserved(boolean("fp16.consecutive_hysteresis", false, none)));
@@ -199,14 +216,19 @@ std::vector<Leaf> build_table() {
 
   // --- zerotrain's own blocks
   t.push_back(string("model.preset", "tiny", ZT_FIELD(model.preset)));
-  for (auto [key, field] : std::initializer_list<std::pair<const char*, int64_t ModelConfig::*>>{
-           {"n_layer", &ModelConfig::n_layer},
-           {"n_head", &ModelConfig::n_head},
-           {"n_embd", &ModelConfig::n_embd},
-           {"vocab_size", &ModelConfig::vocab_size},
-           {"context_length", &ModelConfig::context_length}}) {
-    // 0 keeps the preset's value.
-    t.push_back(integer(std::string("model.") + key, 0, 0, std::nullopt,
+  // Upper bounds far beyond any model this library can build, low enough that the size
+  // arithmetic of the estimate and the model (layers x 12 x width^2 + (vocab + context) x width)
+  // cannot overflow 64 bits.
+  for (const auto& shape : std::initializer_list<std::tuple<const char*, int64_t ModelConfig::*, double>>{
+           {"n_layer", &ModelConfig::n_layer, 1 << 16},
+           {"n_head", &ModelConfig::n_head, 1 << 16},
+           {"n_embd", &ModelConfig::n_embd, 1 << 20},
+           {"vocab_size", &ModelConfig::vocab_size, 1 << 24},
+           {"context_length", &ModelConfig::context_length, 1 << 24}}) {
+    // 0 keeps the preset's value. (A named copy, not a structured binding: clang 14, which builds
+    // the fuzz targets, cannot capture those.)
+    int64_t ModelConfig::*field = std::get<1>(shape);
+    t.push_back(integer(std::string("model.") + std::get<0>(shape), 0, 0, std::get<2>(shape),
                         [field](TrainConfig& c, const json& v) { c.model.*field = v.get<int64_t>(); }));
   }
   // -1 (the default) keeps the preset's dropout; a given value must be a probability.
@@ -216,7 +238,9 @@ std::vector<Leaf> build_table() {
   t.push_back(string("data.val_path", "", ZT_FIELD(data.val_path)));
   t.push_back(number("data.val_fraction", 0.1, 0.0, false, 1.0, true, ZT_FIELD(data.val_fraction)));
   t.push_back(integer("data.sequence_length", 0, 0, std::nullopt, ZT_FIELD(data.sequence_length)));
-  t.push_back(integer("train.steps", 200, 1, std::nullopt, ZT_FIELD(train.steps)));
+  // The trainer keeps one loss per step; a hundred million steps is beyond any run and its
+  // bookkeeping still fits in memory (a value past it is a typo or damage, refused up front).
+  t.push_back(integer("train.steps", 200, 1, 100'000'000, ZT_FIELD(train.steps)));
   t.push_back(integer("train.seed", 1234, 0, std::nullopt, ZT_FIELD(train.seed)));
   t.push_back(integer("train.eval_interval", 0, 0, std::nullopt, ZT_FIELD(train.eval_interval)));
   t.push_back(integer("train.eval_iters", 4, 1, std::nullopt, ZT_FIELD(train.eval_iters)));
@@ -375,8 +399,15 @@ json check_value(const Leaf& leaf, const json& value) {
     }
     case Kind::String: {
       if (!value.is_string()) fail();
+      const std::string& s = value.get_ref<const std::string&>();
+      // Names and paths: a control character (a NUL would cut a path short) or a megabyte of
+      // text is a damaged file, not a setting.
+      if (s.size() > kMaxStringBytes)
+        throw ConfigError(fmt::format("{}: expected {} of at most {} bytes, found one of {} bytes", leaf.path,
+                                      leaf.expected(), kMaxStringBytes, s.size()));
+      if (std::any_of(s.begin(), s.end(), [](unsigned char ch) { return ch < 0x20 || ch == 0x7f; }))
+        fail(" (control characters are not allowed)");
       if (leaf.choices.empty()) return value;
-      const std::string s = value.get<std::string>();
       for (const std::string& choice : leaf.choices)
         if (choice == s || (leaf.case_insensitive && lower(choice) == lower(s))) return choice;
       if (auto near = nearest(s, leaf.choices)) return fail(fmt::format(" — did you mean \"{}\"?", *near));
@@ -403,12 +434,15 @@ std::optional<std::string> nearest(const std::string& word, const std::vector<st
   return best;
 }
 
-void throw_unknown_key(const std::string& block, const std::string& key) {
+void throw_unknown_key(const std::string& block, const std::string& key_in) {
+  // The key is the user's text: escaped and shortened so that the message stays one short line.
+  std::string key = show(json(key_in));
+  key = key.substr(1, key.size() - (key.ends_with("\"") ? 2 : 1));
   const std::string path = join_path(block, key);
   if (find_leaf(block))
     throw ConfigError(fmt::format("unknown key '{}' ('{}' is a value, not a block of settings)", path, block));
   const std::vector<std::string> valid = children(block);
-  if (auto near = nearest(key, valid))
+  if (auto near = key_in.size() <= 64 ? nearest(key_in, valid) : std::nullopt)
     throw ConfigError(fmt::format("unknown key '{}' — did you mean '{}'?", path, join_path(block, *near)));
   std::string list;
   for (const std::string& name : valid) list += (list.empty() ? "" : ", ") + name;

@@ -43,6 +43,13 @@ struct Leaf {
   std::string expected() const;  // "a positive number", "one of \"log\", \"linear\"", ...
 };
 
+// Limits that make any input, however large or damaged, a one-line ConfigError: a configuration
+// (file or override) is a few kilobytes; nesting deeper than the schema's three levels plus a
+// value is not a configuration; string values are names and paths.
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
+constexpr int kMaxNestingDepth = 16;
+constexpr size_t kMaxStringBytes = 4096;
+
 const std::vector<Leaf>& leaves();
 const Leaf* find_leaf(const std::string& path);
 // True for a block path ("optimizer", "optimizer.params"): a proper prefix of some leaf path.
