@@ -99,6 +99,27 @@ TEST(EstimateFormula, PersistentParametersAddWholeCopiesOnlyWhenParametersAreSha
   }
 }
 
+// Stage 3 gathers the block computing plus the blocks prefetched ahead within
+// min(stage3_prefetch_bucket_size, stage3_max_live_parameters), at least the next one, never more
+// than the model; the gather pool's own limit (two largest blocks) is the floor.
+TEST(EstimateFormula, GatheredBlocksFollowThePrefetchBudget) {
+  zt::ModelFigures model;
+  model.parameters = 100'000'000;
+  model.largest_block = 1'000'000;
+  auto gathered = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> o = {"zero_optimization.stage=3"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return zt::estimate_memory(model, cluster_of(1, 2), config_for(2, o)).per_device.gathered_blocks;
+  };
+  EXPECT_EQ(gathered({}), (1'000'000 + 50'000'000) * 4);  // default budget 5e7: fifty blocks ahead
+  EXPECT_EQ(gathered({"zero_optimization.stage3_prefetch_bucket_size=0"}), 2 * 1'000'000 * 4);
+  EXPECT_EQ(gathered({"zero_optimization.stage3_prefetch_bucket_size=2500000"}), (1'000'000 + 3'000'000) * 4);
+  EXPECT_EQ(gathered({"zero_optimization.stage3_max_live_parameters=1"}), 2 * 1'000'000 * 4);
+  EXPECT_EQ(gathered({"zero_optimization.stage3_max_live_parameters=3000000"}), 3 * 1'000'000 * 4);
+  EXPECT_EQ(gathered({"zero_optimization.stage3_prefetch_bucket_size=1000000000"}), 100'000'000 * 4);
+  EXPECT_EQ(zt::estimate_memory(model, cluster_of(1, 2), config_for(2, {"zero_optimization.stage=2"})).per_device.gathered_blocks, 0);
+}
+
 TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
   zt::ModelFigures model;
   model.parameters = 8'000'000'000;

@@ -199,8 +199,21 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   }
   const int64_t optimizer_partition = zero.shard_optimizer_states ? ceil_div(psi, N) : psi;
   const int64_t conversion_chunk = mixed ? std::min(optimizer_partition, kConversionChunkElements) * 4 : 0;
-  // Stage 3: the gather pool keeps live and reusable gathered blocks within twice the largest.
-  const int64_t gathered = zero.shard_parameters ? 2 * largest_block * e : 0;
+  // Stage 3: the gather pool keeps released blocks for reuse within twice the largest block;
+  // blocks live at once are the one computing plus those prefetched ahead, which the engine
+  // launches while fewer than min(stage3_prefetch_bucket_size, stage3_max_live_parameters minus
+  // the elements live) elements are in flight: with the transformer's equal blocks, that budget rounded up to whole
+  // blocks, never more than the model. docs/memory.md "Buffers and runtime".
+  int64_t gathered = 0;
+  if (zero.shard_parameters) {
+    const int64_t block = std::max<int64_t>(1, largest_block);
+    // The live limit counts the block computing too.
+    const int64_t budget =
+        std::max<int64_t>(0, std::min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - block));
+    const int64_t ahead = ceil_div(budget, block) * block;
+    const int64_t live = std::min(psi, largest_block + ahead);
+    gathered = std::max(2 * largest_block, live) * e;
+  }
 
   const ActivationBytes acts =
       transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, e, options.activation_checkpointing);
