@@ -939,7 +939,7 @@ TEST(ConfigCli, TrainFlagsWithBadValues) {
           {{"train", good, "--set", "optimizer.params={\"lr\": 1, \"lr\": 2}"}, "duplicate key 'lr'"},
           {{"train", good, "--set", "train.steps=" + std::string(50000, '[') + std::string(50000, ']')},
            "nested more than 16 levels deep"},
-          {{"train", good, "--summary", dir + "/no/such/dir/summary.json"}, "--summary: the directory"},
+          {{"train", good, "--summary", a_file + "/under/summary.json"}, "--summary: the path '" + a_file + "' is not a directory"},
           {{"train", good, "--summary", dir}, "--summary: expected a file path, found the directory"},
           {{"train", good, "--save-dir", a_file}, "--save-dir: expected a directory, found the file"},
           {{"train", good, "--resume", dir + "/nothing"}, "--resume: no checkpoint"},

@@ -39,15 +39,21 @@ constexpr int kMaxLocalRanks = 1024;
 constexpr int64_t kMaxLayers = 1 << 16, kMaxWidth = 1 << 20, kMaxHeads = 1 << 16, kMaxTokens = 1 << 24;
 
 // A file the run will write at its end must be writable now: refusing afterwards loses the run.
-void check_output_file(const std::string& path, const std::string& flag) {
+// With `creates_parents` (the summary) missing directories are made at the end, so the nearest
+// existing ancestor must be a directory; otherwise the parent itself must exist.
+void check_output_file(const std::string& path, const std::string& flag, bool creates_parents = false) {
   if (path.empty()) throw zt::ConfigError(fmt::format("{}: expected a file path, found \"\"", flag));
   std::error_code ec;
   const std::filesystem::path file(path);
   if (std::filesystem::is_directory(file, ec))
     throw zt::ConfigError(fmt::format("{}: expected a file path, found the directory '{}'", flag, path));
-  const std::filesystem::path parent = file.parent_path().empty() ? "." : file.parent_path();
+  std::filesystem::path parent = file.parent_path().empty() ? "." : file.parent_path();
+  if (creates_parents)
+    while (!std::filesystem::exists(parent, ec) && parent != ".")
+      parent = parent.has_parent_path() && parent.parent_path() != parent ? parent.parent_path() : ".";
   if (!std::filesystem::is_directory(parent, ec))
-    throw zt::ConfigError(fmt::format("{}: the directory '{}' does not exist", flag, parent.string()));
+    throw zt::ConfigError(fmt::format("{}: {} '{}' {}", flag, creates_parents ? "the path" : "the directory",
+                                      parent.string(), creates_parents ? "is not a directory" : "does not exist"));
 }
 
 // A directory the run will create or fill: it may not exist yet, but must not be a file.
@@ -98,7 +104,7 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
     throw zt::ConfigError("--reset-optimizer: needs --resume DIR (the checkpoint whose weights to load)");
   if (args.save_every > 0 && args.save_dir.empty())
     throw zt::ConfigError("--save-every: needs --save-dir DIR (where to save)");
-  if (!args.summary.empty()) check_output_file(args.summary, "--summary");
+  if (!args.summary.empty()) check_output_file(args.summary, "--summary", /*creates_parents=*/true);
   if (!args.save_dir.empty()) check_output_dir(args.save_dir, "--save-dir");
   if (!args.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(args.resume_dir) / "latest"))
     throw zt::DataError(fmt::format("--resume: no checkpoint in '{}' ('{}/latest' is missing)", args.resume_dir,
