@@ -136,6 +136,56 @@ TEST(FlightRecorder, TheFileKeepsTheRingAfterTheProcessIsKilled) {
   EXPECT_TRUE(contains(format_flight_ring(*ring), "flight recorder of rank 3/4")) << format_flight_ring(*ring);
 }
 
+// A ring still being written is never taken over: not by a second recorder of this process (a
+// second communicator of the rank), nor by another process that inherited the variable (a child
+// of the rank); the file of a recorder that is gone (destroyed, or its process dead) is reused.
+TEST(FlightRecorder, AFileInUseIsNotTakenOver) {
+  auto dir = make_temp_dir("flight-claim");
+  const std::string path = dir + "/rank0.flight";
+  {
+    FlightRecorder first(0, 2, path);
+    first.issued(0, "all_reduce", "mine", 4);
+    EXPECT_THROW(FlightRecorder(0, 2, path), Error);
+    auto ring = read_flight_ring(path);
+    ASSERT_TRUE(ring.has_value());
+    ASSERT_EQ(ring->records.size(), 1u);
+    EXPECT_EQ(ring->records[0].label_text(), "mine");
+  }
+  EXPECT_NO_THROW(FlightRecorder(0, 2, path));
+
+  int ready[2], release[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(release), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    try {
+      FlightRecorder holder(1, 2, path);
+      char c = 1;
+      if (write(ready[1], &c, 1) != 1) _exit(2);
+      if (read(release[0], &c, 1) != 1) _exit(3);
+    } catch (...) {
+      _exit(4);
+    }
+    _exit(0);
+  }
+  close(ready[1]);  // a child that ends early closes the pipe: no waiting forever
+  close(release[0]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << "the child could not take the free file";
+  try {
+    FlightRecorder(0, 2, path);
+    ADD_FAILURE() << "a ring another live process writes was taken over";
+  } catch (const Error& e) {
+    EXPECT_TRUE(contains(e.what(), "in use by process " + std::to_string(pid))) << e.what();
+  }
+  ASSERT_EQ(write(release[1], &c, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_NO_THROW(FlightRecorder(0, 2, path));  // its process is gone
+  for (int fd : {ready[0], release[1]}) close(fd);
+}
+
 TEST(FlightRecorder, ReadingAMissingOrForeignFile) {
   auto dir = make_temp_dir("flight-read");
   EXPECT_FALSE(read_flight_ring(dir + "/absent.flight").has_value());

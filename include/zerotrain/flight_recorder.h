@@ -55,7 +55,8 @@ class FlightRecorder {
   // In memory only.
   FlightRecorder(int rank, int world_size);
   // Backed by `path`, created or truncated. Throws zt::Error naming the file when it cannot be
-  // created or mapped.
+  // created or mapped, or when a live recorder (of this process, or of another process that is
+  // still running) records there: the communicator then keeps its ring in memory.
   FlightRecorder(int rank, int world_size, const std::string& path);
   ~FlightRecorder();
   FlightRecorder(const FlightRecorder&) = delete;
@@ -81,6 +82,7 @@ class FlightRecorder {
   void* mapping_ = nullptr;  // Header followed by the records
   std::size_t mapping_size_ = 0;
   std::vector<unsigned char> memory_;  // used when there is no file
+  void release_claim();
   Header* header();
   const Header* header() const;
   FlightRecord* slots();

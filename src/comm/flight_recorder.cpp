@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +18,8 @@
 #include <ctime>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <set>
 
 #include "zerotrain/error.h"
 
@@ -29,7 +32,7 @@ struct FlightRecorder::Header {
   std::int32_t rank;
   std::int32_t world_size;
   std::uint32_t record_size;   // sizeof(FlightRecord)
-  std::uint32_t reserved;
+  std::int32_t owner_pid;      // the process recording there; 0 once its recorder is gone
 };
 static_assert(sizeof(FlightRecorder::Header) == 32);
 
@@ -91,19 +94,48 @@ FlightRecorder::FlightRecorder(int rank, int world_size) : rank_(rank), world_si
   header()->record_size = sizeof(FlightRecord);
 }
 
+namespace {
+// Files mapped by live recorders of this process: a second communicator of the same rank, or a
+// child process that inherited ZT_FLIGHT_RECORDER_FILE, must not take over (and truncate) a ring
+// that is still being written.
+std::mutex g_claimed_mutex;
+std::set<std::string> g_claimed;
+}  // namespace
+
 FlightRecorder::FlightRecorder(int rank, int world_size, const std::string& path)
     : rank_(rank), world_size_(world_size), path_(path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(fmt::format("flight recorder: cannot create '{}': {}", path, std::strerror(errno)));
-  if (::ftruncate(fd, static_cast<off_t>(kRingBytes)) != 0) {
+  {
+    std::lock_guard lock(g_claimed_mutex);
+    if (!g_claimed.insert(path).second)
+      throw Error(fmt::format("flight recorder: '{}' is in use by another communicator of this process", path));
+  }
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int err = errno;
+    release_claim();
+    throw Error(fmt::format("flight recorder: cannot create '{}': {}", path, std::strerror(err)));
+  }
+  Header existing{};
+  if (::pread(fd, &existing, sizeof(existing), 0) == ssize_t(sizeof(existing)) &&
+      std::memcmp(existing.magic, kMagic, sizeof(kMagic)) == 0 && existing.owner_pid > 0 &&
+      existing.owner_pid != ::getpid() && ::kill(existing.owner_pid, 0) == 0) {
+    ::close(fd);
+    release_claim();
+    throw Error(fmt::format("flight recorder: '{}' is in use by process {}", path, existing.owner_pid));
+  }
+  if (::ftruncate(fd, 0) != 0 || ::ftruncate(fd, static_cast<off_t>(kRingBytes)) != 0) {
     int err = errno;
     ::close(fd);
+    release_claim();
     throw Error(fmt::format("flight recorder: cannot size '{}' to {} bytes: {}", path, kRingBytes, std::strerror(err)));
   }
   void* p = ::mmap(nullptr, kRingBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   ::close(fd);  // the mapping keeps the file
-  if (p == MAP_FAILED) throw Error(fmt::format("flight recorder: cannot map '{}': {}", path, std::strerror(err)));
+  if (p == MAP_FAILED) {
+    release_claim();
+    throw Error(fmt::format("flight recorder: cannot map '{}': {}", path, std::strerror(err)));
+  }
   mapping_ = p;
   mapping_size_ = kRingBytes;
   header()->version = 1;
@@ -111,12 +143,22 @@ FlightRecorder::FlightRecorder(int rank, int world_size, const std::string& path
   header()->rank = rank;
   header()->world_size = world_size;
   header()->record_size = sizeof(FlightRecord);
+  header()->owner_pid = ::getpid();
   std::atomic_thread_fence(std::memory_order_release);
   std::memcpy(header()->magic, kMagic, sizeof(kMagic));  // last: a reader sees a whole header or none
 }
 
 FlightRecorder::~FlightRecorder() {
-  if (!path_.empty() && mapping_) ::munmap(mapping_, mapping_size_);
+  if (!path_.empty() && mapping_) {
+    header()->owner_pid = 0;  // the ring stays readable; the file is free for another recorder
+    ::munmap(mapping_, mapping_size_);
+  }
+  if (!path_.empty()) release_claim();
+}
+
+void FlightRecorder::release_claim() {
+  std::lock_guard lock(g_claimed_mutex);
+  g_claimed.erase(path_);
 }
 
 FlightRecorder::Header* FlightRecorder::header() { return static_cast<Header*>(mapping_); }
