@@ -44,6 +44,45 @@ struct SchedulerConfig {
   double warmup_min_ratio = 0.0;    // WarmupCosineLR
 };
 
+// Where a ZeRO-Offload / ZeRO-Infinity tier keeps its data (design §2, docs/offload.md).
+enum class OffloadDevice { None, Cpu, Nvme };
+const char* to_string(OffloadDevice device);  // "none", "cpu", "nvme"
+
+// zero_optimization.offload_optimizer (DeepSpeed's keys and defaults): where the fp32 master
+// weights and optimizer moments of this rank's partition live. Stages 1-3.
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::None;
+  std::string nvme_path;      // required for nvme: a writable directory
+  bool pin_memory = false;    // page-locked host buffers (a CUDA device only; a note on CPU)
+  int buffer_count = 4;       // nvme: aligned buffers the step streams sub-groups through
+  bool pipeline_read = false, pipeline_write = false;  // nvme: overlap reads / writes with the step
+  bool fast_init = false;     // nvme: initial state written straight from the model, not via a host copy
+  double ratio = 1.0;         // fraction of the partition offloaded (the rest stays in memory)
+  // zerotrain's own: the ZeRO-Offload paper's delayed parameter update (§5.2); the optimizer step
+  // of step t runs during step t+1's forward and backward after `delayed_update_after` steps.
+  bool delayed_update = false;
+  int64_t delayed_update_after = 40;
+};
+
+// zero_optimization.offload_param: where this rank's stage-3 parameter shards live. Stage 3 only.
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::None;
+  std::string nvme_path;
+  bool pin_memory = false;
+  int buffer_count = 5;                // nvme: shard buffers (read-ahead depth in blocks)
+  int64_t buffer_size = 100'000'000;   // nvme: elements per shard buffer (>= the largest block shard)
+  int64_t max_in_cpu = 1'000'000'000;  // nvme: shard elements kept in host memory instead
+};
+
+// The "aio" block: the asynchronous I/O engine of the nvme tiers.
+struct AioConfig {
+  int64_t block_size = 1 << 20;  // bytes per request
+  int queue_depth = 8;           // requests in flight
+  int thread_count = 1;          // submitting threads
+  bool single_submit = false;    // submit one request per call instead of a batch
+  bool overlap_events = true;    // submit new requests while completions are reaped
+};
+
 struct ZeroConfig {
   int stage = 0;
   bool contiguous_gradients = true;
@@ -57,6 +96,10 @@ struct ZeroConfig {
   // Stage 3: a trainable parameter with fewer elements stays gathered on every rank (its
   // optimizer state is still sharded); small tensors are not worth a collective each.
   int64_t stage3_param_persistence_threshold = 100'000;
+  // Elements per optimizer sub-group: the unit the nvme tier reads, steps and writes back.
+  int64_t sub_group_size = 1'000'000'000;
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
   // The switches the engine composes (design §3); derived from `stage` when the configuration is
   // read and never asked for by stage number elsewhere: stage 1 shards optimizer states, stage 2
   // also gradients, stage 3 also parameters.
@@ -130,6 +173,7 @@ struct TrainConfig {
   TrainLoopConfig train;
   CommConfig comm;
   MonitorConfig csv_monitor;
+  AioConfig aio;
   // Dotted key ("zero_optimization.stage") -> where its value came from, for every known key.
   std::map<std::string, ValueSource> sources;
   // Dotted key -> value as JSON text, for printing the resolved configuration.

@@ -28,6 +28,15 @@ const char* to_string(Precision precision) {
   return "?";
 }
 
+const char* to_string(OffloadDevice device) {
+  switch (device) {
+    case OffloadDevice::None: return "none";
+    case OffloadDevice::Cpu: return "cpu";
+    case OffloadDevice::Nvme: return "nvme";
+  }
+  return "?";
+}
+
 const char* to_string(ValueSource source) {
   switch (source) {
     case ValueSource::Default: return "default";
