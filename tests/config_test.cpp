@@ -264,8 +264,7 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {R"({"scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 1e-4, "cycle_max_lr": 1e-3}}})", {},
        "scheduler.type \"OneCycle\" is not supported yet"},
       {R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}})", {},
-       "zero_optimization.offload_optimizer.device = \"cpu\" is not supported yet (only the default \"none\" is "
-       "accepted)"},
+       "zero_optimization.offload_optimizer.device: expected \"none\" at zero_optimization.stage 0"},
       {R"({"zero_optimization": {"stage3_param_persistence_threshold": -1}})", {},
        "zero_optimization.stage3_param_persistence_threshold"},
       {R"({"activation_checkpointing": {"partition_activations": true}})", {},
@@ -695,7 +694,28 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"zero_optimization.stage3_max_live_parameters", {Used, "1000", [](C c) { return c.zero.stage3_max_live_parameters == 1000; }, "engine (stage 3)"}},
       {"zero_optimization.stage3_max_reuse_distance", {Reserved, "", nullptr, ""}},
       {"zero_optimization.stage3_gather_16bit_weights_on_model_save", {Reserved, "", nullptr, ""}},
-      {"zero_optimization.sub_group_size", {Reserved, "", nullptr, ""}},
+      {"zero_optimization.sub_group_size", {Used, "1000", [](C c) { return c.zero.sub_group_size == 1000; }, "engine (offload)"}},
+      {"zero_optimization.offload_optimizer.device", {Used, "\"nvme\"", [](C c) { return c.zero.offload_optimizer.device == zt::OffloadDevice::Nvme; }, "engine (offload)"}},
+      {"zero_optimization.offload_optimizer.nvme_path", {Used, "\"swap\"", [](C c) { return c.zero.offload_optimizer.nvme_path == "swap"; }, "engine (offload)"}},
+      {"zero_optimization.offload_optimizer.pin_memory", {Used, "true", [](C c) { return c.zero.offload_optimizer.pin_memory; }, "engine (offload; noted: training runs on the CPU)"}},
+      {"zero_optimization.offload_optimizer.buffer_count", {Used, "3", [](C c) { return c.zero.offload_optimizer.buffer_count == 3; }, "engine (offload), estimate"}},
+      {"zero_optimization.offload_optimizer.pipeline_read", {Used, "true", [](C c) { return c.zero.offload_optimizer.pipeline_read; }, "engine (offload)"}},
+      {"zero_optimization.offload_optimizer.pipeline_write", {Used, "true", [](C c) { return c.zero.offload_optimizer.pipeline_write; }, "engine (offload)"}},
+      {"zero_optimization.offload_optimizer.fast_init", {Used, "true", [](C c) { return c.zero.offload_optimizer.fast_init; }, "engine (offload; noted: always initialised from the model)"}},
+      {"zero_optimization.offload_optimizer.ratio", {Used, "0.5", [](C c) { return c.zero.offload_optimizer.ratio == 0.5; }, "engine (offload), estimate"}},
+      {"zero_optimization.offload_optimizer.delayed_update", {Used, "true", [](C c) { return c.zero.offload_optimizer.delayed_update; }, "engine (offload)"}},
+      {"zero_optimization.offload_optimizer.delayed_update_after", {Used, "7", [](C c) { return c.zero.offload_optimizer.delayed_update_after == 7; }, "engine (offload)"}},
+      {"zero_optimization.offload_param.device", {Used, "\"nvme\"", [](C c) { return c.zero.offload_param.device == zt::OffloadDevice::Nvme; }, "engine (offload)"}},
+      {"zero_optimization.offload_param.nvme_path", {Used, "\"swap\"", [](C c) { return c.zero.offload_param.nvme_path == "swap"; }, "engine (offload)"}},
+      {"zero_optimization.offload_param.pin_memory", {Used, "true", [](C c) { return c.zero.offload_param.pin_memory; }, "engine (offload; noted: training runs on the CPU)"}},
+      {"zero_optimization.offload_param.buffer_count", {Used, "3", [](C c) { return c.zero.offload_param.buffer_count == 3; }, "engine (offload), estimate"}},
+      {"zero_optimization.offload_param.buffer_size", {Used, "1000", [](C c) { return c.zero.offload_param.buffer_size == 1000; }, "engine (offload), estimate"}},
+      {"zero_optimization.offload_param.max_in_cpu", {Used, "1000", [](C c) { return c.zero.offload_param.max_in_cpu == 1000; }, "engine (offload), estimate"}},
+      {"aio.block_size", {Used, "4096", [](C c) { return c.aio.block_size == 4096; }, "engine (nvme I/O)"}},
+      {"aio.queue_depth", {Used, "4", [](C c) { return c.aio.queue_depth == 4; }, "engine (nvme I/O)"}},
+      {"aio.thread_count", {Used, "2", [](C c) { return c.aio.thread_count == 2; }, "engine (nvme I/O)"}},
+      {"aio.single_submit", {Used, "true", [](C c) { return c.aio.single_submit; }, "engine (nvme I/O)"}},
+      {"aio.overlap_events", {Used, "false", [](C c) { return !c.aio.overlap_events; }, "engine (nvme I/O)"}},
       {"fp16.enabled", {Used, "true", [](C c) { return c.precision == zt::Precision::FP16; }, "engine, trainer (precision)"}},
       {"fp16.loss_scale", {Used, "128.0", [](C c) { return c.fp16.loss_scale == 128.0; }, "loss scaler"}},
       {"fp16.initial_scale_power", {Used, "8", [](C c) { return c.fp16.initial_scale_power == 8; }, "loss scaler"}},
@@ -752,14 +772,27 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"scheduler.params.warmup_min_ratio", {"scheduler.type=\"WarmupCosineLR\"", "scheduler.params.warmup_num_steps=5"}},
       {"data.val_path", {"data.source=\"bin\"", "data.path=\"t\""}},
   };
+  // The offload keys, with the tier they configure switched on (each key then overrides its own).
+  std::map<std::string, std::vector<std::string>> with_tier = context;
+  const std::vector<std::string> nvme_optimizer = {"zero_optimization.stage=1",
+                                                   "zero_optimization.offload_optimizer.device=\"nvme\"",
+                                                   "zero_optimization.offload_optimizer.nvme_path=\"d\""};
+  const std::vector<std::string> nvme_param = {"zero_optimization.stage=3",
+                                               "zero_optimization.offload_param.device=\"nvme\"",
+                                               "zero_optimization.offload_param.nvme_path=\"d\""};
+  for (const auto& [key, entry] : table) {
+    if (key.starts_with("zero_optimization.offload_param.")) with_tier[key] = nvme_param;
+    else if (key.starts_with("zero_optimization.offload_optimizer.") || key.starts_with("aio.") ||
+             key == "zero_optimization.sub_group_size")
+      with_tier[key] = nvme_optimizer;
+  }
   std::set<std::string> schema_keys;
   for (const cd::Leaf& leaf : cd::leaves()) {
     schema_keys.insert(leaf.path);
     SCOPED_TRACE(leaf.path);
     auto it = table.find(leaf.path);
     // Whole DeepSpeed blocks zerotrain recognises without implementing: every key reserved.
-    for (const char* block : {"zero_optimization.offload_optimizer.", "zero_optimization.offload_param.",
-                              "activation_checkpointing.", "aio."})
+    for (const char* block : {"activation_checkpointing."})
       if (leaf.path.starts_with(block)) it = table.find("(reserved block)");
     if (it == table.end()) {
       ADD_FAILURE() << "schema key '" << leaf.path << "' is not classified: say which code reads it, or reserve it";
@@ -781,7 +814,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
     }
     EXPECT_TRUE(leaf.supported);
     std::vector<std::string> overrides;
-    if (auto c = context.find(leaf.path); c != context.end()) overrides = c->second;
+    if (auto c = with_tier.find(leaf.path); c != with_tier.end()) overrides = c->second;
     overrides.push_back(leaf.path + "=" + entry.value);
     TrainConfig config;
     try {
@@ -823,6 +856,191 @@ TEST(ConfigAudit, KeysWithoutEffectHereAreNoted) {
       "csv_monitor.job_name has no effect: csv_monitor.enabled is false"};
   EXPECT_EQ(c.notes, expected);
   EXPECT_TRUE(parse_config(R"({"fp16": {"enabled": true, "loss_scale_window": 50}})", {}, 1).notes.empty());
+}
+
+// --- ZeRO-Offload / ZeRO-Infinity keys (zero_optimization.offload_*, sub_group_size, aio).
+
+TEST(ConfigOffload, ValuesArriveWithDeepSpeedDefaults) {
+  const TrainConfig d = parse_config("", {}, 1);
+  EXPECT_EQ(d.zero.offload_optimizer.device, zt::OffloadDevice::None);
+  EXPECT_EQ(d.zero.offload_optimizer.buffer_count, 4);
+  EXPECT_EQ(d.zero.offload_optimizer.ratio, 1.0);
+  EXPECT_FALSE(d.zero.offload_optimizer.delayed_update);
+  EXPECT_EQ(d.zero.offload_optimizer.delayed_update_after, 40);
+  EXPECT_EQ(d.zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(d.zero.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(d.zero.offload_param.max_in_cpu, 1'000'000'000);
+  EXPECT_EQ(d.zero.sub_group_size, 1'000'000'000);
+  EXPECT_EQ(d.aio.block_size, 1 << 20);
+  EXPECT_EQ(d.aio.queue_depth, 8);
+  EXPECT_EQ(d.aio.thread_count, 1);
+  EXPECT_FALSE(d.aio.single_submit);
+  EXPECT_TRUE(d.aio.overlap_events);
+  EXPECT_EQ(d.resolved.at("zero_optimization.offload_param.nvme_path"), "null");
+
+  // A DeepSpeed ZeRO-Infinity configuration, as its documentation writes it (5e8 as floats).
+  const TrainConfig c = parse_config(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e8,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme", "buffer_count": 4,
+                            "pipeline_read": true, "pipeline_write": false, "ratio": 0.25,
+                            "delayed_update": true, "delayed_update_after": 3},
+      "offload_param": {"device": "nvme", "nvme_path": "/local_nvme/p", "buffer_count": 6,
+                        "buffer_size": 1e8, "max_in_cpu": 1e9}},
+      "aio": {"block_size": 262144, "queue_depth": 32, "thread_count": 2, "single_submit": true,
+              "overlap_events": false}})",
+                                     {}, 2);
+  EXPECT_EQ(c.zero.sub_group_size, 100'000'000);
+  EXPECT_EQ(c.zero.offload_optimizer.device, zt::OffloadDevice::Nvme);
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/local_nvme");
+  EXPECT_TRUE(c.zero.offload_optimizer.pipeline_read);
+  EXPECT_FALSE(c.zero.offload_optimizer.pipeline_write);
+  EXPECT_EQ(c.zero.offload_optimizer.ratio, 0.25);
+  EXPECT_TRUE(c.zero.offload_optimizer.delayed_update);
+  EXPECT_EQ(c.zero.offload_optimizer.delayed_update_after, 3);
+  EXPECT_EQ(c.zero.offload_param.device, zt::OffloadDevice::Nvme);
+  EXPECT_EQ(c.zero.offload_param.nvme_path, "/local_nvme/p");
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 6);
+  EXPECT_EQ(c.zero.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1'000'000'000);
+  EXPECT_EQ(c.aio.block_size, 262144);
+  EXPECT_EQ(c.aio.queue_depth, 32);
+  EXPECT_EQ(c.aio.thread_count, 2);
+  EXPECT_TRUE(c.aio.single_submit);
+  EXPECT_FALSE(c.aio.overlap_events);
+  EXPECT_TRUE(c.notes.empty()) << c.notes.front();
+  EXPECT_EQ(c.sources.at("zero_optimization.offload_optimizer.ratio"), ValueSource::File);
+  // Overrides reach the same fields, and "cpu" at every stage from 1.
+  for (int stage : {1, 2, 3}) {
+    const TrainConfig o = parse_config("{}", {"zero_optimization.stage=" + std::to_string(stage),
+                                               "zero_optimization.offload_optimizer.device=cpu"}, 1);
+    EXPECT_EQ(o.zero.offload_optimizer.device, zt::OffloadDevice::Cpu);
+  }
+  EXPECT_STREQ(zt::to_string(zt::OffloadDevice::Nvme), "nvme");
+}
+
+TEST(ConfigOffload, ImpossibleCombinationsAreRefusedNamingTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "d"}}})",
+       "zero_optimization.offload_optimizer.device: expected \"none\" at zero_optimization.stage 0 (offloading "
+       "optimizer states needs ZeRO stage 1, 2 or 3), found \"nvme\""},
+      {R"({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
+       "zero_optimization.offload_param.device: expected \"none\" below zero_optimization.stage 3 (parameters are "
+       "offloaded only when sharded; DeepSpeed would ignore it silently, zerotrain refuses it), found \"cpu\" at "
+       "stage 2"},
+      {R"({"zero_optimization": {"stage": 1, "offload_param": {"device": "nvme", "nvme_path": "d"}}})",
+       "zero_optimization.offload_param.device: expected \"none\" below zero_optimization.stage 3"},
+      {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme"}}})",
+       "zero_optimization.offload_optimizer.nvme_path: expected a directory for the nvme tier (device is \"nvme\"), "
+       "found nothing (the key is not given)"},
+      {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": null}}})",
+       "zero_optimization.offload_optimizer.nvme_path: expected a directory for the nvme tier (device is \"nvme\"), "
+       "found null"},
+      {R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": ""}}})",
+       "zero_optimization.offload_param.nvme_path: expected a directory for the nvme tier (device is \"nvme\"), "
+       "found \"\""},
+      {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"delayed_update": true}}})",
+       "zero_optimization.offload_optimizer.delayed_update: true needs offload_optimizer.device \"cpu\" or "
+       "\"nvme\""},
+      {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "d", "ratio": 0}}})",
+       "zero_optimization.offload_optimizer.ratio: expected a number in (0, 1], found 0"},
+      {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "d", "ratio": 1.5}}})",
+       "zero_optimization.offload_optimizer.ratio: expected a number in (0, 1], found 1.5"},
+      {R"({"zero_optimization": {"offload_optimizer": {"delayed_update_after": -1}}})",
+       "zero_optimization.offload_optimizer.delayed_update_after: expected a non-negative integer, found -1"},
+      {R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})",
+       "zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", found \"disk\""},
+      {R"({"zero_optimization": {"offload_param": {"buffer_size": 0}}})",
+       "zero_optimization.offload_param.buffer_size: expected a positive integer, found 0"},
+      {R"({"aio": {"queue_depth": 0}})", "aio.queue_depth: expected an integer in [1, 65536], found 0"},
+  };
+  for (const auto& [text, expected] : cases) {
+    SCOPED_TRACE(text);
+    expect_one_line_error(any_error_of([&] { parse_config(text, {}, 2); }), expected);
+  }
+  // The same through --set.
+  expect_one_line_error(any_error_of([] {
+                          parse_config("{}", {"zero_optimization.stage=2", "zero_optimization.offload_param.device=nvme",
+                                              "zero_optimization.offload_param.nvme_path=d"},
+                                       1);
+                        }),
+                        "zero_optimization.offload_param.device: expected \"none\" below zero_optimization.stage 3");
+}
+
+TEST(ConfigOffload, KeysWithoutEffectAreNoted) {
+  auto notes_of = [](const std::string& text) { return parse_config(text, {}, 1).notes; };
+  const std::string O = "zero_optimization.offload_optimizer.", P = "zero_optimization.offload_param.";
+  // No tier: every other key of its block, sub_group_size and aio.
+  EXPECT_EQ(notes_of(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e6,
+      "offload_optimizer": {"device": "none", "nvme_path": "d", "pin_memory": true, "buffer_count": 8,
+                            "pipeline_read": true, "pipeline_write": true, "fast_init": true, "ratio": 0.5,
+                            "delayed_update": false, "delayed_update_after": 2},
+      "offload_param": {"nvme_path": "d", "pin_memory": true, "buffer_count": 2, "buffer_size": 10,
+                        "max_in_cpu": 0}},
+      "aio": {"block_size": 4096, "thread_count": 2}})"),
+            (std::vector<std::string>{
+                O + "nvme_path has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "pin_memory has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "buffer_count has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "pipeline_read has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "pipeline_write has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "fast_init has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "ratio has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "delayed_update has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "delayed_update_after has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                P + "nvme_path has no effect: zero_optimization.offload_param.device is \"none\"",
+                P + "pin_memory has no effect: zero_optimization.offload_param.device is \"none\"",
+                P + "buffer_count has no effect: zero_optimization.offload_param.device is \"none\"",
+                P + "buffer_size has no effect: zero_optimization.offload_param.device is \"none\"",
+                P + "max_in_cpu has no effect: zero_optimization.offload_param.device is \"none\"",
+                "zero_optimization.sub_group_size has no effect: zero_optimization.offload_optimizer.device is not "
+                "\"nvme\" (sub-groups are the unit the nvme tier reads, steps and writes)",
+                "aio.block_size has no effect: no tier is on nvme (zero_optimization.offload_optimizer.device and "
+                "offload_param.device are not \"nvme\")",
+                "aio.thread_count has no effect: no tier is on nvme (zero_optimization.offload_optimizer.device and "
+                "offload_param.device are not \"nvme\")"}));
+
+  // The cpu tiers on this CPU trainer: the device itself (unless the step is delayed), the nvme
+  // keys, ratio and pinning.
+  const std::vector<std::string> cpu = notes_of(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": 0.5, "buffer_count": 2,
+                            "fast_init": true, "delayed_update_after": 3},
+      "offload_param": {"device": "cpu", "pin_memory": true, "max_in_cpu": 5}}})");
+  const std::vector<std::string> expected_cpu = {
+      O + "device has no effect: zerotrain trains on the CPU, so the optimizer state is in host memory already "
+          "(\"cpu\" moves nothing; with delayed_update it still delays the step)",
+      O + "buffer_count has no effect: zero_optimization.offload_optimizer.device is \"cpu\" (it applies to the nvme "
+          "tier)",
+      O + "fast_init has no effect: zero_optimization.offload_optimizer.device is \"cpu\" (it applies to the nvme tier)",
+      O + "ratio has no effect: zero_optimization.offload_optimizer.device is \"cpu\" and zerotrain trains on the "
+          "CPU: the whole optimizer state is in host memory either way (ratio splits it between nvme and host memory)",
+      O + "pin_memory has no effect: zerotrain trains on the CPU, whose memory needs no pinning (page-locked buffers "
+          "only speed copies to a GPU)",
+      O + "delayed_update_after has no effect: zero_optimization.offload_optimizer.delayed_update is false",
+      P + "device has no effect: zerotrain trains on the CPU, so the parameter shards are in host memory already "
+          "(\"cpu\" moves nothing)",
+      P + "max_in_cpu has no effect: zero_optimization.offload_param.device is \"cpu\" (it applies to the nvme tier)",
+      P + "pin_memory has no effect: zerotrain trains on the CPU, whose memory needs no pinning (page-locked buffers "
+          "only speed copies to a GPU)"};
+  EXPECT_EQ(cpu, expected_cpu);
+  // With the delayed update, the cpu tier does something: no note for the device.
+  EXPECT_TRUE(notes_of(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu",
+      "delayed_update": true, "delayed_update_after": 5}}})")
+                  .empty());
+
+  // nvme: pipelining is honoured; fast_init true changes nothing; aio and sub_group_size apply.
+  EXPECT_EQ(notes_of(R"({"zero_optimization": {"stage": 2, "sub_group_size": 1e6,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "d", "pipeline_read": true, "pipeline_write": true,
+                            "fast_init": true, "buffer_count": 2, "ratio": 0.5}},
+      "aio": {"queue_depth": 4}})"),
+            (std::vector<std::string>{
+                O + "fast_init has no effect: zerotrain always initialises the nvme tier directly from the model, "
+                    "without a host copy of the whole state"}));
+  // Parameters on nvme alone: aio applies, sub_group_size does not.
+  EXPECT_EQ(notes_of(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e6,
+      "offload_param": {"device": "nvme", "nvme_path": "d", "buffer_size": 1e6, "max_in_cpu": 0}},
+      "aio": {"block_size": 4096}})"),
+            (std::vector<std::string>{
+                "zero_optimization.sub_group_size has no effect: zero_optimization.offload_optimizer.device is not "
+                "\"nvme\" (sub-groups are the unit the nvme tier reads, steps and writes)"}));
 }
 
 // --- The same classes through the CLI binary: exit status 2 and exactly one line on stderr,

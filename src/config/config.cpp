@@ -244,6 +244,63 @@ bool given(const TrainConfig& c, const std::string& path) {
   return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine);
 }
 
+// The offload keys that cannot matter in this configuration. zerotrain trains on the CPU (the
+// CUDA build compiles GPU kernels but trains on the host), so the "cpu" tier is the memory in
+// use already and page-locking it speeds nothing up.
+template <typename Note>
+void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
+  const OffloadOptimizerConfig& opt = c.zero.offload_optimizer;
+  const OffloadParamConfig& param = c.zero.offload_param;
+  const std::string O = "zero_optimization.offload_optimizer.", P = "zero_optimization.offload_param.";
+  const char* kNoPinning =
+      "zerotrain trains on the CPU, whose memory needs no pinning (page-locked buffers only speed copies to a GPU)";
+  if (opt.device == OffloadDevice::None) {
+    note_if_given({O + "nvme_path", O + "pin_memory", O + "buffer_count", O + "pipeline_read", O + "pipeline_write",
+                   O + "fast_init", O + "ratio", O + "delayed_update", O + "delayed_update_after"},
+                  "zero_optimization.offload_optimizer.device is \"none\"");
+  } else {
+    if (opt.device == OffloadDevice::Cpu) {
+      if (!opt.delayed_update)
+        note_if_given({O + "device"},
+                      "zerotrain trains on the CPU, so the optimizer state is in host memory already (\"cpu\" moves "
+                      "nothing; with delayed_update it still delays the step)");
+      note_if_given({O + "nvme_path", O + "buffer_count", O + "pipeline_read", O + "pipeline_write", O + "fast_init"},
+                    "zero_optimization.offload_optimizer.device is \"cpu\" (it applies to the nvme tier)");
+      note_if_given({O + "ratio"},
+                    "zero_optimization.offload_optimizer.device is \"cpu\" and zerotrain trains on the CPU: the "
+                    "whole optimizer state is in host memory either way (ratio splits it between nvme and host memory)");
+    }
+    if (opt.device == OffloadDevice::Nvme && opt.fast_init)
+      note_if_given({O + "fast_init"},
+                    "zerotrain always initialises the nvme tier directly from the model, without a host copy of the "
+                    "whole state");
+    if (opt.pin_memory) note_if_given({O + "pin_memory"}, kNoPinning);
+    if (!opt.delayed_update)
+      note_if_given({O + "delayed_update_after"}, "zero_optimization.offload_optimizer.delayed_update is false");
+  }
+  if (param.device == OffloadDevice::None) {
+    note_if_given({P + "nvme_path", P + "pin_memory", P + "buffer_count", P + "buffer_size", P + "max_in_cpu"},
+                  "zero_optimization.offload_param.device is \"none\"");
+  } else {
+    if (param.device == OffloadDevice::Cpu) {
+      note_if_given({P + "device"},
+                    "zerotrain trains on the CPU, so the parameter shards are in host memory already (\"cpu\" moves "
+                    "nothing)");
+      note_if_given({P + "nvme_path", P + "buffer_count", P + "buffer_size", P + "max_in_cpu"},
+                    "zero_optimization.offload_param.device is \"cpu\" (it applies to the nvme tier)");
+    }
+    if (param.pin_memory) note_if_given({P + "pin_memory"}, kNoPinning);
+  }
+  if (opt.device != OffloadDevice::Nvme)
+    note_if_given({"zero_optimization.sub_group_size"},
+                  "zero_optimization.offload_optimizer.device is not \"nvme\" (sub-groups are the unit the nvme tier "
+                  "reads, steps and writes)");
+  if (opt.device != OffloadDevice::Nvme && param.device != OffloadDevice::Nvme)
+    note_if_given({"aio.block_size", "aio.queue_depth", "aio.thread_count", "aio.single_submit", "aio.overlap_events"},
+                  "no tier is on nvme (zero_optimization.offload_optimizer.device and offload_param.device are not "
+                  "\"nvme\")");
+}
+
 // Keys that are valid but cannot matter in this configuration (see TrainConfig::notes).
 void add_notes(TrainConfig& c) {
   auto note_if_given = [&](const std::vector<std::string>& keys, const std::string& why) {
@@ -262,6 +319,7 @@ void add_notes(TrainConfig& c) {
     note_if_given({"train.eval_iters", "data.val_path"}, "train.eval_interval is 0 (no evaluation runs)");
   if (!c.csv_monitor.enabled)
     note_if_given({"csv_monitor.output_path", "csv_monitor.job_name"}, "csv_monitor.enabled is false");
+  add_offload_notes(c, note_if_given);
 }
 
 TrainConfig build(json doc, const std::vector<std::string>& overrides, int world_size, const std::string& origin) {

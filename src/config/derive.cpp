@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "config/schema.h"
 #include "zerotrain/error.h"
@@ -120,6 +121,38 @@ std::string join(const std::set<std::string>& names) {
   return out;
 }
 
+// ZeRO-Offload / ZeRO-Infinity: the tiers need sharding, and the nvme tier a directory.
+// DeepSpeed requires ZeRO for optimizer offload and silently ignores parameter offload below
+// stage 3; zerotrain refuses both, since either would leave the key without effect.
+void validate_offload(const TrainConfig& c, const Values& values) {
+  const OffloadOptimizerConfig& opt = c.zero.offload_optimizer;
+  const OffloadParamConfig& param = c.zero.offload_param;
+  if (opt.device != OffloadDevice::None && c.zero.stage < 1)
+    throw ConfigError(fmt::format(
+        "zero_optimization.offload_optimizer.device: expected \"none\" at zero_optimization.stage 0 (offloading "
+        "optimizer states needs ZeRO stage 1, 2 or 3), found \"{}\"",
+        to_string(opt.device)));
+  if (param.device != OffloadDevice::None && c.zero.stage < 3)
+    throw ConfigError(fmt::format(
+        "zero_optimization.offload_param.device: expected \"none\" below zero_optimization.stage 3 (parameters are "
+        "offloaded only when sharded; DeepSpeed would ignore it silently, zerotrain refuses it), found \"{}\" at "
+        "stage {}",
+        to_string(param.device), c.zero.stage));
+  for (const auto& [block, device, path] :
+       {std::tuple{"offload_optimizer", opt.device, &opt.nvme_path}, {"offload_param", param.device, &param.nvme_path}})
+    if (device == OffloadDevice::Nvme && path->empty()) {
+      const std::string key = fmt::format("zero_optimization.{}.nvme_path", block);
+      throw ConfigError(fmt::format("{}: expected a directory for the nvme tier (device is \"nvme\"), found {}", key,
+                                    given(c, key) ? show(values.at(key)) : "nothing (the key is not given)"));
+    }
+  // The delayed update overlaps the optimizer step of the offloaded partition with the next
+  // step's forward and backward; without a tier there is no such step to move.
+  if (opt.delayed_update && opt.device == OffloadDevice::None)
+    throw ConfigError(
+        "zero_optimization.offload_optimizer.delayed_update: true needs offload_optimizer.device \"cpu\" or "
+        "\"nvme\" (it delays the offloaded optimizer step), found \"none\"");
+}
+
 }  // namespace
 
 void derive(TrainConfig& c, Values& values) {
@@ -210,6 +243,8 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
           "scheduler.params.total_num_steps: expected more than the warm-up steps ({}) for WarmupCosineLR, found {}",
           warmup, c.scheduler.total_num_steps));
   }
+
+  validate_offload(c, values);
 
   if ((c.data.source == "bin" || c.data.source == "text") && c.data.path.empty())
     throw ConfigError(fmt::format("data.path: required when data.source is \"{}\"", c.data.source));

@@ -163,22 +163,49 @@ std::vector<Leaf> build_table() {
                       ZT_FIELD(zero.stage3_max_live_parameters)));
   t.push_back(reserved(integer("zero_optimization.stage3_max_reuse_distance", k1e9, 0, std::nullopt, none)));
   t.push_back(reserved(boolean("zero_optimization.stage3_gather_16bit_weights_on_model_save", false, none)));
-  t.push_back(reserved(integer("zero_optimization.sub_group_size", k1e9, 1, std::nullopt, none)));
+  // ZeRO-Offload / ZeRO-Infinity (docs/offload.md): DeepSpeed's keys and defaults; which ones
+  // matter depends on the device (notes in config.cpp), what must hold together: derive.cpp.
+  t.push_back(integer("zero_optimization.sub_group_size", k1e9, 1, std::nullopt, ZT_FIELD(zero.sub_group_size)));
   for (std::string block : {"zero_optimization.offload_optimizer", "zero_optimization.offload_param"}) {
-    bool opt = block.ends_with("optimizer");
-    t.push_back(reserved(string(block + ".device", "none", none, {"none", "cpu", "nvme"})));
-    t.push_back(reserved(nullable(string(block + ".nvme_path", "", none))));
+    const bool opt = block.ends_with("optimizer");
+    auto field = [opt](auto OffloadOptimizerConfig::*o, auto OffloadParamConfig::*p) {
+      return [opt, o, p](TrainConfig& c, const json& v) {
+        if (opt) store(c.zero.offload_optimizer.*o, v);
+        else store(c.zero.offload_param.*p, v);
+      };
+    };
+    t.push_back(string(block + ".device", "none",
+                       [opt](TrainConfig& c, const json& v) {
+                         const std::string s = v.get<std::string>();
+                         const OffloadDevice d = s == "cpu" ? OffloadDevice::Cpu : s == "nvme" ? OffloadDevice::Nvme
+                                                                                               : OffloadDevice::None;
+                         (opt ? c.zero.offload_optimizer.device : c.zero.offload_param.device) = d;
+                       },
+                       {"none", "cpu", "nvme"}));
+    // DeepSpeed's default is None (no directory); null and "" both mean "not given".
+    t.push_back(nullable(string(block + ".nvme_path", "", [opt](TrainConfig& c, const json& v) {
+      (opt ? c.zero.offload_optimizer.nvme_path : c.zero.offload_param.nvme_path) =
+          v.is_null() ? std::string() : v.get<std::string>();
+    })));
     t.back().def = nullptr;
-    t.push_back(reserved(boolean(block + ".pin_memory", false, none)));
-    t.push_back(reserved(integer(block + ".buffer_count", opt ? 4 : 5, 1, std::nullopt, none)));
+    t.push_back(boolean(block + ".pin_memory", false,
+                        field(&OffloadOptimizerConfig::pin_memory, &OffloadParamConfig::pin_memory)));
+    t.push_back(integer(block + ".buffer_count", opt ? 4 : 5, 1, 1 << 16,
+                        field(&OffloadOptimizerConfig::buffer_count, &OffloadParamConfig::buffer_count)));
     if (opt) {
-      t.push_back(reserved(boolean(block + ".pipeline_read", false, none)));
-      t.push_back(reserved(boolean(block + ".pipeline_write", false, none)));
-      t.push_back(reserved(boolean(block + ".fast_init", false, none)));
-      t.push_back(reserved(number(block + ".ratio", 1.0, 0.0, false, 1.0, false, none)));
+      t.push_back(boolean(block + ".pipeline_read", false, ZT_FIELD(zero.offload_optimizer.pipeline_read)));
+      t.push_back(boolean(block + ".pipeline_write", false, ZT_FIELD(zero.offload_optimizer.pipeline_write)));
+      t.push_back(boolean(block + ".fast_init", false, ZT_FIELD(zero.offload_optimizer.fast_init)));
+      // The fraction of the optimizer partition on the device's tier; 0 would offload nothing
+      // (that is device "none").
+      t.push_back(number(block + ".ratio", 1.0, 0.0, true, 1.0, false, ZT_FIELD(zero.offload_optimizer.ratio)));
+      // zerotrain's own (the ZeRO-Offload paper's delayed parameter update, §5.2).
+      t.push_back(boolean(block + ".delayed_update", false, ZT_FIELD(zero.offload_optimizer.delayed_update)));
+      t.push_back(integer(block + ".delayed_update_after", 40, 0, std::nullopt,
+                          ZT_FIELD(zero.offload_optimizer.delayed_update_after)));
     } else {
-      t.push_back(reserved(integer(block + ".buffer_size", 100'000'000, 1, std::nullopt, none)));
-      t.push_back(reserved(integer(block + ".max_in_cpu", k1e9, 0, std::nullopt, none)));
+      t.push_back(integer(block + ".buffer_size", 100'000'000, 1, std::nullopt, ZT_FIELD(zero.offload_param.buffer_size)));
+      t.push_back(integer(block + ".max_in_cpu", k1e9, 0, std::nullopt, ZT_FIELD(zero.offload_param.max_in_cpu)));
     }
   }
 
@@ -202,17 +229,18 @@ std::vector<Leaf> build_table() {
   t.push_back(reserved(string("tensorboard.output_path", "", none)));
   t.push_back(reserved(string("tensorboard.job_name", "DeepSpeedJobName", none)));
 
-  // --- activation checkpointing and async I/O (design §5), recognised only
+  // --- activation checkpointing (design §5), recognised only
   for (std::string key : {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
                           "synchronize_checkpoint_boundary", "profile"})
     t.push_back(reserved(boolean("activation_checkpointing." + key, false, none)));
   t.push_back(reserved(nullable(integer("activation_checkpointing.number_checkpoints", 0, 1, std::nullopt, none))));
   t.back().def = nullptr;
-  t.push_back(reserved(integer("aio.block_size", 1 << 20, 1, std::nullopt, none)));
-  t.push_back(reserved(integer("aio.queue_depth", 8, 1, std::nullopt, none)));
-  t.push_back(reserved(integer("aio.thread_count", 1, 1, std::nullopt, none)));
-  t.push_back(reserved(boolean("aio.single_submit", false, none)));
-  t.push_back(reserved(boolean("aio.overlap_events", true, none)));
+  // The asynchronous I/O engine of the nvme tiers (DeepSpeed's "aio" block and defaults).
+  t.push_back(integer("aio.block_size", 1 << 20, 1, 1LL << 30, ZT_FIELD(aio.block_size)));
+  t.push_back(integer("aio.queue_depth", 8, 1, 1 << 16, ZT_FIELD(aio.queue_depth)));
+  t.push_back(integer("aio.thread_count", 1, 1, 1 << 10, ZT_FIELD(aio.thread_count)));
+  t.push_back(boolean("aio.single_submit", false, ZT_FIELD(aio.single_submit)));
+  t.push_back(boolean("aio.overlap_events", true, ZT_FIELD(aio.overlap_events)));
 
   // --- zerotrain's own blocks
   t.push_back(string("model.preset", "tiny", ZT_FIELD(model.preset)));
