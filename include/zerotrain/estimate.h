@@ -11,10 +11,14 @@
 // - The peak is the larger of two moments: the training step (model states + activations +
 //   buffers + runtime) and the model's construction (the model as built beside the engine's
 //   arenas). `zerotrain train --summary` reports this same estimate beside the measured peak.
-// - Offload and activation checkpointing are modelled here although zerotrain's engine does not
-//   implement them yet (the configuration rejects them); estimates that use them say so in notes.
+// - Offload (zero_optimization.offload_optimizer / offload_param) is modelled as the engine keeps
+//   it: the nvme tiers' files, their host buffer pools (buffer_count, sub_group_size, buffer_size)
+//   and what stays in memory (ratio, max_in_cpu); docs/memory.md "Offload" has the formulas.
+//   Activation checkpointing is modelled although the engine does not implement it yet (the
+//   configuration rejects it); estimates that use it say so in notes.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,10 +67,13 @@ struct ClusterSpec {
   int world_size() const { return nodes * devices_per_node; }
 };
 
-// The training choices a TrainConfig does not carry yet.
+// Choices that override the configuration's, and those a TrainConfig does not carry yet.
 struct EstimateOptions {
-  OffloadTarget offload_optimizer = OffloadTarget::None;
-  OffloadTarget offload_param = OffloadTarget::None;
+  // nullopt: the configuration's zero_optimization.offload_optimizer / offload_param device. The
+  // other offload settings (buffer_count, sub_group_size, ratio, buffer_size, max_in_cpu) always
+  // come from the configuration.
+  std::optional<OffloadTarget> offload_optimizer;
+  std::optional<OffloadTarget> offload_param;
   bool activation_checkpointing = false;
   int64_t runtime_bytes = -1;  // framework memory per process; -1: the default for the device kind
 };
@@ -104,7 +111,10 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& model, int64_t 
 struct MemoryEstimate {
   RoleBytes per_device;
   RoleBytes per_host;         // one node's host memory (with CPU devices: the devices' memory too)
+  RoleBytes nvme_per_rank;    // one rank's files on NVMe: parameters, master_weights, optimizer_moments
   int64_t nvme_per_node = 0;
+  // What was estimated: the options' targets, else the configuration's devices.
+  OffloadTarget offload_optimizer = OffloadTarget::None, offload_param = OffloadTarget::None;
   int64_t construction_peak = 0;  // per device, while the model is built and adopted
   int64_t step_peak = 0;          // per device, in a training step
   bool fits_device = true, fits_host = true, fits_nvme = true;
@@ -114,14 +124,15 @@ struct MemoryEstimate {
 
 // The estimate for `config` (switches, precision, optimizer, buckets, micro-batch) of `model` on
 // `cluster` (whose world size must equal config.world_size). Throws ConfigError for impossible
-// inputs (offloading parameters without sharding them, non-positive counts), naming the input.
+// inputs (offloading parameters without sharding them, non-positive counts, a largest block
+// shard beyond offload_param.buffer_size), naming the input.
 MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
                                const EstimateOptions& options = {});
 
 // One configuration the planner considered.
 struct PlanCandidate {
   int stage = 0;
-  EstimateOptions options;
+  EstimateOptions options;  // both offload targets set
   double relative_step_time = 1.0;  // expected, against plain data parallelism (docs/memory.md)
   MemoryEstimate estimate;
 };
@@ -133,7 +144,9 @@ struct Plan {
 };
 
 // Every stage × offload × checkpointing combination for `model` on `cluster`, keeping `config`'s
-// other choices; those that fit, ordered by expected step time.
+// other choices (its offload settings included); those that fit, ordered by expected step time.
+// A combination the configuration's settings refuse (a block shard beyond
+// offload_param.buffer_size) is left out.
 Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config);
 
 }  // namespace zt

@@ -133,7 +133,7 @@ struct EstimateArgs {
   std::string precision;
   int64_t micro_batch = 0;
   bool activation_checkpointing = false;
-  std::string offload_optimizer = "none", offload_param = "none";
+  std::string offload_optimizer, offload_param;  // "": the configuration's devices
   std::vector<std::string> overrides;
   bool json = false, plan = false;
 };
@@ -249,8 +249,11 @@ int run_estimate(const EstimateArgs& args) {
                              model.parameters / 1e9);
   }
   zt::EstimateOptions options;
-  options.offload_optimizer = zt::parse_offload_target(args.offload_optimizer, "--offload-optimizer");
-  options.offload_param = zt::parse_offload_target(args.offload_param, "--offload-param");
+  // The flags win over the configuration's zero_optimization.offload_*.device.
+  if (!args.offload_optimizer.empty())
+    options.offload_optimizer = zt::parse_offload_target(args.offload_optimizer, "--offload-optimizer");
+  if (!args.offload_param.empty())
+    options.offload_param = zt::parse_offload_target(args.offload_param, "--offload-param");
   options.activation_checkpointing = args.activation_checkpointing;
   if (!args.runtime_bytes.empty()) options.runtime_bytes = parse_bytes(args.runtime_bytes, "--runtime-bytes");
   const char* precision = zt::to_string(config.precision);
@@ -289,16 +292,16 @@ int run_estimate(const EstimateArgs& args) {
   if (args.json) {
     nlohmann::json out = zt::estimate_to_json(estimate);
     inputs["stage"] = config.zero.stage;
-    inputs["offload_optimizer"] = zt::to_string(options.offload_optimizer);
-    inputs["offload_param"] = zt::to_string(options.offload_param);
+    inputs["offload_optimizer"] = zt::to_string(estimate.offload_optimizer);
+    inputs["offload_param"] = zt::to_string(estimate.offload_param);
     inputs["activation_checkpointing"] = options.activation_checkpointing;
     out["inputs"] = inputs;
     std::cout << out.dump(2) << "\n";
   } else {
     std::cout << inputs_text
               << fmt::format("zero stage {}, optimizer offload {}, parameter offload {}, activation checkpointing {}\n",
-                             config.zero.stage, zt::to_string(options.offload_optimizer),
-                             zt::to_string(options.offload_param), options.activation_checkpointing ? "on" : "off")
+                             config.zero.stage, zt::to_string(estimate.offload_optimizer),
+                             zt::to_string(estimate.offload_param), options.activation_checkpointing ? "on" : "off")
               << zt::format_estimate(estimate, cluster);
   }
   return 0;
@@ -382,8 +385,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   estimate->add_flag("--activation-checkpointing", estimate_args.activation_checkpointing,
                      "recompute each layer in backward (modelled; not implemented by zerotrain yet)");
-  estimate->add_option("--offload-optimizer", estimate_args.offload_optimizer, "none, cpu or nvme (modelled)");
-  estimate->add_option("--offload-param", estimate_args.offload_param, "none, cpu or nvme (stage 3; modelled)");
+  estimate->add_option("--offload-optimizer", estimate_args.offload_optimizer,
+                       "none, cpu or nvme (default: the configuration's zero_optimization.offload_optimizer.device)");
+  estimate->add_option("--offload-param", estimate_args.offload_param,
+                       "none, cpu or nvme, stage 3 (default: the configuration's zero_optimization.offload_param.device)");
   estimate->add_option("--headroom", estimate_args.headroom,
                        "fraction of device and host memory to keep free for a configuration to fit (default 0.1)");
   estimate->add_option("--runtime-bytes", estimate_args.runtime_bytes,

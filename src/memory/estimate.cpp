@@ -26,12 +26,15 @@ constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
 constexpr int64_t kCudaRuntimeBytes = 512 * kMiB;
 // The engine's fp32 conversion chunk for 16-bit gradients (src/zero/engine.cpp kConversionChunk).
 constexpr int64_t kConversionChunkElements = 1 << 20;
-// ZeRO-Infinity's swapping granularity for optimizer states on NVMe (DeepSpeed's sub_group_size
-// default) and its parameter swap buffers (offload_param.buffer_count × buffer_size defaults).
-constexpr int64_t kNvmeSubGroupElements = 1'000'000'000;
-constexpr int64_t kNvmeParamBufferElements = 5 * 100'000'000;
+// The nvme tier's sub-groups are whole multiples of this many elements (aligned I/O).
+constexpr int64_t kSubGroupAlignment = 1024;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+OffloadTarget target_of(OffloadDevice device) {
+  return device == OffloadDevice::Cpu ? OffloadTarget::Cpu : device == OffloadDevice::Nvme ? OffloadTarget::Nvme
+                                                                                        : OffloadTarget::None;
+}
 
 }  // namespace
 
@@ -159,16 +162,20 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks, the cluster has {}",
                                   config.world_size, cluster.world_size()));
   const ZeroConfig& zero = config.zero;
-  if (options.offload_param != OffloadTarget::None && !zero.shard_parameters)
+  const OffloadTarget offload_optimizer = options.offload_optimizer.value_or(target_of(zero.offload_optimizer.device));
+  const OffloadTarget offload_param = options.offload_param.value_or(target_of(zero.offload_param.device));
+  if (offload_param != OffloadTarget::None && !zero.shard_parameters)
     throw ConfigError(fmt::format("--offload-param {}: parameters can be offloaded only when they are sharded "
                                   "(stage 3), found stage {}",
-                                  to_string(options.offload_param), zero.stage));
-  if (options.offload_optimizer != OffloadTarget::None && !zero.shard_optimizer_states)
+                                  to_string(offload_param), zero.stage));
+  if (offload_optimizer != OffloadTarget::None && !zero.shard_optimizer_states)
     throw ConfigError(fmt::format("--offload-optimizer {}: optimizer states can be offloaded only when they are "
                                   "sharded (stage 1 or more), found stage {}",
-                                  to_string(options.offload_optimizer), zero.stage));
+                                  to_string(offload_optimizer), zero.stage));
 
   MemoryEstimate est;
+  est.offload_optimizer = offload_optimizer;
+  est.offload_param = offload_param;
   const int N = config.world_size;
   const int64_t psi = model.parameters;
   const bool mixed = config.precision != Precision::FP32;
@@ -231,56 +238,86 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   device.buffers = comm_buffers + conversion_chunk + gathered;
   device.runtime = runtime;
 
-  // Offload (modelled, not implemented): what leaves the device and where it goes, per rank.
-  // On a CPU device "cpu" is the memory it already uses, so only NVMe moves anything.
+  // Offload: what leaves the device and where it goes, per rank (docs/memory.md "Offload"). On a
+  // CPU device "cpu" is the memory it already uses, so only NVMe moves anything there; host
+  // memory is then the device's memory, and everything placed in it is counted on the device.
   RoleBytes host_per_rank;
-  int64_t nvme_per_rank = 0;
-  const auto moves = [&](OffloadTarget t) { return t == OffloadTarget::Nvme || (t == OffloadTarget::Cpu && !cpu_device); };
-  if (moves(options.offload_optimizer)) {
-    // ZeRO-Offload: fp32 masters and moments leave the device, and the gradient partition the
-    // optimizer step reads goes to host memory as fp32 (on a CPU device it stays where it is).
-    if (options.offload_optimizer == OffloadTarget::Cpu) {
-      host_per_rank.master_weights += master;
-      host_per_rank.optimizer_moments += moments;
-    } else {
-      nvme_per_rank += master + moments;
-      // Swapped in sub-group by sub-group; two sub-groups are in host memory at once.
-      const int64_t group = std::min(optimizer_partition, kNvmeSubGroupElements);
-      host_per_rank.buffers += 2 * group * ((master + moments) / std::max<int64_t>(1, optimizer_partition));
-    }
+  RoleBytes& nvme = est.nvme_per_rank;
+  if (offload_optimizer == OffloadTarget::Cpu && !cpu_device) {
+    // ZeRO-Offload: fp32 masters and moments leave the device.
+    host_per_rank.master_weights += master;
+    host_per_rank.optimizer_moments += moments;
     device.master_weights = 0;
     device.optimizer_moments = 0;
-    if (!cpu_device) {
-      host_per_rank.gradients += 4 * ceil_div(psi, N);
-      // Sharded gradients are reduced in the buckets and copied out; stage 1 still all-reduces
-      // the full gradients on the device before copying its partition out.
-      if (zero.shard_gradients) device.gradients = 0;
-    }
-    est.notes.push_back(fmt::format("optimizer offload to {} is modelled (ZeRO-Offload/Infinity); zerotrain does "
-                                    "not implement it yet",
-                                    to_string(options.offload_optimizer)));
   }
-  if (moves(options.offload_param)) {
-    const int64_t shard = working_params - persistent * e;  // persistent parameters stay on the device
-    if (options.offload_param == OffloadTarget::Cpu) {
-      host_per_rank.parameters += shard;
-    } else {
-      nvme_per_rank += shard;
-      host_per_rank.buffers += std::min(shard, kNvmeParamBufferElements * e);
-    }
+  if (offload_optimizer == OffloadTarget::Nvme) {
+    // ratio of the partition's elements keep their masters and moments in files, the rest in
+    // host memory. The step streams the files sub-group by sub-group through buffer_count
+    // buffers of one sub-group each; a buffer element holds the roles on NVMe, plus, with
+    // parameters on NVMe too, the fp32 master read from the parameter tier (fp32: the working
+    // partition is the master) or the 16-bit result written back to it (mixed precision).
+    const OffloadOptimizerConfig& o = zero.offload_optimizer;
+    const int64_t P = optimizer_partition;
+    const int64_t on_nvme = std::min(P, static_cast<int64_t>(std::floor(o.ratio * double(P))));
+    const int64_t in_memory = P - on_nvme;
+    nvme.master_weights = master_per_parameter * on_nvme;
+    nvme.optimizer_moments = moments_per_parameter * on_nvme;
+    host_per_rank.master_weights += master_per_parameter * in_memory;
+    host_per_rank.optimizer_moments += moments_per_parameter * in_memory;
+    const int64_t group =
+        on_nvme > 0 ? ceil_div(std::min(std::max<int64_t>(1, zero.sub_group_size), on_nvme), kSubGroupAlignment) *
+                          kSubGroupAlignment
+                    : 0;
+    int64_t buffer_element = master_per_parameter + moments_per_parameter;
+    if (offload_param == OffloadTarget::Nvme) buffer_element += mixed ? e : 4;
+    host_per_rank.buffers += int64_t{o.buffer_count} * group * buffer_element;
+    device.master_weights = 0;
+    device.optimizer_moments = 0;
+    est.notes.push_back(fmt::format(
+        "optimizer state on NVMe: {} of {} partition elements per rank, streamed in sub-groups of {} elements "
+        "through {} buffers ({} B per element){}",
+        on_nvme, P, group, o.buffer_count, buffer_element,
+        in_memory > 0 ? fmt::format("; {} elements' state stays in host memory (ratio {})", in_memory, o.ratio) : ""));
+  }
+  if (offload_optimizer != OffloadTarget::None && !cpu_device) {
+    // The gradient partition the optimizer step reads goes to host memory as fp32.
+    host_per_rank.gradients += 4 * ceil_div(psi, N);
+    // Sharded gradients are reduced in the buckets and copied out; stage 1 still all-reduces
+    // the full gradients on the device before copying its partition out.
+    if (zero.shard_gradients) device.gradients = 0;
+  }
+  const int64_t shard = working_params - persistent * e;  // persistent parameters stay where they are
+  if (offload_param == OffloadTarget::Cpu && !cpu_device) {
+    host_per_rank.parameters += shard;
     device.parameters = persistent * e;
-    est.notes.push_back(fmt::format("parameter offload to {} is modelled (ZeRO-Infinity); zerotrain does not "
-                                    "implement it yet",
-                                    to_string(options.offload_param)));
   }
-  if (cpu_device) {  // NVMe staging buffers live in the same memory as everything else
+  if (offload_param == OffloadTarget::Nvme) {
+    // The shard is in a file; block shards are read into buffer_count buffers of buffer_size
+    // elements ahead of their gather; up to max_in_cpu elements stay in host memory as well.
+    const OffloadParamConfig& o = zero.offload_param;
+    const int64_t block_shard = ceil_div(largest_block, N);
+    if (block_shard > o.buffer_size)
+      throw ConfigError(fmt::format(
+          "zero_optimization.offload_param.buffer_size: expected at least the largest block's shard per rank ({} "
+          "elements), found {}",
+          block_shard, o.buffer_size));
+    nvme.parameters = shard;
+    host_per_rank.parameters += std::min(o.max_in_cpu, shard / e) * e;
+    host_per_rank.buffers += int64_t{o.buffer_count} * block_shard * e;
+    device.parameters = persistent * e;
+  }
+  if (cpu_device) {  // host memory is the device's memory
+    device.parameters += host_per_rank.parameters;
+    device.gradients += host_per_rank.gradients;
+    device.master_weights += host_per_rank.master_weights;
+    device.optimizer_moments += host_per_rank.optimizer_moments;
     device.buffers += host_per_rank.buffers;
     host_per_rank = RoleBytes{};
   }
   if (options.activation_checkpointing)
     est.notes.push_back("activation checkpointing is modelled (full recomputation per layer); zerotrain does not "
                         "implement it yet");
-  if (cpu_device && (options.offload_optimizer == OffloadTarget::Cpu || options.offload_param == OffloadTarget::Cpu))
+  if (cpu_device && (offload_optimizer == OffloadTarget::Cpu || offload_param == OffloadTarget::Cpu))
     est.notes.push_back("on a CPU device, offloading to cpu moves nothing: it is the memory already in use");
   const std::string& retain = config.train.retain_freed_memory;
   if (cpu_device && (retain == "always" || (retain == "auto" && !zero.shard_parameters)))
@@ -304,7 +341,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const int64_t arenas = device.parameters + device.gradients + device.optimizer_states() + comm_buffers +
                          conversion_chunk;
   est.step_peak = device.step_peak();
-  if (moves(options.offload_param) && !cpu_device) {
+  if (offload_param != OffloadTarget::None && !cpu_device) {
     // Parameters offloaded: the model is built in host memory (as DeepSpeed's zero.Init with a
     // remote device does), beside the host's arenas.
     est.construction_peak = arenas;
@@ -331,7 +368,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     return s;
   };
   est.per_host = scale(cpu_device ? device : host_per_rank);
-  est.nvme_per_node = dpn * nvme_per_rank;
+  est.nvme_per_node = dpn * est.nvme_per_rank.total();
 
   if (!(cluster.headroom >= 0 && cluster.headroom < 1))
     throw ConfigError(fmt::format("headroom: expected a fraction in [0, 1), found {}", cluster.headroom));
@@ -360,10 +397,10 @@ double relative_step_time(int stage, const EstimateOptions& o) {
 
 std::string describe_candidate(const PlanCandidate& c) {
   std::string text = fmt::format("stage {}", c.stage);
-  if (c.options.offload_optimizer != OffloadTarget::None)
-    text += fmt::format(", optimizer offloaded to {}", to_string(c.options.offload_optimizer));
-  if (c.options.offload_param != OffloadTarget::None)
-    text += fmt::format(", parameters offloaded to {}", to_string(c.options.offload_param));
+  if (c.estimate.offload_optimizer != OffloadTarget::None)
+    text += fmt::format(", optimizer offloaded to {}", to_string(c.estimate.offload_optimizer));
+  if (c.estimate.offload_param != OffloadTarget::None)
+    text += fmt::format(", parameters offloaded to {}", to_string(c.estimate.offload_param));
   if (c.options.activation_checkpointing) text += ", activation checkpointing";
   return text;
 }
@@ -396,7 +433,11 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, 
           candidate.options.offload_param = param;
           candidate.options.activation_checkpointing = checkpointing;
           candidate.relative_step_time = relative_step_time(stage, candidate.options);
-          candidate.estimate = estimate_memory(model, cluster, c, candidate.options);
+          try {
+            candidate.estimate = estimate_memory(model, cluster, c, candidate.options);
+          } catch (const ConfigError&) {
+            continue;  // the configuration's own offload settings refuse this combination
+          }
           if (candidate.estimate.per_device.total() < plan.smallest_device_need) {
             plan.smallest_device_need = candidate.estimate.per_device.total();
             leanest = candidate;

@@ -20,11 +20,12 @@ nlohmann::json roles_to_json(const RoleBytes& r) {
           {"total", r.total()}};
 }
 
-std::string options_text(int stage, const EstimateOptions& o) {
-  std::string text = fmt::format("stage {}", stage);
-  if (o.offload_optimizer != OffloadTarget::None) text += fmt::format(" +opt->{}", to_string(o.offload_optimizer));
-  if (o.offload_param != OffloadTarget::None) text += fmt::format(" +param->{}", to_string(o.offload_param));
-  if (o.activation_checkpointing) text += " +ckpt";
+std::string options_text(const PlanCandidate& c) {
+  std::string text = fmt::format("stage {}", c.stage);
+  const MemoryEstimate& e = c.estimate;
+  if (e.offload_optimizer != OffloadTarget::None) text += fmt::format(" +opt->{}", to_string(e.offload_optimizer));
+  if (e.offload_param != OffloadTarget::None) text += fmt::format(" +param->{}", to_string(e.offload_param));
+  if (c.options.activation_checkpointing) text += " +ckpt";
   return text;
 }
 
@@ -41,6 +42,12 @@ std::string human_bytes(int64_t bytes) {
 nlohmann::json estimate_to_json(const MemoryEstimate& e) {
   return {{"per_device", roles_to_json(e.per_device)},
           {"per_host", roles_to_json(e.per_host)},
+          {"nvme", {{"parameters", e.nvme_per_rank.parameters},
+                    {"master_weights", e.nvme_per_rank.master_weights},
+                    {"optimizer_moments", e.nvme_per_rank.optimizer_moments},
+                    {"optimizer_states", e.nvme_per_rank.optimizer_states()},
+                    {"per_rank", e.nvme_per_rank.total()},
+                    {"per_node", e.nvme_per_node}}},
           {"nvme_per_node", e.nvme_per_node},
           {"construction_peak", e.construction_peak},
           {"step_peak", e.step_peak},
@@ -55,8 +62,8 @@ nlohmann::json plan_to_json(const Plan& plan) {
   nlohmann::json fitting = nlohmann::json::array();
   for (const PlanCandidate& c : plan.fitting)
     fitting.push_back({{"stage", c.stage},
-                       {"offload_optimizer", to_string(c.options.offload_optimizer)},
-                       {"offload_param", to_string(c.options.offload_param)},
+                       {"offload_optimizer", to_string(c.estimate.offload_optimizer)},
+                       {"offload_param", to_string(c.estimate.offload_param)},
                        {"activation_checkpointing", c.options.activation_checkpointing},
                        {"relative_step_time", c.relative_step_time},
                        {"estimate", estimate_to_json(c.estimate)}});
@@ -83,7 +90,13 @@ std::string format_estimate(const MemoryEstimate& e, const ClusterSpec& cluster)
   row("runtime", d.runtime, h.runtime);
   row("construction beyond the step", d.construction, h.construction);
   row("total (peak)", d.total(), h.total());
-  if (e.nvme_per_node > 0) out += fmt::format("{:<34}{:>30}\n", "NVMe per node", human_bytes(e.nvme_per_node));
+  if (e.nvme_per_node > 0) {
+    const RoleBytes& n = e.nvme_per_rank;
+    out += fmt::format("{:<34}{:>14}{:>16}\n", "NVMe (parameters + optimizer)", human_bytes(n.total()),
+                       human_bytes(e.nvme_per_node));
+    out += fmt::format("  per rank: parameters {}, master weights {}, optimizer moments {}\n", human_bytes(n.parameters),
+                       human_bytes(n.master_weights), human_bytes(n.optimizer_moments));
+  }
   auto verdict = [&](bool known, bool fits, int64_t need, int64_t have) {
     if (!known) return std::string("not checked (no capacity given)");
     return fmt::format("{} ({} of {}, keeping {:.0f}% free)", fits ? "fits" : "DOES NOT FIT", human_bytes(need),
@@ -92,8 +105,11 @@ std::string format_estimate(const MemoryEstimate& e, const ClusterSpec& cluster)
   out += fmt::format("device: {}\n", verdict(cluster.device_memory > 0, e.fits_device, d.total(), cluster.device_memory));
   out += fmt::format("host:   {}\n", verdict(cluster.host_memory > 0, e.fits_host, h.total(), cluster.host_memory));
   if (e.nvme_per_node > 0)
-    out += fmt::format("nvme:   {} ({} of {})\n", e.fits_nvme ? "fits" : "DOES NOT FIT", human_bytes(e.nvme_per_node),
-                       human_bytes(cluster.nvme_bytes));
+    out += cluster.nvme_bytes > 0
+               ? fmt::format("nvme:   {} ({} of {})\n", e.fits_nvme ? "fits" : "DOES NOT FIT",
+                             human_bytes(e.nvme_per_node), human_bytes(cluster.nvme_bytes))
+               : fmt::format("nvme:   DOES NOT FIT ({} needed per node; no NVMe space given: --nvme)\n",
+                             human_bytes(e.nvme_per_node));
   for (const auto& note : e.notes) out += fmt::format("note: {}\n", note);
   return out;
 }
@@ -104,7 +120,7 @@ std::string format_plan(const Plan& plan, const ClusterSpec& cluster) {
     out += fmt::format("{:<36}{:>12}{:>14}{:>14}{:>12}\n", "configurations that fit (fastest first)",
                        "step time", fmt::format("per {}", to_string(cluster.device)), "per host", "nvme");
     for (const PlanCandidate& c : plan.fitting)
-      out += fmt::format("{:<36}{:>11.2f}x{:>14}{:>14}{:>12}\n", options_text(c.stage, c.options),
+      out += fmt::format("{:<36}{:>11.2f}x{:>14}{:>14}{:>12}\n", options_text(c),
                          c.relative_step_time, human_bytes(c.estimate.per_device.total()),
                          human_bytes(c.estimate.per_host.total()),
                          c.estimate.nvme_per_node > 0 ? human_bytes(c.estimate.nvme_per_node) : "-");

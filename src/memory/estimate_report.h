@@ -11,7 +11,8 @@ namespace zt {
 
 // {"per_device": {parameters, gradients, optimizer_states, master_weights, optimizer_moments,
 //  activations, buffers, gathered_blocks, runtime, construction, step_peak, total}, "per_host": {…},
-//  "nvme_per_node", "fits", "fits_device", "fits_host", "fits_nvme", "notes"}
+//  "nvme": {parameters, master_weights, optimizer_moments, optimizer_states (per rank), per_rank,
+//  per_node}, "nvme_per_node", "fits", "fits_device", "fits_host", "fits_nvme", "notes"}
 nlohmann::json estimate_to_json(const MemoryEstimate& estimate);
 nlohmann::json plan_to_json(const Plan& plan);
 
