@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
         "CPU: {}; directory: {}; {:.2f} GiB written, then read, in {} MiB tickets with {} in flight. "
         "Reference: one thread, O_DIRECT pwrite then pread in 4 MiB blocks (as `dd oflag=direct` / "
         "`iflag=direct`), same amount, same directory, same run.\n\n",
-        cpu_model(), fs::absolute(dir).lexically_normal().string(), double(bytes) / double(1024 * MiB), piece_mib,
+        cpu_model(), fs::weakly_canonical(fs::absolute(dir)).string(), double(bytes) / double(1024 * MiB), piece_mib,
         in_flight);
     std::cout << "| engine | block | queue depth | I/O threads | write GB/s | read GB/s | write / reference | read / reference |\n"
                  "|---|---|---|---|---|---|---|---|\n";
