@@ -18,7 +18,7 @@ torch_dir="$deps_dir/torch-$torch_version"
 log() { echo "[bootstrap] $*" >&2; }
 
 apt_packages=(g++ cmake make git python3 python3-pip pkg-config
-  libgloo-dev nlohmann-json3-dev libcli11-dev zlib1g-dev 
+  libgloo-dev nlohmann-json3-dev libcli11-dev zlib1g-dev liburing-dev
   libgtest-dev libgmock-dev
   clang libclang-rt-14-dev)  # clang + its sanitizer/libFuzzer runtimes: scripts/fuzz.sh
 missing=()
