@@ -1,6 +1,6 @@
 """Runs a command and watches the memory of its whole process tree, without ulimit or systemd.
 
-  python3 bench/memwatch.py --cap-bytes N --result FILE [--interval S] -- command args...
+  python3 bench/memwatch.py --cap-bytes N --result FILE [--interval S] [--disk-dir DIR] -- command args...
 
 Every interval (0.2 s) it sums VmRSS over the command and all its descendants (found through
 /proc/*/stat parent links, so ranks that start their own sessions are counted too). When the sum
@@ -8,9 +8,11 @@ exceeds the cap it kills the whole tree with SIGKILL and records "memory-cap". A
 SIGKILL that the watchdog did not send (the kernel's OOM killer, which is what a SIGKILL from
 nowhere means here) is recorded as "oom-kill", also when a launcher reports it for one of its
 ranks ("Signal 9", "SIGKILL", "killed by signal 9" in its output, which the caller passes with
---log). Writes one JSON object to FILE:
+--log). With --disk-dir it also samples the bytes allocated under DIR about once a second (swap
+files are removed at exit, so their size is only seen while the run lives). Writes one JSON
+object to FILE:
   {"status": "ok"|"memory-cap"|"oom-kill"|"error", "rc": int, "seconds": float,
-   "peak_tree_rss_bytes": int, "cap_bytes": int, "detail": str}
+   "peak_tree_rss_bytes": int, "peak_disk_bytes": int, "cap_bytes": int, "detail": str}
 and exits with the command's exit code (137 when the watchdog killed it).
 """
 
@@ -55,6 +57,17 @@ def tree(root, procs):
     return seen
 
 
+def disk_bytes(path):
+    total = 0
+    for top, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(top, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 def kill_tree(root):
     pids = tree(root, processes())
     for pid in pids:
@@ -73,6 +86,7 @@ def main():
     p.add_argument("--cap-bytes", type=int, required=True)
     p.add_argument("--result", required=True)
     p.add_argument("--interval", type=float, default=0.2)
+    p.add_argument("--disk-dir", default="", help="sample the bytes allocated under this directory")
     p.add_argument("--log", default="", help="the command's output file, searched for a rank killed by SIGKILL")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args()
@@ -82,8 +96,10 @@ def main():
 
     t0 = time.monotonic()
     child = subprocess.Popen(cmd, start_new_session=True)
-    peak, capped = 0, False
+    peak, capped, disk_peak, last_disk = 0, False, 0, 0.0
     while child.poll() is None:
+        if a.disk_dir and time.monotonic() - last_disk >= 1.0:
+            disk_peak, last_disk = max(disk_peak, disk_bytes(a.disk_dir)), time.monotonic()
         procs = processes()
         total = sum(procs[pid][1] for pid in tree(child.pid, procs))
         peak = max(peak, total)
@@ -117,6 +133,7 @@ def main():
         status, detail = "error", f"exit code {rc}"
     with open(a.result, "w") as f:
         json.dump({"status": status, "rc": rc, "seconds": seconds, "peak_tree_rss_bytes": peak,
+                   "peak_disk_bytes": disk_peak if a.disk_dir else None,
                    "cap_bytes": a.cap_bytes, "detail": detail}, f)
     sys.exit(rc if 0 <= rc < 256 else 128 - rc)
 
