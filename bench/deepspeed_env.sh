@@ -5,7 +5,8 @@
 #     --no-deps, so pip never pulls a second torch or the CUDA wheels); torch itself comes from
 #     $ZT_DEPS_DIR/torch-<version> through PYTHONPATH.
 #   - $ZT_DEPS_DIR/deepspeed-<version>/torch-extensions: DeepSpeed's JIT-built CPU ops (cpu_adam,
-#     async_io, pin_memory), built once with ninja and g++ and reused.
+#     fused_adam, async_io, pin_memory), built once with ninja and g++ and reused (a new CPU kind
+#     changes their -march flags, and so their build hash: they are rebuilt, not misused).
 #   - libaio-dev from Debian when missing (DeepSpeed's async_io op links -laio).
 # Sourced: defines ds_install and ds_env (exports PYTHONPATH, PATH, DS_ACCELERATOR, ...).
 # Run: installs (idempotent), prints what it did, and prints the environment lines on stdout.
@@ -65,17 +66,18 @@ ds_install() {
     echo "${ds_wheels[*]}" > "$ds_dir/site/.complete"
   fi
   ds_env
-  # JIT-build the CPU ops the offload runs load (each about two minutes on 2 cores the first
+  # JIT-build the CPU ops the runs load (each about two minutes on 2 cores the first
   # time); later loads find them in $TORCH_EXTENSIONS_DIR and only check them.
   local t0=$SECONDS
-  _ds_log "building or checking DeepSpeed's CPU ops (cpu_adam, async_io) in $TORCH_EXTENSIONS_DIR"
+  _ds_log "building or checking DeepSpeed's CPU ops (cpu_adam, fused_adam, async_io) in $TORCH_EXTENSIONS_DIR"
   python3 - >&2 <<'PY'
 import warnings
 warnings.filterwarnings("ignore")
 from deepspeed.accelerator import get_accelerator
-from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder
+from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder, FusedAdamBuilder
 print(f"accelerator: {get_accelerator().device_name()}, communication backend: {get_accelerator().communication_backend_name()}")
-for b in (CPUAdamBuilder(), AsyncIOBuilder()):
+# cpu_adam steps offloaded optimizers, fused_adam the in-memory ones; async_io does the NVMe swapping.
+for b in (CPUAdamBuilder(), FusedAdamBuilder(), AsyncIOBuilder()):
     if not b.is_compatible(verbose=True):
         raise SystemExit(f"DeepSpeed op {b.NAME} is not buildable here")
     b.load(verbose=False)

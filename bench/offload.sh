@@ -27,7 +27,7 @@ mode=${1:-}
 command_line="bench/offload.sh $mode $*"
 zerotrain=${ZEROTRAIN:-build/bin/zerotrain}
 nvme_root=${NVME_DIR:-/work/tmpio}
-ram_bytes=$(awk '/^MemTotal:/ {print $2 * 1024}' /proc/meminfo)
+ram_bytes=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024))
 cap_gib=${CAP_GIB:-$(awk '/^MemTotal:/ {printf "%.1f", $2 * 0.9 / 1048576}' /proc/meminfo)}
 cap_bytes=$(python3 -c "print(int(float('$cap_gib') * 2**30))")
 

@@ -33,7 +33,7 @@ PRESETS = {  # vocab, context, layers, heads, width: src/models/gpt.cpp
     "gpt-13b": (50257, 2048, 40, 40, 5120),
 }
 GIB = 1024 ** 3
-IO_PATTERN = re.compile(r"nvme|\bI/O\b|\bio[_ ]|swap|read GB|write GB|GB/s|offload", re.IGNORECASE)
+IO_PATTERN = re.compile(r"nvme|\bI/O\b|\bio[_ ]|swap|read GB|write GB|GB/s", re.IGNORECASE)
 
 
 def params(preset):
@@ -120,7 +120,7 @@ def record_zerotrain(run, meta):
     if summary:
         rec["baseline_rss_per_rank"] = [r.get("baseline_rss_bytes") for r in summary.get("ranks", [])]
     rec["io_lines"] = [l.strip() for l in log.splitlines()
-                       if IO_PATTERN.search(l) and not re.match(r"^\S+\s+=\s", l)]  # not the resolved-config listing
+                       if IO_PATTERN.search(l) and not re.match(r"^\S+\s+=\s|zerotrain launch:", l)]  # not the resolved-config listing
     return rec
 
 
