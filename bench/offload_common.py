@@ -159,7 +159,7 @@ def record_deepspeed(run, meta):
 
 
 def gib(b):
-    return f"{b / GIB:.2f}" if b else "–"
+    return "–" if b is None else f"{b / GIB:.2f}"
 
 
 def status_text(rec):
@@ -196,7 +196,7 @@ def peer_table(path):
         ok = [r for r in recs if r["system"] == system and r["status"] == "ok"]
         if any(r["system"] == system for r in recs):
             best = max(ok, key=lambda r: params(r["preset"])) if ok else None
-            print(f"- largest model {system} trains: " + (f"{best['preset']} ({params(best['preset']) / 1e9:.2f} B parameters, "
+            print(f"- largest model {system} trains: " + (f"{best['preset']} ({params(best['preset']) / 1e6:.1f} M parameters, "
                   f"{best['s_per_step']:.2f} s/step)" if best else "none of those tried"))
 
 

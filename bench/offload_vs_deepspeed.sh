@@ -61,7 +61,12 @@ import json, sys
 zero = {"stage": $stage, "offload_optimizer": {"device": "$offload_optimizer"}}
 if "$offload_optimizer" == "nvme": zero["offload_optimizer"]["nvme_path"] = "$nvme"
 if $stage == 3:
+    # As bench/deepspeed_offload.py sets it for DeepSpeed: the swap buffers hold the largest tensor.
+    sys.path.insert(0, "bench")
+    from offload_common import PRESETS
+    v, _, _, _, c = PRESETS["$preset"]
     zero["offload_param"] = {"device": "$offload_param"}
+    if "$offload_param" != "none": zero["offload_param"]["buffer_size"] = max(100_000_000, v * c)
     if "$offload_param" == "nvme": zero["offload_param"]["nvme_path"] = "$nvme"
 json.dump({"train_micro_batch_size_per_gpu": $micro, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "steps_per_print": 1,
