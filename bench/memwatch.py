@@ -2,8 +2,11 @@
 
   python3 bench/memwatch.py --cap-bytes N --result FILE [--interval S] [--disk-dir DIR] -- command args...
 
-Every interval (0.2 s) it sums VmRSS over the command and all its descendants (found through
-/proc/*/stat parent links, so ranks that start their own sessions are counted too). When the sum
+Every interval (0.2 s) it sums the proportional set size (Pss of /proc/PID/smaps_rollup: shared
+pages, such as the libraries every rank maps or memory shared between ranks, counted once over
+the tree instead of once per process; VmRSS where smaps_rollup cannot be read) over the command
+and all its descendants (found through /proc/*/stat parent links, so ranks that start their own
+sessions are counted too). When the sum
 exceeds the cap it kills the whole tree with SIGKILL and records "memory-cap". A tree that dies of
 SIGKILL that the watchdog did not send (the kernel's OOM killer, which is what a SIGKILL from
 nowhere means here) is recorded as "oom-kill", also when a launcher reports it for one of its
@@ -12,7 +15,7 @@ ranks ("Signal 9", "SIGKILL", "killed by signal 9" in its output, which the call
 files are removed at exit, so their size is only seen while the run lives). Writes one JSON
 object to FILE:
   {"status": "ok"|"memory-cap"|"oom-kill"|"error", "rc": int, "seconds": float,
-   "peak_tree_rss_bytes": int, "peak_disk_bytes": int, "cap_bytes": int, "detail": str}
+   "peak_tree_memory_bytes": int, "peak_disk_bytes": int, "cap_bytes": int, "detail": str}
 and exits with the command's exit code (137 when the watchdog killed it).
 """
 
@@ -42,6 +45,17 @@ def processes():
         except (OSError, ValueError, IndexError):
             continue
     return out
+
+
+def memory(pid, rss):
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return rss
 
 
 def tree(root, procs):
@@ -101,7 +115,7 @@ def main():
         if a.disk_dir and time.monotonic() - last_disk >= 1.0:
             disk_peak, last_disk = max(disk_peak, disk_bytes(a.disk_dir)), time.monotonic()
         procs = processes()
-        total = sum(procs[pid][1] for pid in tree(child.pid, procs))
+        total = sum(memory(pid, procs[pid][1]) for pid in tree(child.pid, procs))
         peak = max(peak, total)
         if total > a.cap_bytes:
             capped = True
@@ -123,7 +137,7 @@ def main():
     sigkill_line = next((line.strip() for line in log.splitlines()
                          if re.search(r"Signal 9\b|SIGKILL|killed by signal 9|exitcode\s*:\s*-9\b", line)), "")
     if capped:
-        status, detail = "memory-cap", f"process tree RSS {total} B > cap {a.cap_bytes} B: killed"
+        status, detail = "memory-cap", f"process tree PSS {total} B > cap {a.cap_bytes} B: killed"
         rc = 137
     elif rc in (-9, 137) or sigkill_line:
         status, detail = "oom-kill", sigkill_line or "killed by SIGKILL (not by the watchdog): the kernel's OOM killer"
@@ -132,7 +146,7 @@ def main():
     else:
         status, detail = "error", f"exit code {rc}"
     with open(a.result, "w") as f:
-        json.dump({"status": status, "rc": rc, "seconds": seconds, "peak_tree_rss_bytes": peak,
+        json.dump({"status": status, "rc": rc, "seconds": seconds, "peak_tree_memory_bytes": peak,
                    "peak_disk_bytes": disk_peak if a.disk_dir else None,
                    "cap_bytes": a.cap_bytes, "detail": detail}, f)
     sys.exit(rc if 0 <= rc < 256 else 128 - rc)

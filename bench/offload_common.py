@@ -86,7 +86,7 @@ def record_zerotrain(run, meta):
     log, watch = read(f"{run}/log"), load_json(f"{run}/watch.json") or {}
     summary = load_json(f"{run}/summary.json")
     rec = dict(meta, system="zerotrain", status=watch.get("status", "error"), detail=watch.get("detail", ""),
-               peak_tree_rss_bytes=watch.get("peak_tree_rss_bytes"), peak_disk_bytes=watch.get("peak_disk_bytes"),
+               peak_tree_memory_bytes=watch.get("peak_tree_memory_bytes"), peak_disk_bytes=watch.get("peak_disk_bytes"),
                wall_seconds=watch.get("seconds"))
     if rec["status"] == "error":
         line = first_error_line(log)
@@ -127,7 +127,7 @@ def record_zerotrain(run, meta):
 def record_deepspeed(run, meta):
     log, watch = read(f"{run}/log"), load_json(f"{run}/watch.json") or {}
     rec = dict(meta, system="deepspeed", status=watch.get("status", "error"), detail=watch.get("detail", ""),
-               peak_tree_rss_bytes=watch.get("peak_tree_rss_bytes"), peak_disk_bytes=watch.get("peak_disk_bytes"),
+               peak_tree_memory_bytes=watch.get("peak_tree_memory_bytes"), peak_disk_bytes=watch.get("peak_disk_bytes"),
                wall_seconds=watch.get("seconds"))
     steps, summaries = {}, {}
     for line in log.splitlines():
@@ -167,7 +167,7 @@ def status_text(rec):
     if s == "ok":
         return "OK"
     if s == "memory-cap":
-        return f"killed for memory (tree RSS > cap {rec.get('cap_gib', '?')} GiB)"
+        return f"killed for memory (process tree > cap {rec.get('cap_gib', '?')} GiB)"
     if s == "oom-kill":
         return f"killed for memory (OOM killer: {rec.get('detail', '')[:80]})"
     if s == "not-run":
@@ -183,13 +183,13 @@ def offload_text(rec):
 def peer_table(path):
     recs = [json.loads(l) for l in open(path) if l.strip()]
     print("| preset | parameters | system | stage | precision | offload | s/step | peak RSS per rank (GiB) "
-          "| peak process-tree RSS (GiB) | peak disk (GiB) | status |")
+          "| peak process-tree PSS (GiB) | peak disk (GiB) | status |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in recs:
         ranks = " / ".join(gib(b) for b in r.get("peak_rss_per_rank") or []) or "–"
         sps = f"{r['s_per_step']:.2f}" if r.get("s_per_step") is not None and r["status"] == "ok" else "–"
         print(f"| {r['preset']} | {params(r['preset']) / 1e6:.1f} M | {r['system']} | {r['stage']} | {r['precision']} "
-              f"| {offload_text(r)} | {sps} | {ranks} | {gib(r.get('peak_tree_rss_bytes'))} "
+              f"| {offload_text(r)} | {sps} | {ranks} | {gib(r.get('peak_tree_memory_bytes'))} "
               f"| {gib(r.get('peak_disk_bytes'))} | {status_text(r)} |")
     print()
     for system in ("zerotrain", "deepspeed"):
