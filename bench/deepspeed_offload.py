@@ -10,7 +10,7 @@ Run under torchrun (one process per rank) with DS_ACCELERATOR=cpu; bench/deepspe
 environment. Every rank prints one line per step and one summary line, prefixed "DSBENCH" and made
 of key=value fields, for the shell script to parse:
   DSBENCH step rank=0 step=1 seconds=1.234 loss=10.98 peak_rss_bytes=...
-  DSBENCH summary rank=0 world=2 params=... steps=3 peak_rss_bytes=... nvme_bytes=...
+  DSBENCH summary rank=0 world=2 params=... steps=3 peak_rss_bytes=... baseline_rss_bytes=... nvme_bytes=...
 """
 
 import argparse
@@ -120,6 +120,14 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def disk_bytes(path):
     if not path or not os.path.isdir(path):
         return 0
@@ -197,6 +205,7 @@ def main():
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     if a.print_config and rank == 0:
         print("DSBENCH config " + json.dumps(config, sort_keys=True), flush=True)
+    baseline = rss_bytes()  # the runtime before the model, as zerotrain's summary reports it
     torch.manual_seed(1234)
     if a.stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=config):
@@ -220,7 +229,7 @@ def main():
     nvme = disk_bytes(a.nvme_path) if rank == 0 else 0
     torch.distributed.barrier()
     print(f"DSBENCH summary rank={rank} world={world} preset={a.preset} params={parameter_count(a.preset)} "
-          f"steps={a.steps} peak_rss_bytes={peak_rss_bytes()} nvme_bytes={nvme}", flush=True)
+          f"steps={a.steps} peak_rss_bytes={peak_rss_bytes()} baseline_rss_bytes={baseline} nvme_bytes={nvme}", flush=True)
 
 
 if __name__ == "__main__":

@@ -148,6 +148,7 @@ def record_deepspeed(run, meta):
     if summaries:
         rec["peak_rss_per_rank"] = [int(summaries[r]["peak_rss_bytes"]) for r in sorted(summaries)]
         rec["params"] = int(summaries[min(summaries)]["params"])
+        rec["baseline_rss_per_rank"] = [int(summaries[r].get("baseline_rss_bytes", 0)) or None for r in sorted(summaries)]
     elif steps:
         rec["peak_rss_per_rank"] = [int(steps[r][-1]["peak_rss_bytes"]) for r in sorted(steps)]
     if rec["status"] == "ok" and len(summaries) == 0:
