@@ -159,6 +159,8 @@ TEST_P(AioBackend, ReadCompletesWhileTheCallerComputes) {
   std::memset(target.data(), 0, size_t(bytes));
   const int file = engine.open(dir_ / "progress.swap", bytes);
   engine.wait(engine.write(file, 0, source.data(), bytes));
+  // Let the I/O threads run dry and go idle: the read below must wake them by itself.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const AioEngine::Ticket ticket = engine.read(file, 0, target.data(), bytes);
   // "Compute" without calling wait(): the I/O threads must finish the read on their own.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
