@@ -633,7 +633,7 @@ TEST(SwapDirectory, ConcurrentRunsUnderOneRoot) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       try {
-        for (int i = 0; i < 40; ++i) {
+        for (int i = 0; i < 150; ++i) {
           SwapDirectory swap(root, rank, [](const std::string&) { ::_exit(5); });  // nothing is stale
           std::ofstream(swap.file("p")) << i;
           std::ifstream in(swap.file("p"));
