@@ -60,6 +60,17 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// A fresh directory under the build tree, removed with everything in it at the end of the scope
+// (swap files are large enough to matter when tests repeat).
+struct TempDir {
+  explicit TempDir(const std::string& prefix) : path(zt::testing::make_temp_dir(prefix)) {}
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  fs::path path;
+};
+
 void fill(void* data, int64_t bytes, uint32_t seed) {
   auto* p = static_cast<uint32_t*>(data);
   for (int64_t i = 0; i < bytes / 4; ++i) p[i] = seed * 2654435761u + uint32_t(i) * 40503u + 1u;
@@ -75,6 +86,10 @@ class AioBackend : public ::testing::TestWithParam<Backend> {
     if (GetParam() == Backend::IoUring && !io_uring_available())
       GTEST_SKIP() << "io_uring is not available to this process (or the build has no liburing)";
     dir_ = zt::testing::make_temp_dir("io");
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) fs::remove_all(dir_, ec);
   }
   AioOptions options(int64_t block = 64 * KiB, int depth = 4, int threads = 1) {
     AioOptions o;
@@ -159,6 +174,8 @@ TEST_P(AioBackend, ReadCompletesWhileTheCallerComputes) {
   std::memset(target.data(), 0, size_t(bytes));
   const int file = engine.open(dir_ / "progress.swap", bytes);
   engine.wait(engine.write(file, 0, source.data(), bytes));
+  // Let the I/O threads run dry and go idle: the read below must wake them by itself.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const AioEngine::Ticket ticket = engine.read(file, 0, target.data(), bytes);
   // "Compute" without calling wait(): the I/O threads must finish the read on their own.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
@@ -373,7 +390,8 @@ TEST(AioEngine, AlignedBufferIsAlignedRoundedAndMovable) {
 }
 
 TEST(AioEngine, EnvironmentChoosesBackendAndFaults) {
-  const fs::path dir = zt::testing::make_temp_dir("io-env");
+  const TempDir dir_tmp("io-env");
+  const fs::path& dir = dir_tmp.path;
   {
     ScopedEnv backend("ZT_IO_BACKEND", "posix");
     AioEngine engine(AioOptions{});
@@ -442,7 +460,8 @@ TEST(IoFaults, CountsEachKindFromOne) {
 }
 
 TEST(SequentialRate, MeasuresAndRemovesItsFile) {
-  const fs::path dir = zt::testing::make_temp_dir("io-rate");
+  const TempDir dir_tmp("io-rate");
+  const fs::path& dir = dir_tmp.path;
   const SequentialRate rate = measure_sequential_rate(dir, 4 * MiB, 1 * MiB);
   EXPECT_GT(rate.write_gbps, 0.0);
   EXPECT_GT(rate.read_gbps, 0.0);
@@ -463,19 +482,22 @@ std::string preflight_error(const fs::path& root, int64_t required) {
 }
 
 TEST(SwapPreflight, AcceptsAWritableDirectoryWithRoomAndLeavesNothing) {
-  const fs::path dir = zt::testing::make_temp_dir("io-pre");
+  const TempDir dir_tmp("io-pre");
+  const fs::path& dir = dir_tmp.path;
   EXPECT_EQ(preflight_error(dir, 1 * MiB), "");
   EXPECT_TRUE(fs::is_empty(dir));
 }
 
 TEST(SwapPreflight, MissingPath) {
-  const fs::path missing = fs::path(zt::testing::make_temp_dir("io-pre")) / "nvme";
+  const TempDir missing_tmp("io-pre");
+  const fs::path missing = missing_tmp.path / "nvme";
   const std::string what = preflight_error(missing, 0);
   EXPECT_NE(what.find(kKey + ": '" + missing.string() + "' does not exist"), std::string::npos) << what;
 }
 
 TEST(SwapPreflight, RegularFile) {
-  const fs::path file = fs::path(zt::testing::make_temp_dir("io-pre")) / "nvme";
+  const TempDir file_tmp("io-pre");
+  const fs::path file = file_tmp.path / "nvme";
   std::ofstream(file) << "x";
   const std::string what = preflight_error(file, 0);
   EXPECT_NE(what.find(kKey + ": '" + file.string() + "' is not a directory"), std::string::npos) << what;
@@ -483,12 +505,13 @@ TEST(SwapPreflight, RegularFile) {
 }
 
 TEST(SwapPreflight, UnwritableDirectory) {
+  const TempDir tmp("io-pre");
   fs::path dir;
   if (::geteuid() == 0) {
     // root bypasses permission bits; /proc refuses new files whoever asks.
     dir = "/proc";
   } else {
-    dir = fs::path(zt::testing::make_temp_dir("io-pre")) / "readonly";
+    dir = tmp.path / "readonly";
     fs::create_directory(dir);
     fs::permissions(dir, fs::perms::owner_read | fs::perms::owner_exec);
   }
@@ -499,7 +522,8 @@ TEST(SwapPreflight, UnwritableDirectory) {
 }
 
 TEST(SwapPreflight, TooLittleSpaceSaysBothAmounts) {
-  const fs::path dir = zt::testing::make_temp_dir("io-pre");
+  const TempDir dir_tmp("io-pre");
+  const fs::path& dir = dir_tmp.path;
   const std::string what = preflight_error(dir, int64_t(1) << 60);
   EXPECT_NE(what.find(kKey + ": '" + dir.string() + "' has "), std::string::npos) << what;
   EXPECT_NE(what.find(" free, expected at least 1073741824.0 GiB"), std::string::npos) << what;
@@ -557,7 +581,8 @@ int wait_child(pid_t pid) {
 }
 
 TEST(SwapDirectory, CreatedLockedAndRemoved) {
-  const fs::path root = zt::testing::make_temp_dir("io-swap");
+  const TempDir root_tmp("io-swap");
+  const fs::path& root = root_tmp.path;
   fs::path path;
   {
     SwapDirectory swap(root, 3);
@@ -576,7 +601,8 @@ TEST(SwapDirectory, CreatedLockedAndRemoved) {
 }
 
 TEST(SwapDirectory, StaleDirectoryOfADeadRunIsRemovedAndReported) {
-  const fs::path root = zt::testing::make_temp_dir("io-swap");
+  const TempDir root_tmp("io-swap");
+  const fs::path& root = root_tmp.path;
   int release = -1;
   const auto [pid, stale] = child_swap_directory(root, 0, false, &release);
   ASSERT_GT(pid, 0);
@@ -605,7 +631,8 @@ TEST(SwapDirectory, StaleDirectoryOfADeadRunIsRemovedAndReported) {
 }
 
 TEST(SwapDirectory, DirectoryOfALiveRunIsKept) {
-  const fs::path root = zt::testing::make_temp_dir("io-swap");
+  const TempDir root_tmp("io-swap");
+  const fs::path& root = root_tmp.path;
   int release = -1;
   const auto [pid, live] = child_swap_directory(root, 0, true, &release);
   ASSERT_GT(pid, 0);
@@ -625,13 +652,14 @@ TEST(SwapDirectory, DirectoryOfALiveRunIsKept) {
 }
 
 TEST(SwapDirectory, ConcurrentRunsUnderOneRoot) {
-  const fs::path root = zt::testing::make_temp_dir("io-swap");
+  const TempDir root_tmp("io-swap");
+  const fs::path& root = root_tmp.path;
   std::vector<pid_t> children;
   for (int rank = 0; rank < 4; ++rank) {
     const pid_t pid = ::fork();
     if (pid == 0) {
       try {
-        for (int i = 0; i < 40; ++i) {
+        for (int i = 0; i < 150; ++i) {
           SwapDirectory swap(root, rank, [](const std::string&) { ::_exit(5); });  // nothing is stale
           std::ofstream(swap.file("p")) << i;
           std::ifstream in(swap.file("p"));

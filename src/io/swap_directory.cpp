@@ -145,12 +145,15 @@ SwapDirectory::SwapDirectory(const fs::path& root, int rank, std::function<void(
 
   const int pid = int(::getpid());
   const fs::path hidden = base / fmt::format(".creating-rank{}-pid{}-{}", rank, pid, g_counter++);
-  // A finishing run removes base when it is empty: create it again if it vanished meanwhile.
+  // A finishing run removes base when it is empty, possibly between our mkdir calls: then base
+  // is made again. (std::filesystem::create_directories reports that race as an error.)
   for (int attempt = 0;; ++attempt) {
-    fs::create_directories(base, ec);
-    if (ec) throw zt::Error(fmt::format("creating '{}': {}", base.string(), ec.message()));
+    if (::mkdir(base.c_str(), 0755) != 0 && errno != EEXIST) {
+      const int error = errno;
+      throw zt::Error(fmt::format("creating '{}': {}", base.string(), errno_text(error)));
+    }
     if (::mkdir(hidden.c_str(), 0700) == 0) break;
-    if (errno != ENOENT || attempt == 10) {
+    if (errno != ENOENT || attempt == 100) {
       const int error = errno;
       throw zt::Error(fmt::format("creating '{}': {}", hidden.string(), errno_text(error)));
     }
