@@ -209,7 +209,7 @@ TEST(EstimateOffload, OptimizerAndParametersOnNvmeInMixedPrecision) {
   EXPECT_EQ(e.per_device.parameters, 10000 * 2);
   EXPECT_EQ(e.per_device.gradients, base.per_device.gradients);
   EXPECT_EQ(e.per_device.gradients, 2 * P);
-  // Buffers: 3 sub-groups of min(100000, P) rounded up to 1024 (100352) elements of 4 + 8 + 2 B
+  // Buffers: 3 sub-groups of min(100000, P) rounded up to 2048 (100352) elements of 4 + 8 + 2 B
   // (master, moments, the 16-bit result for the parameter tier), and 2 block shards of 32768
   // 16-bit elements; gathered blocks as without offload.
   EXPECT_EQ(e.per_device.gathered_blocks, base.per_device.gathered_blocks);
@@ -252,7 +252,7 @@ TEST(EstimateOffload, RatioKeepsThePartOfTheStateInHostMemory) {
   EXPECT_EQ(e.nvme_per_rank.optimizer_moments, 8 * on_nvme);
   EXPECT_EQ(e.per_device.master_weights, 4 * in_memory);
   EXPECT_EQ(e.per_device.optimizer_moments, 8 * in_memory);
-  // Sub-groups of the NVMe part only (131072 elements, already a multiple of 1024).
+  // Sub-groups of the NVMe part only (131072 elements, already a multiple of 2048).
   EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 4 * on_nvme * 12);
 }
 

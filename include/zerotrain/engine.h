@@ -89,6 +89,19 @@ struct StepResult {
   double loss_scale = 1.0;   // loss scale the gradients of this step carried (fp16; else 1)
 };
 
+// ZeRO-Offload / ZeRO-Infinity tiers of this rank (docs/offload.md): where the state lives and the
+// I/O of the NVMe tier so far.
+struct OffloadReport {
+  int64_t nvme_optimizer_bytes = 0;   // masters and moments in swap files
+  int64_t nvme_parameter_bytes = 0;   // stage-3 parameter shards in swap files
+  int64_t host_buffer_bytes = 0;      // the aligned buffers the NVMe tiers stream through
+  int64_t bytes_read = 0, bytes_written = 0;
+  int64_t requests = 0;               // block requests issued to the disk
+  double read_seconds = 0, write_seconds = 0;  // wall time with reads (writes) in flight
+  double stall_seconds = 0;           // time the training thread waited for the disk
+  std::string backend;                // "io_uring", "pread/pwrite", or "" without an NVMe tier
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
@@ -121,6 +134,7 @@ class Engine {
   void reset_peak_gathered_parameter_bytes();
   // Stage 3: block gathers launched ahead of the block's use (prefetch) since construction.
   int64_t prefetched_blocks() const;
+  OffloadReport offload_report() const;
   // Checkpoints (docs/checkpoint.md): collectives, called between optimizer steps (not inside an
   // accumulation window). save_checkpoint writes dir/tag — this rank's master weights and
   // optimizer moments by parameter name and element range, the step counters, the loss scaler and

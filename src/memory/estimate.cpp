@@ -24,10 +24,10 @@ constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
 // A CUDA context with LibTorch's kernels loaded; not measured here (no GPU), the commonly
 // reported size on recent data-centre GPUs. Override with EstimateOptions::runtime_bytes.
 constexpr int64_t kCudaRuntimeBytes = 512 * kMiB;
-// The engine's fp32 conversion chunk for 16-bit gradients (src/zero/engine.cpp kConversionChunk).
+// The engine's fp32 conversion chunk for 16-bit gradients (src/zero/optimizer_partition.cpp kConversionChunk).
 constexpr int64_t kConversionChunkElements = 1 << 20;
 // The nvme tier's sub-groups are whole multiples of this many elements (aligned I/O).
-constexpr int64_t kSubGroupAlignment = 1024;
+constexpr int64_t kSubGroupAlignment = 2048;  // plan_sub_groups rounds sub_group_size up to it
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

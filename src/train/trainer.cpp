@@ -258,6 +258,9 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     double forward = 0, backward = 0, step = 0;
     int64_t steps = 0;
   } breakdown;
+  // NVMe tiers: this rank's disk traffic since the last print (docs/offload.md "Reading the figures").
+  OffloadReport io_before = engine.offload_report();
+  auto io_window_start = clock::now();
 
   for (int64_t step = first_step; step < steps; ++step) {
     // Dropout masks differ per rank (as with one process per device elsewhere) and depend only on
@@ -344,6 +347,19 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       std::string scaling;
       if (config.precision == Precision::FP16) scaling = fmt::format(" | loss scale {:g}", engine.loss_scale());
       if (engine.skipped_steps() > 0) scaling += fmt::format(" | skipped {}", engine.skipped_steps());
+      const OffloadReport io_now = engine.offload_report();
+      if (!io_now.backend.empty()) {
+        const double window = std::chrono::duration<double>(clock::now() - io_window_start).count();
+        const double read = double(io_now.bytes_read - io_before.bytes_read) / 1e9;
+        const double written = double(io_now.bytes_written - io_before.bytes_written) / 1e9;
+        const double stall = io_now.stall_seconds - io_before.stall_seconds;
+        scaling += fmt::format(" | nvme read {:.2f} GB/s write {:.2f} GB/s, waited {:.0f}%",
+                               io_now.read_seconds > io_before.read_seconds ? read / (io_now.read_seconds - io_before.read_seconds) : 0.0,
+                               io_now.write_seconds > io_before.write_seconds ? written / (io_now.write_seconds - io_before.write_seconds) : 0.0,
+                               window > 0 ? 100.0 * stall / window : 0.0);
+        io_before = io_now;
+        io_window_start = clock::now();
+      }
       fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {} tok/s | left {} | peak RSS {} MiB{}{}{}\n", step + 1,
                  std::to_string(steps).size(), steps, loss, result.lr, human_rate(last_rate), human_duration(eta),
                  peaks, scaling, times, eval_now ? fmt::format(" | held-out loss {:.4f}", eval_loss) : "");
@@ -371,8 +387,29 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                                "estimate leaves out (docs/memory.md)"
                              : "");
 
+  const OffloadReport offload = engine.offload_report();
+  if (leader && !offload.backend.empty())
+    fmt::print("offload (rank 0): nvme {} optimizer state + {} parameters, host buffers {}; read {:.2f} GB "
+               "({:.2f} GB/s), wrote {:.2f} GB ({:.2f} GB/s) with {}; the training thread waited {:.1f} s of {:.1f} s "
+               "for the disk\n",
+               human_bytes(offload.nvme_optimizer_bytes), human_bytes(offload.nvme_parameter_bytes),
+               human_bytes(offload.host_buffer_bytes), offload.bytes_read / 1e9,
+               offload.read_seconds > 0 ? offload.bytes_read / 1e9 / offload.read_seconds : 0.0,
+               offload.bytes_written / 1e9,
+               offload.write_seconds > 0 ? offload.bytes_written / 1e9 / offload.write_seconds : 0.0, offload.backend,
+               offload.stall_seconds, total_seconds);
+
   if (rank == 0 && !options.summary_path.empty()) {
     nlohmann::json summary;
+    summary["offload"] = {{"backend", offload.backend},
+                          {"nvme_optimizer_bytes", offload.nvme_optimizer_bytes},
+                          {"nvme_parameter_bytes", offload.nvme_parameter_bytes},
+                          {"host_buffer_bytes", offload.host_buffer_bytes},
+                          {"bytes_read", offload.bytes_read},
+                          {"bytes_written", offload.bytes_written},
+                          {"read_seconds", offload.read_seconds},
+                          {"write_seconds", offload.write_seconds},
+                          {"stall_seconds", offload.stall_seconds}};
     summary["world_size"] = world;
     summary["steps"] = steps;
     summary["first_step"] = first_step;  // losses[i] is the loss of step first_step + i + 1

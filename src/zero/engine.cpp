@@ -1,54 +1,52 @@
 #include "zerotrain/engine.h"
 
-#include <c10/core/CPUAllocator.h>
-#include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <atomic>
 #include <cctype>
 #include <cmath>
-#include <limits>
 #include <cstdio>
+#include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <unordered_set>
 
 #include "checkpoint/checkpoint.h"
 #include "common/check.h"
-#include "optim/cpu_kernels.h"
-#include "zerotrain/blocks.h"
+#include "io/aio.h"
+#include "io/swap_directory.h"
+#include "zero/gradient_reducer.h"
 #include "zero/loss_scaler.h"
+#include "zero/optimizer_partition.h"
+#include "zero/parameter_gatherer.h"
+#include "zero/parameter_tier.h"
+#include "zero/partition_store.h"
 #include "zero/sharded_blocks.h"
+#include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/layout.h"
 #include "zerotrain/lr_schedule.h"
 
-// The engine for stages 0, 1 and 2 (design §3 item 5, §4). What a stage means is decided once,
-// in the constructor, from the configuration's switches (shard optimizer states, shard
-// gradients); nothing below asks for a stage number. Data flow and memory: docs/zero.md.
+// The engine: construction, the autograd glue and the order of one training step over its parts
+// (docs/architecture.md "zero", docs/zero.md):
 //
-//   working parameters  flat_params    working dtype, whole flat buffer (every rank)
-//   gradients           flat_grads     working dtype, whole flat buffer   (gradients not sharded)
-//                       grad_partition working dtype, this rank's shards   (gradients sharded)
-//   master weights      master         fp32, this rank's partition        (16-bit working dtype only;
-//                                      in fp32 the working parameters are the master weights)
-//   optimizer moments   exp_avg/_sq    fp32, this rank's partition
+//   GradientReducer     gradients, buckets, reductions              zero/gradient_reducer.h
+//   ParameterGatherer   stage-3 blocks, gathers, prefetch           zero/parameter_gatherer.h
+//   ParameterTier       stage-3 working partition (memory or NVMe)  zero/parameter_tier.h
+//   OptimizerPartition  masters, moments, the fused step            zero/optimizer_partition.h
+//                       over TieredArrays (memory or NVMe)          zero/partition_store.h
 //
-// Without optimizer-state sharding the layout is computed for a world of one, so "this rank's
-// partition" is the whole buffer and the same code serves stage 0.
-//
-// With sharded parameters (stage 3) the working parameters are the owned partition
-// `param_partition`; each bucket has a full-size tensor `bucket_params[b]` whose storage exists
-// only while its block is gathered (docs/zero.md "Stage 3").
+// What a stage means is decided once, in the constructor, from the configuration's switches
+// (shard optimizer states, shard gradients, shard parameters); nothing below asks for a stage
+// number. Without optimizer-state sharding the layout is computed for a world of one, so "this
+// rank's partition" is the whole buffer and the same code serves stage 0.
 
 namespace zt {
 namespace {
-
-// Chunk of 16-bit gradients converted to fp32 before one kernel call; bounds the scratch buffer.
-constexpr int64_t kConversionChunk = 1 << 20;
 
 torch::ScalarType working_dtype_of(Precision precision) {
   switch (precision) {
@@ -58,13 +56,6 @@ torch::ScalarType working_dtype_of(Precision precision) {
   }
   return torch::kFloat32;
 }
-
-// How gradients travel; chosen once from the switches.
-enum class GradientReduction {
-  AllReduce,             // optimizer states not sharded: every rank gets the whole sum
-  ReduceScatterInPlace,  // optimizer states sharded: the owned shard of the full gradient buffer
-  ReduceScatterBuckets,  // gradients sharded too: bucket buffers reduced into the owned partition
-};
 
 class PreHook : public torch::autograd::FunctionPreHook {
  public:
@@ -78,117 +69,23 @@ class PreHook : public torch::autograd::FunctionPreHook {
   std::function<void()> fn_;
 };
 
-struct Slot {
-  torch::Tensor param;
-  int bucket = 0;
-  int64_t offset = 0;  // in the flat buffer
-  int64_t numel = 0;
-  torch::Tensor bucket_grad_view[2];  // ReduceScatterBuckets: the gradient's place in each bucket buffer (1 or 2)
-};
-
-enum class BucketState { Idle, Filling, InFlight };
-
-// A piece of this rank's partition that one optimizer kernel call updates: contiguous in the flat
-// buffer and in the partition; at most kConversionChunk elements in 16-bit training.
-struct OptimizerChunk {
-  int64_t flat_offset = 0, partition_offset = 0, numel = 0;
-  std::vector<int64_t> bounds{0};  // LAMB: piece boundaries relative to the chunk
-  std::vector<int> placements;     // LAMB: the placement of each piece, -1 for padding
-};
-
-struct BucketBuffer {  // ReduceScatterBuckets only
-  torch::Tensor data;     // largest bucket, working dtype
-  torch::Tensor scratch;  // largest shard: receives a reduction that must be added, not written
-  int bucket = -1;
-  bool add_into_partition = false;
-  CollectiveHandle handle;
-};
-
-struct BucketProgress {
-  int remaining = 0;      // gradients of this bucket still to arrive in this backward
-  BucketState state = BucketState::Idle;
-  int buffer = -1;
-  bool received = false;  // its owned partition slice holds a reduction of this window
-  std::optional<CollectiveHandle> handle;  // AllReduce / ReduceScatterInPlace
-};
-
-// What the engine leaves in autograd graphs and gradient hooks, which may outlive it: the engine
-// clears `impl` in its destructor, so that a backward that runs afterwards finds out instead of
-// using freed memory.
+// What the engine leaves in gradient hooks, which may outlive it: the engine clears `impl` in its
+// destructor, so that a hook that runs afterwards does nothing instead of using freed memory.
 struct Liveness : torch::CustomClassHolder {
   std::atomic<Engine::Impl*> impl{nullptr};
 };
 
-// Identity on a block's output whose backward gathers the block's parameters again before the
-// block's own backward runs (design §10: it fires before the block's parameter gradients).
-struct Regather : public torch::autograd::Function<Regather> {
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y,
-                               const c10::intrusive_ptr<Liveness>& engine, const std::string& name, int64_t block,
-                               int64_t position) {
-    ctx->saved_data["engine"] = c10::IValue::make_capsule(engine);
-    ctx->saved_data["name"] = name;
-    ctx->saved_data["block"] = block;
-    ctx->saved_data["position"] = position;
-    return y.view_as(y);
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads);
-};
-
-// Memory for gathered blocks (stage 3). A released block's buffer is kept for the next gather
-// of the same size instead of being freed, so that gathering does not page-fault fresh memory
-// every time; what is live plus what is kept stays within `limit` (twice the largest block, which
-// holds the largest block plus two others), older kept buffers being freed first. docs/zero.md
-// "Stage 3".
-class GatherPool {
- public:
-  explicit GatherPool(int64_t limit = 0) : limit_(limit) {}
-  c10::DataPtr take(int64_t bytes) {
-    for (auto it = kept_.begin(); it != kept_.end(); ++it)
-      if (it->second == bytes) {
-        c10::DataPtr data = std::move(it->first);
-        kept_.erase(it);
-        kept_bytes_ -= bytes;
-        live_bytes_ += bytes;
-        return data;
-      }
-    while (!kept_.empty() && live_bytes_ + kept_bytes_ + bytes > limit_) {
-      kept_bytes_ -= kept_.front().second;
-      kept_.erase(kept_.begin());
-    }
-    live_bytes_ += bytes;
-    return c10::GetCPUAllocator()->allocate(size_t(bytes));
-  }
-  void give(c10::DataPtr data, int64_t bytes) {
-    live_bytes_ -= bytes;
-    if (live_bytes_ + kept_bytes_ + bytes > limit_) return;  // freed here
-    kept_.emplace_back(std::move(data), bytes);
-    kept_bytes_ += bytes;
-  }
-  // Counts a buffer allocated elsewhere as live, so that it can be given back.
-  void adopt_live(int64_t bytes) { live_bytes_ += bytes; }
-
- private:
-  int64_t limit_ = 0, live_bytes_ = 0, kept_bytes_ = 0;
-  std::vector<std::pair<c10::DataPtr, int64_t>> kept_;  // oldest first
-};
-
 }  // namespace
 
-struct Engine::Impl : BlockRunner {
+struct Engine::Impl {
   c10::intrusive_ptr<Liveness> liveness = c10::make_intrusive<Liveness>();
   std::shared_ptr<torch::nn::Module> model;
   TrainConfig config;
   std::shared_ptr<Communicator> comm;
   LrSchedule schedule;
   LossScaler scaler;
-  enum class OptimizerKind { Adam, Lamb, Sgd } kind = OptimizerKind::Adam;
-  optim::AdamHyperparameters adam;
-  optim::LambHyperparameters lamb;
-  optim::SgdHyperparameters sgd;
 
   // Composition, fixed at construction.
-  GradientReduction reduction = GradientReduction::AllReduce;
   bool shard_parameters = false;
   torch::ScalarType working_dtype = torch::kFloat32;
   bool separate_master = false;  // 16-bit working parameters
@@ -196,42 +93,22 @@ struct Engine::Impl : BlockRunner {
   int shard_world = 1, shard_rank = 0;
 
   FlatLayout layout;
-  std::vector<ParameterSpec> specs;      // what the layout was computed from (names, shapes)
+  std::vector<ParameterSpec> specs;             // what the layout was computed from (names, shapes)
   std::vector<CheckpointParameter> registered;  // trainable parameters in registration order
-  std::vector<OptimizerChunk> chunks;   // this rank's partition, in partition order
-  std::vector<Slot> slots;               // in placement order
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
-  torch::Tensor flat_params, flat_grads, grad_partition, master, exp_avg, exp_avg_sq, grad_scratch;
-  BucketBuffer buffers[2];
-  int64_t largest_shard = 0;             // ReduceScatterBuckets: the largest bucket shard
-  int buffer_count = 0;
-  int next_buffer = 0;
-  std::vector<BucketProgress> progress;
 
-  // Sharded parameters (stage 3).
-  enum class Residence { Released, Gathering, Gathered };
-  struct BlockState {
-    std::string name;
-    std::vector<int> buckets;
-    int trainable = 0;      // trainable parameters in the block
-    int remaining = 0;      // their gradients still to come in this backward
-    Residence residence = Residence::Released;
-    std::vector<CollectiveHandle> gathering;  // while Gathering
-    int64_t bytes = 0;      // full size of its buckets in the working dtype
-    int64_t numel = 0;
-  };
-  torch::Tensor param_partition;
-  std::vector<torch::Tensor> bucket_params;
-  GatherPool gather_pool;
-  std::vector<BlockState> blocks;
-  std::vector<std::shared_ptr<torch::nn::Module>> block_modules;  // block id -> its module
-  int64_t gathered_bytes = 0, peak_gathered_bytes = 0;
-  int64_t prefetched = 0;            // gathers launched ahead of their block's use
-  // Block order: recorded (and checked across ranks) until the first backward, then used to
-  // prefetch. docs/zero.md "Stage 3".
-  std::vector<int> recorded_order;
-  bool order_known = false;
-  int64_t forward_position = 0;
+  // Offload tiers (docs/offload.md): the I/O engine and swap directories exist only with NVMe.
+  std::unique_ptr<io::AioEngine> io;
+  std::vector<std::unique_ptr<io::SwapDirectory>> swap_directories;
+  std::vector<SubGroup> groups;  // the partition's sub-groups (one, the whole partition, without NVMe)
+
+  torch::Tensor flat_params;   // parameters not sharded: the whole flat buffer, working dtype
+  TieredArray param_partition; // sharded: this rank's partition, working dtype
+  std::unique_ptr<ParameterTier> parameter_tier;
+  std::unique_ptr<OptimizerPartition> optimizer;
+  std::unique_ptr<GradientReducer> reducer;
+  std::unique_ptr<ParameterGatherer> gatherer;
+  std::vector<ParameterGatherer::Block> planned_blocks;  // stage 3, until the gatherer exists
 
   int64_t micro_step = 0;   // micro-steps done in the current accumulation window
   int64_t global_step = 0;  // optimizer steps taken
@@ -240,16 +117,10 @@ struct Engine::Impl : BlockRunner {
   // reset_optimizer): the optimizer's own step count, for bias correction, is counted from there.
   int64_t moments_from = 0;
   bool in_backward = false;
-  bool reducing = false;    // this window's reductions are launched (from the hooks, or after backward)
 
   Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm)
       : model(std::move(m)), config(c), comm(std::move(cm)), schedule(c.scheduler, c.optimizer.lr),
         scaler(c.fp16) {
-    const OptimizerConfig& o = c.optimizer;
-    kind = o.type == "Lamb" ? OptimizerKind::Lamb : o.type == "SGD" ? OptimizerKind::Sgd : OptimizerKind::Adam;
-    adam = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction};
-    lamb = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction, o.min_coeff, o.max_coeff};
-    sgd = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov};
     shard_parameters = c.zero.shard_parameters;
     world = comm->world_size();
     rank = comm->rank();
@@ -259,18 +130,12 @@ struct Engine::Impl : BlockRunner {
       shard_world = world;
       shard_rank = rank;
     }
-    reduction = c.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
-                : c.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
-                                                : GradientReduction::AllReduce;
     build();
-    if (shard_parameters) install_block_runner(this, block_modules);
+    if (gatherer) gatherer->install();
     liveness->impl = this;
   }
 
-  ~Impl() override {
-    liveness->impl = nullptr;
-    if (shard_parameters) remove_block_runner(this);
-  }
+  ~Impl() { liveness->impl = nullptr; }
 
   // ---------------------------------------------------------------- construction
   void build() {
@@ -313,7 +178,53 @@ struct Engine::Impl : BlockRunner {
     options.bucket_size = std::max<int64_t>(1, config.zero.reduce_bucket_size);
     layout = compute_layout(specs, options);
     this->specs = specs;
-    plan_optimizer_chunks(layout.owned_fragments(shard_rank));
+
+    // The parts, long-lived arenas first (so that the transients of the loop below leave no holes
+    // beneath them): working parameters, optimizer state, gradients.
+    const OffloadPlan plan = plan_offload();
+    auto working = torch::TensorOptions().dtype(working_dtype);
+    if (shard_parameters) {
+      if (plan.parameters_on_disk.empty())
+        param_partition = TieredArray("params", working_dtype, layout.partition_numel);
+      else
+        param_partition = TieredArray("params", working_dtype, groups, plan.parameters_on_disk, *io,
+                                      plan.parameter_directory->file("params"));
+      parameter_tier = std::make_unique<ParameterTier>(layout, param_partition, groups, io.get(),
+                                                       config.zero.offload_param.buffer_count);
+    } else {
+      flat_params = torch::zeros({layout.total_numel}, working);
+    }
+    OptimizerPartition::Options optimizer_options;
+    optimizer_options.optimizer = config.optimizer;
+    optimizer_options.working_dtype = working_dtype;
+    optimizer_options.shard_rank = shard_rank;
+    optimizer_options.shard_world = shard_world;
+    if (io) {
+      optimizer_options.tiers.groups = groups;
+      optimizer_options.tiers.on_disk = plan.optimizer_on_disk;
+      optimizer_options.tiers.io = io.get();
+      if (plan.optimizer_directory) optimizer_options.tiers.directory = plan.optimizer_directory->path();
+      optimizer_options.tiers.buffer_count = config.zero.offload_optimizer.buffer_count;
+      optimizer_options.tiers.pipeline_read = config.zero.offload_optimizer.pipeline_read;
+      optimizer_options.tiers.pipeline_write = config.zero.offload_optimizer.pipeline_write;
+      // Nothing of the optimizer on disk: the stream still carries parameters that are.
+      if (plan.optimizer_on_disk.empty()) optimizer_options.tiers.on_disk.clear();
+    }
+    OptimizerPartition::Working optimizer_working;
+    if (shard_parameters) optimizer_working.partition = &param_partition;
+    else optimizer_working.flat = flat_params;
+    optimizer = std::make_unique<OptimizerPartition>(layout, optimizer_options, *comm, optimizer_working);
+    const GradientReduction reduction = config.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
+                                        : config.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
+                                                                             : GradientReduction::AllReduce;
+    reducer = std::make_unique<GradientReducer>(
+        layout,
+        GradientReducer::Options{reduction, shard_rank, world, working_dtype, config.gradient_accumulation_steps,
+                                 config.zero.overlap_comm},
+        *comm);
+    if (shard_parameters)
+      gatherer = std::make_unique<ParameterGatherer>(layout, std::move(planned_blocks), config.zero, working_dtype,
+                                                     *comm, *parameter_tier);
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
     // anything is rounded to the working dtype. Bucket by bucket, so that with sharded
@@ -322,54 +233,6 @@ struct Engine::Impl : BlockRunner {
     // bucket (its own storage is freed) and a block's bucket is released at once.
     auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
     torch::NoGradGuard no_grad;
-    const int64_t partition = layout.partition_numel;
-    if (separate_master) {
-      master = torch::empty({partition}, fp32);
-      grad_scratch = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, fp32);
-    }
-    if (shard_parameters)
-      param_partition = torch::empty({partition}, torch::TensorOptions().dtype(working_dtype));
-    else
-      flat_params = torch::zeros({layout.total_numel}, torch::TensorOptions().dtype(working_dtype));
-    // The long-lived arenas come first, so that the transients of the loop below leave no holes
-    // beneath them (with the heap retained, such holes would count in the peak for good).
-    const bool first_moment = kind != OptimizerKind::Sgd || sgd.momentum != 0.0;
-    exp_avg = torch::zeros({first_moment ? partition : 0}, fp32);
-    exp_avg_sq = torch::zeros({kind == OptimizerKind::Sgd ? 0 : partition}, fp32);
-
-    auto working = torch::TensorOptions().dtype(working_dtype);
-    if (reduction == GradientReduction::ReduceScatterBuckets) {
-      grad_partition = torch::zeros({partition}, working);
-      int64_t largest = 0;
-      for (const auto& b : layout.buckets) {
-        largest = std::max(largest, b.numel);
-        largest_shard = std::max(largest_shard, b.shard_numel);
-      }
-      // The scratch receives the reductions of later micro-steps of a window, which are added;
-      // without gradient accumulation there are none (unless a bucket is refilled by a gradient
-      // that came after it was launched; then launch() allocates it).
-      const int64_t scratch = config.gradient_accumulation_steps > 1 ? largest_shard : 0;
-      // Two buffers let one fill while the other is in flight; without overlap_comm a bucket's
-      // reduction completes before the next bucket starts, so one is enough.
-      buffer_count = config.zero.overlap_comm ? 2 : 1;
-      for (int k = 0; k < buffer_count; ++k) {
-        buffers[k].data = torch::zeros({largest}, working);
-        buffers[k].scratch = torch::empty({scratch}, working);
-      }
-    } else {
-      flat_grads = torch::zeros({layout.total_numel}, working);
-    }
-    if (shard_parameters) {
-      for (int b = 0; b < int(layout.buckets.size()); ++b)
-        if (const BucketLayout& lb = layout.buckets[b]; lb.group >= 0) {
-          blocks[lb.group].buckets.push_back(b);
-          blocks[lb.group].bytes += lb.numel * int64_t(c10::elementSize(working_dtype));
-          blocks[lb.group].numel += lb.numel;
-        }
-      int64_t largest = 0;
-      for (const BlockState& state : blocks) largest = std::max(largest, state.bytes);
-      gather_pool = GatherPool(2 * largest);
-    }
     // A block built sharded is gathered whole just before its first bucket: with sharded
     // parameters construction then holds the shards plus about one block at a time.
     std::unordered_map<const void*, int> pending_of;
@@ -392,27 +255,22 @@ struct Engine::Impl : BlockRunner {
       }
       comm->broadcast(initial, 0, "engine.init.params").wait();
       const torch::Tensor owned = initial.narrow(0, int64_t(shard_rank) * lb.shard_numel, lb.shard_numel);
-      if (separate_master) master.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
+      if (separate_master) optimizer->store_master(lb.partition_offset, owned);
       if (!shard_parameters) {
         if (!in_place) flat_params.narrow(0, lb.offset, lb.numel).copy_(initial);
         continue;
       }
-      param_partition.narrow(0, lb.partition_offset, lb.shard_numel).copy_(owned);
+      param_partition.store(lb.partition_offset, owned);
       // An own storage per bucket, so that releasing one block frees exactly its bytes.
-      bucket_params.push_back(separate_master ? initial.to(working_dtype) : initial);
+      torch::Tensor full = separate_master ? initial.to(working_dtype) : initial;
       for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
         const ParameterPlacement& placement = layout.placements[pi];
         torch::Tensor& param = trainable[placement.index];
-        param.set_data(bucket_params[b].narrow(0, placement.offset - lb.offset, placement.numel).view(param.sizes()));
+        param.set_data(full.narrow(0, placement.offset - lb.offset, placement.numel).view(param.sizes()));
       }
-      if (lb.group >= 0) {
-        // Released from the start: from here on this rank holds only its shards of the block.
-        gather_pool.adopt_live(int64_t(bucket_params[b].nbytes()));
-        release_storage(b);
-      }
+      gatherer->adopt_bucket(b, std::move(full));
     }
     for (PendingBlock& p : pending) materialize(p, moved);  // blocks without trainable parameters
-    progress.resize(layout.buckets.size());
 
     // Frozen parameters and floating-point buffers follow the working dtype so that the model's
     // operations see one dtype; they get no gradient or optimizer memory.
@@ -425,35 +283,18 @@ struct Engine::Impl : BlockRunner {
 
     for (int i = 0; i < int(layout.placements.size()); ++i) {
       const ParameterPlacement& placement = layout.placements[i];
-      Slot slot;
-      slot.param = trainable[placement.index];
-      slot.bucket = placement.bucket;
-      slot.offset = placement.offset;
-      slot.numel = placement.numel;
-      auto shape = slot.param.sizes();
-      // set_data keeps the parameter's autograd identity (and version counter) intact.
-      const int64_t in_bucket = slot.offset - layout.buckets[slot.bucket].offset;
-      // (With sharded parameters this was done bucket by bucket above.)
-      if (!shard_parameters) slot.param.set_data(flat_params.narrow(0, slot.offset, slot.numel).view(shape));
-      if (reduction == GradientReduction::ReduceScatterBuckets) {
-        for (int k = 0; k < buffer_count; ++k)
-          slot.bucket_grad_view[k] = buffers[k].data.narrow(0, in_bucket, slot.numel).view(shape);
-        slot.param.mutable_grad() = torch::Tensor();
-      } else {
-        slot.param.mutable_grad() = flat_grads.narrow(0, slot.offset, slot.numel).view(shape);
-      }
-      slots.push_back(std::move(slot));
-    }
-    if (shard_parameters)
-      for (const Slot& slot : slots)
-        if (int g = layout.buckets[slot.bucket].group; g >= 0) ++blocks[g].trainable;
-    for (int i = 0; i < int(slots.size()); ++i) {
-      auto accumulator = torch::autograd::impl::grad_accumulator(slots[i].param);
+      torch::Tensor& param = trainable[placement.index];
+      // set_data keeps the parameter's autograd identity (and version counter) intact. (With
+      // sharded parameters this was done bucket by bucket above.)
+      if (!shard_parameters) param.set_data(flat_params.narrow(0, placement.offset, placement.numel).view(param.sizes()));
+      reducer->attach(i, param);
+      auto accumulator = torch::autograd::impl::grad_accumulator(param);
       // The accumulators outlive the engine in any graph built before it was destroyed; a backward
-      // through such a graph then accumulates as plain autograd does (stage 3: Regather refuses it).
-      if (reduction == GradientReduction::ReduceScatterBuckets)
+      // through such a graph then accumulates as plain autograd does (stage 3: the gatherer
+      // refuses it).
+      if (reducer->sharded())
         accumulator->add_pre_hook(std::make_unique<PreHook>([engine = liveness, i] {
-          if (Impl* self = engine->impl.load()) self->before_gradient(i);
+          if (Impl* self = engine->impl.load()) self->reducer->before_gradient(i);
         }));
       accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [engine = liveness, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
@@ -462,6 +303,102 @@ struct Engine::Impl : BlockRunner {
           }));
       grad_accumulators.push_back(std::move(accumulator));
     }
+  }
+
+  // ---------------------------------------------------------------- offload (docs/offload.md)
+  struct OffloadPlan {
+    std::vector<char> optimizer_on_disk, parameters_on_disk;  // per sub-group; empty: all in memory
+    io::SwapDirectory* optimizer_directory = nullptr;
+    io::SwapDirectory* parameter_directory = nullptr;
+  };
+
+  // Decides which sub-groups of which role go to NVMe, checks the swap paths (pre-flight: before
+  // anything large is allocated) and opens the I/O engine and the swap directories.
+  OffloadPlan plan_offload() {
+    OffloadPlan plan;
+    const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
+    const OffloadParamConfig& op = config.zero.offload_param;
+    if (oo.delayed_update)
+      throw ConfigError("zero_optimization.offload_optimizer.delayed_update: not implemented yet by this build; "
+                        "set it to false");
+    const bool optimizer_nvme = oo.device == OffloadDevice::Nvme;
+    const bool parameters_nvme = op.device == OffloadDevice::Nvme && shard_parameters;
+    if (!optimizer_nvme && !parameters_nvme) return plan;
+    groups = plan_sub_groups(layout, config.zero.sub_group_size);
+    const int64_t partition = layout.partition_numel;
+    int64_t optimizer_bytes = 0, parameter_bytes = 0;
+    if (optimizer_nvme) {
+      // ratio: the first sub-groups up to that fraction of the partition go to NVMe, the rest stay.
+      const double limit = oo.ratio * double(partition);
+      int64_t placed = 0;
+      const int64_t roles = (separate_master ? 1 : 0) + 2;  // masters, two moments at most
+      for (const SubGroup& g : groups) {
+        const bool disk = double(placed) < limit;
+        plan.optimizer_on_disk.push_back(disk);
+        placed += g.numel;
+        if (disk) optimizer_bytes += roles * io::align_up(g.numel * 4);
+      }
+    }
+    if (parameters_nvme) {
+      // Shards of blocks go to NVMe, except whole blocks (the last ones) within max_in_cpu
+      // elements; parameters outside every block stay whole in memory anyway.
+      plan.parameters_on_disk.assign(groups.size(), 0);
+      std::map<int, std::vector<size_t>> block_groups;
+      std::map<int, int64_t> block_shard;
+      for (size_t g = 0, b = 0; g < groups.size(); ++g) {
+        while (groups[g].begin >= layout.buckets[b].partition_offset + layout.buckets[b].shard_numel) ++b;
+        if (const int block = layout.buckets[b].group; block >= 0) {
+          block_groups[block].push_back(g);
+          block_shard[block] += groups[g].numel;
+        }
+      }
+      int64_t kept = 0;
+      for (auto it = block_groups.rbegin(); it != block_groups.rend(); ++it) {
+        if (kept + block_shard[it->first] <= op.max_in_cpu) {
+          kept += block_shard[it->first];
+          continue;
+        }
+        for (size_t g : it->second) {
+          plan.parameters_on_disk[g] = 1;
+          parameter_bytes += io::align_up(groups[g].numel * int64_t(c10::elementSize(working_dtype)));
+        }
+      }
+      int64_t largest_block = 0;
+      std::map<int, int64_t> block_numel;
+      for (const BucketLayout& lb : layout.buckets)
+        if (lb.group >= 0) largest_block = std::max(largest_block, block_numel[lb.group] += lb.shard_numel);
+      if (largest_block > op.buffer_size)
+        throw ConfigError("zero_optimization.offload_param.buffer_size: expected at least the largest block's shard, " +
+                          std::to_string(largest_block) + " elements, found " + std::to_string(op.buffer_size));
+    }
+    // Pre-flight, on every rank: each rank's swap files, times the ranks that may share the disk.
+    const int64_t ranks_sharing = world;
+    auto log = [this](const std::string& line) {
+      if (rank == 0) std::fprintf(stderr, "zerotrain: note: %s\n", line.c_str());
+    };
+    std::map<std::string, int64_t> need;
+    if (optimizer_nvme) need[oo.nvme_path] += optimizer_bytes * ranks_sharing;
+    if (parameters_nvme) need[op.nvme_path] += parameter_bytes * ranks_sharing;
+    if (optimizer_nvme)
+      io::preflight_swap_path(oo.nvme_path, need[oo.nvme_path], "zero_optimization.offload_optimizer.nvme_path");
+    if (parameters_nvme && (!optimizer_nvme || op.nvme_path != oo.nvme_path))
+      io::preflight_swap_path(op.nvme_path, need[op.nvme_path], "zero_optimization.offload_param.nvme_path");
+    io::AioOptions aio = io::aio_options_from(config.aio);
+    aio.log = log;
+    io = std::make_unique<io::AioEngine>(aio);
+    if (optimizer_nvme) {
+      swap_directories.push_back(std::make_unique<io::SwapDirectory>(oo.nvme_path, rank, log));
+      plan.optimizer_directory = swap_directories.back().get();
+    }
+    if (parameters_nvme) {
+      if (optimizer_nvme && op.nvme_path == oo.nvme_path) {
+        plan.parameter_directory = plan.optimizer_directory;
+      } else {
+        swap_directories.push_back(std::make_unique<io::SwapDirectory>(op.nvme_path, rank, log));
+        plan.parameter_directory = swap_directories.back().get();
+      }
+    }
+    return plan;
   }
 
   // Stage 3: the marked modules of the model; each trainable parameter under one belongs to it.
@@ -497,9 +434,8 @@ struct Engine::Impl : BlockRunner {
       const int owner = owners[i];
       if (owner < 0 || trainable[i].numel() < threshold) continue;
       if (block_of_module[owner] < 0) {
-        block_of_module[owner] = int(blocks.size());
-        block_modules.push_back(modules[owner].second);
-        blocks.emplace_back().name = modules[owner].first;
+        block_of_module[owner] = int(planned_blocks.size());
+        planned_blocks.push_back({modules[owner].first, modules[owner].second});
       }
       specs[i].group = block_of_module[owner];
     }
@@ -572,385 +508,34 @@ struct Engine::Impl : BlockRunner {
     pending.materialized = true;
   }
 
-  // Starts gathering the block's full parameters (one all-gather per bucket, normally one).
-  void launch_gather(int block) {
-    BlockState& state = blocks[block];
-    ZT_CHECK_STATE(state.residence == Residence::Released, "gathering a block that is not released");
-    for (int b : state.buckets) {
-      const BucketLayout& lb = layout.buckets[b];
-      torch::Tensor& full = bucket_params[b];
-      c10::StorageImpl* storage = full.storage().unsafeGetStorageImpl();
-      storage->set_data_ptr_noswap(gather_pool.take(int64_t(full.nbytes())));
-      storage->set_nbytes(full.nbytes());
-      state.gathering.push_back(comm->all_gather(param_partition.narrow(0, lb.partition_offset, lb.shard_numel),
-                                                 full, "params." + state.name));
-    }
-    state.residence = Residence::Gathering;
-    gathered_bytes += state.bytes;
-    peak_gathered_bytes = std::max(peak_gathered_bytes, gathered_bytes);
-  }
-
-  void gather(int block) {
-    BlockState& state = blocks[block];
-    if (state.residence == Residence::Released) launch_gather(block);
-    if (state.residence == Residence::Gathering) {
-      for (auto& h : state.gathering) h.wait();
-      state.gathering.clear();
-      state.residence = Residence::Gathered;
-    }
-  }
-
-  // Frees the block's full parameters; their tensors (and views autograd saved) stay valid as
-  // metadata and see the data again after gather() (design §10).
-  void release(int block) {
-    BlockState& state = blocks[block];
-    if (state.residence == Residence::Released) return;
-    gather(block);  // an in-flight gather must land before its buffer goes
-    for (int b : state.buckets) release_storage(b);
-    state.residence = Residence::Released;
-    gathered_bytes -= state.bytes;
-  }
-
-  // The bucket's full tensor keeps its shape, and every view of it (the parameters, what autograd
-  // saved) stays valid, with zero bytes behind it until the next gather.
-  void release_storage(int b) {
-    c10::StorageImpl* storage = bucket_params[b].storage().unsafeGetStorageImpl();
-    const int64_t bytes = int64_t(bucket_params[b].nbytes());
-    gather_pool.give(storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU))), bytes);
-    storage->set_nbytes(0);
-  }
-
-  // Gathers blocks ahead of their use, walking the recorded order from `position` in `direction`
-  // (+1 in forward, -1 in backward), as DeepSpeed's parameter coordinator does: released blocks
-  // are gathered while the elements launched by this call stay below the budget
-  // min(stage3_prefetch_bucket_size, stage3_max_live_parameters - elements already live), so a
-  // positive budget always prefetches at least the next block, however large; a zero
-  // stage3_prefetch_bucket_size turns prefetch off.
-  void prefetch(int64_t position, int direction) {
-    if (!order_known) return;
-    int64_t live_numel = 0;
-    for (const auto& b : blocks)
-      if (b.residence != Residence::Released) live_numel += b.numel;
-    const int64_t budget =
-        std::min(config.zero.stage3_prefetch_bucket_size, config.zero.stage3_max_live_parameters - live_numel);
-    int64_t launched = 0;
-    for (int64_t p = position; launched < budget && p >= 0 && p < int64_t(recorded_order.size()); p += direction) {
-      const int block = recorded_order[p];
-      if (blocks[block].residence != Residence::Released) continue;
-      launch_gather(block);
-      ++prefetched;
-      launched += blocks[block].numel;
-    }
-  }
-
-  // First step: every rank must run the same block at every call (or end its forward at the same
-  // call); checked with one small all-gather per call, so that a mismatch is an error naming the
-  // ranks and blocks on every rank instead of a hang or silently mixed parameters.
-  void check_block_call(int block) {
-    const int64_t call = int64_t(recorded_order.size());
-    torch::Tensor mine = torch::tensor({int64_t(block), call}, torch::kLong);
-    torch::Tensor all = torch::empty({2 * int64_t(world)}, torch::kLong);
-    comm->all_gather(mine, all, "blocks.order").wait();
-    auto a = all.accessor<int64_t, 1>();
-    auto describe = [&](int64_t b) { return b < 0 ? std::string("no block (its forward had ended)") : "'" + blocks[b].name + "'"; };
-    for (int r = 0; r < world; ++r)
-      if (a[2 * r] != block)
-        throw Error("stage 3: ranks ran different blocks at block call " + std::to_string(call) +
-                    " of the first forward: rank " + std::to_string(rank) + " ran " + describe(block) + ", rank " +
-                    std::to_string(r) + " ran " + describe(a[2 * r]) +
-                    " (every rank must run the same blocks in the same order)");
-  }
-
-  torch::Tensor run(int block, const torch::Tensor& x, const BlockFunction& fn) override {
-    int64_t position;
-    if (!order_known) {
-      check_block_call(block);
-      position = int64_t(recorded_order.size());
-      recorded_order.push_back(block);
-    } else {
-      // Expected next in the recorded order; else (a forward of another shape, e.g. evaluation)
-      // the block's first occurrence.
-      position = forward_position < int64_t(recorded_order.size()) && recorded_order[forward_position] == block
-                     ? forward_position
-                     : std::find(recorded_order.begin(), recorded_order.end(), block) - recorded_order.begin();
-    }
-    forward_position = position + 1;
-    gather(block);
-    prefetch(position + 1, +1);
-    torch::Tensor y = fn(x);
-    release(block);
-    if (y.requires_grad() && torch::GradMode::is_enabled())
-      y = Regather::apply(y, liveness, blocks[block].name, int64_t(block), position);
-    return y;
-  }
-
-  // Backward reaches the block's use at `position`: its parameters must be whole again; the use
-  // before it in forward order is the next to come in backward.
-  void gather_for_backward(int block, int64_t position) {
-    gather(block);
-    prefetch(position - 1, -1);
-  }
-
-  void plan_optimizer_chunks(const std::vector<OwnedFragment>& fragments) {
-    const int64_t limit = separate_master ? kConversionChunk : std::numeric_limits<int64_t>::max();
-    for (const OwnedFragment& f : fragments) {
-      for (int64_t done = 0; done < f.numel;) {
-        if (chunks.empty() || chunks.back().numel >= limit ||
-            chunks.back().flat_offset + chunks.back().numel != f.flat_offset + done ||
-            chunks.back().partition_offset + chunks.back().numel != f.partition_offset + done)
-          chunks.push_back({f.flat_offset + done, f.partition_offset + done, 0, {0}, {}});
-        OptimizerChunk& c = chunks.back();
-        const int64_t take = std::min(f.numel - done, limit - c.numel);
-        c.numel += take;
-        c.bounds.push_back(c.numel);
-        c.placements.push_back(f.placement);
-        done += take;
-      }
-    }
-  }
 
   // ---------------------------------------------------------------- backward
   bool boundary_next() const { return micro_step + 1 == config.gradient_accumulation_steps; }
 
   void backward(const torch::Tensor& loss) {
     ZT_CHECK_STATE(!in_backward, "backward() re-entered");
-    const bool boundary = boundary_next();
-    // Gradients are reduced on the boundary micro-step only, except when they are sharded: then
-    // every micro-step reduces, so that no full-size gradient survives a backward. Unsharded
-    // gradients are reduced from the gradient hooks while backward runs with overlap_comm, else
-    // once backward has returned (as DeepSpeed's stages 0 and 1 without overlap_comm).
-    const bool sharded_gradients = reduction == GradientReduction::ReduceScatterBuckets;
-    const bool reduce_whole = !sharded_gradients && boundary && world > 1;
-    reducing = sharded_gradients || (reduce_whole && config.zero.overlap_comm);
-    if (sharded_gradients || reduce_whole)
-      for (size_t i = 0; i < progress.size(); ++i) {
-        progress[i].remaining = layout.buckets[i].end_placement - layout.buckets[i].first_placement;
-        if (reduction != GradientReduction::ReduceScatterBuckets) {
-          progress[i].state = BucketState::Idle;
-          progress[i].handle.reset();
-        }
-      }
-    for (auto& block : blocks) block.remaining = block.trainable;
-    if (shard_parameters && !order_known) {
-      check_block_call(-1);  // every rank's first forward ends here
-      order_known = true;
-    }
-    forward_position = 0;
+    reducer->begin_backward(boundary_next());
+    if (gatherer) gatherer->begin_backward();
     in_backward = true;
     try {
       (loss * (scaler.scale() / double(config.gradient_accumulation_steps))).backward();
     } catch (...) {
       in_backward = false;
+      reducer->abort_backward();
       throw;
     }
     in_backward = false;
-    if (sharded_gradients) flush_buckets();
-    if (reduce_whole && !config.zero.overlap_comm) {
-      for (int b = 0; b < int(progress.size()); ++b) launch(b);  // step() waits for them
-      reducing = true;
-    }
+    reducer->end_backward();
+    // A block some of whose parameters got no gradient is still gathered: release it.
+    if (gatherer) gatherer->release_all();
     ++micro_step;
   }
 
-  // ReduceScatterBuckets: the gradient of slot i is about to be accumulated; its .grad must be
-  // the right place in a zeroed bucket buffer.
-  void before_gradient(int i) {
-    if (!in_backward) return;
-    Slot& slot = slots[i];
-    BucketProgress& b = progress[slot.bucket];
-    if (b.state != BucketState::Filling) acquire_buffer(slot.bucket);
-    slot.param.mutable_grad() = slot.bucket_grad_view[b.buffer];
-  }
-
   void after_gradient(int i) {
-    if (!reducing || !in_backward) return;
-    const int bucket = slots[i].bucket;
-    BucketProgress& b = progress[bucket];
-    // A gradient that arrives after its bucket was launched (out-of-order backward) makes its
-    // bucket fill again; it is launched from flush_buckets(). remaining then stays below zero.
-    if (--b.remaining == 0) launch(bucket);
-    if (shard_parameters)
-      if (int g = layout.buckets[bucket].group; g >= 0 && --blocks[g].remaining == 0) release(g);
-  }
-
-  void acquire_buffer(int bucket) {
-    const int k = next_buffer;
-    next_buffer = (next_buffer + 1) % buffer_count;
-    BucketBuffer& buffer = buffers[k];
-    if (buffer.bucket >= 0 && progress[buffer.bucket].buffer == k) {
-      BucketProgress& previous = progress[buffer.bucket];
-      if (previous.state == BucketState::Filling) launch(buffer.bucket);  // a gradient never came
-      complete(k);
-    }
-    const BucketLayout& layout_bucket = layout.buckets[bucket];
-    buffer.data.narrow(0, 0, layout_bucket.numel).zero_();
-    buffer.bucket = bucket;
-    progress[bucket].state = BucketState::Filling;
-    progress[bucket].buffer = k;
-  }
-
-  void launch(int bucket) {
-    BucketProgress& b = progress[bucket];
-    const BucketLayout& lb = layout.buckets[bucket];
-    const std::string label = "grads.bucket" + std::to_string(bucket);
-    switch (reduction) {
-      case GradientReduction::AllReduce:
-        b.handle = comm->all_reduce(flat_grads.narrow(0, lb.offset, lb.numel), ReduceOp::Sum, label);
-        b.state = BucketState::InFlight;
-        return;
-      case GradientReduction::ReduceScatterInPlace:
-        b.handle = comm->reduce_scatter(flat_grads.narrow(0, lb.offset, lb.numel),
-                                        flat_grads.narrow(0, layout.shard_offset(bucket, shard_rank), lb.shard_numel),
-                                        ReduceOp::Sum, label, InputUse::Scratch);
-        b.state = BucketState::InFlight;
-        return;
-      case GradientReduction::ReduceScatterBuckets: {
-        ZT_CHECK_STATE(b.state == BucketState::Filling, "launching a bucket that is not filling");
-        BucketBuffer& buffer = buffers[b.buffer];
-        // The first reduction of a window writes the owned slice; later ones are added to it.
-        buffer.add_into_partition = b.received;
-        // Without accumulation only a bucket refilled by a late gradient needs the scratch.
-        if (buffer.add_into_partition && buffer.scratch.numel() < lb.shard_numel)
-          buffer.scratch = torch::empty({largest_shard}, buffer.data.options());
-        torch::Tensor owned = buffer.add_into_partition ? buffer.scratch.narrow(0, 0, lb.shard_numel)
-                                                         : grad_partition.narrow(0, lb.partition_offset, lb.shard_numel);
-        buffer.handle =
-            comm->reduce_scatter(buffer.data.narrow(0, 0, lb.numel), owned, ReduceOp::Sum, label, InputUse::Scratch);
-        b.state = BucketState::InFlight;
-        b.received = true;
-        if (!config.zero.overlap_comm) complete(b.buffer);
-        return;
-      }
-    }
-  }
-
-  void complete(int k) {
-    BucketBuffer& buffer = buffers[k];
-    if (buffer.bucket < 0) return;
-    BucketProgress& b = progress[buffer.bucket];
-    // The bucket may have moved on to the other buffer since (a late gradient refilled it).
-    if (b.state != BucketState::InFlight || b.buffer != k) return;
-    buffer.handle.wait();
-    if (buffer.add_into_partition) {
-      const BucketLayout& lb = layout.buckets[buffer.bucket];
-      grad_partition.narrow(0, lb.partition_offset, lb.shard_numel).add_(buffer.scratch.narrow(0, 0, lb.shard_numel));
-    }
-    b.state = BucketState::Idle;
-  }
-
-  // End of a backward with sharded gradients: launch what is still filling (in bucket order, the
-  // same on every rank) and wait, so that only the owned partition holds gradients afterwards.
-  void flush_buckets() {
-    for (int bucket = 0; bucket < int(progress.size()); ++bucket)
-      if (progress[bucket].state == BucketState::Filling) launch(bucket);
-    for (int k = 0; k < buffer_count; ++k) complete(k);
-    // A block some of whose parameters got no gradient is still gathered: release it.
-    for (int g = 0; g < int(blocks.size()); ++g) release(g);
+    if (reducer->after_gradient(i) && gatherer) gatherer->gradient_arrived(layout.placements[i].bucket);
   }
 
   // ---------------------------------------------------------------- step
-  // Sum of squares of this rank's owned gradient region (the whole gradient when not sharded).
-  double owned_gradient_square_sum() {
-    auto square_sum = [](const torch::Tensor& t) {
-      const double norm = torch::linalg_vector_norm(t, 2, c10::nullopt, false, torch::kFloat32).item<double>();
-      return norm * norm;
-    };
-    double sum = 0.0;
-    for (int b = 0; b < int(layout.buckets.size()); ++b) {
-      const BucketLayout& lb = layout.buckets[b];
-      sum += square_sum(reduction == GradientReduction::ReduceScatterBuckets
-                            ? grad_partition.narrow(0, lb.partition_offset, lb.shard_numel)
-                            : flat_grads.narrow(0, layout.shard_offset(b, shard_rank), lb.shard_numel));
-    }
-    return sum;
-  }
-
-  // Gradients of the owned fragment f, in the working dtype.
-  torch::Tensor owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t n) {
-    return reduction == GradientReduction::ReduceScatterBuckets ? grad_partition.narrow(0, partition_offset, n)
-                                                                 : flat_grads.narrow(0, flat_offset, n);
-  }
-
-  // One optimizer pass over this rank's partition, bucket shard by bucket shard, in chunks that
-  // bound the fp32 conversion of 16-bit gradients. LAMB's per-tensor norms are summed across the
-  // ranks that hold pieces of each tensor between its two phases.
-  void apply_optimizer(double lr, int64_t step, float grad_scale) {
-    optim::StepOptions options;
-    options.grad_scale = grad_scale;
-    if (separate_master) options.half = working_dtype == torch::kBFloat16 ? optim::HalfType::BF16 : optim::HalfType::FP16;
-    adam.lr = lr;
-    sgd.lr = lr;
-    lamb.lr = lr;
-
-    auto run_chunk = [&](const OptimizerChunk& c, auto&& kernel) {
-      torch::Tensor g = owned_gradient(c.flat_offset, c.partition_offset, c.numel);
-      const float* grads;
-      if (separate_master) {
-        torch::Tensor converted = grad_scratch.narrow(0, 0, c.numel);
-        converted.copy_(g);
-        grads = converted.data_ptr<float>();
-        options.half_out = shard_parameters
-                               ? reinterpret_cast<uint16_t*>(param_partition.data_ptr()) + c.partition_offset
-                               : reinterpret_cast<uint16_t*>(flat_params.data_ptr()) + c.flat_offset;
-      } else {
-        grads = g.data_ptr<float>();
-      }
-      float* p = separate_master    ? master.data_ptr<float>() + c.partition_offset
-                 : shard_parameters ? param_partition.data_ptr<float>() + c.partition_offset
-                                    : flat_params.data_ptr<float>() + c.flat_offset;
-      float* m = exp_avg.numel() ? exp_avg.data_ptr<float>() + c.partition_offset : nullptr;
-      float* v = exp_avg_sq.numel() ? exp_avg_sq.data_ptr<float>() + c.partition_offset : nullptr;
-      kernel(c, p, grads, m, v);
-    };
-
-    switch (kind) {
-      case OptimizerKind::Adam:
-        for (const OptimizerChunk& c : chunks)
-          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float* g, float* m, float* v) {
-            optim::adam_step(p, g, m, v, ch.numel, adam, step, options);
-          });
-        break;
-      case OptimizerKind::Sgd:
-        for (const OptimizerChunk& c : chunks)
-          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float* g, float* m, float*) {
-            optim::sgd_step(p, g, m, ch.numel, sgd, step, options);
-          });
-        break;
-      case OptimizerKind::Lamb: {
-        const int tensors = int(layout.placements.size());
-        // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
-        torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
-        double* s = sums.data_ptr<double>();
-        for (const OptimizerChunk& c : chunks)
-          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float* g, float* m, float* v) {
-            const int pieces = int(ch.placements.size());
-            std::vector<double> w_sq(pieces), u_sq(pieces);
-            optim::lamb_partial_norms(p, g, m, v, ch.numel, ch.bounds.data(), pieces, lamb, options, w_sq.data(),
-                                      u_sq.data());
-            for (int k = 0; k < pieces; ++k)
-              if (ch.placements[k] >= 0) {
-                s[ch.placements[k]] += w_sq[k];
-                s[tensors + ch.placements[k]] += u_sq[k];
-              }
-          });
-        if (shard_world > 1) comm->all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
-        for (const OptimizerChunk& c : chunks)
-          run_chunk(c, [&](const OptimizerChunk& ch, float* p, const float*, float* m, float* v) {
-            const int pieces = int(ch.placements.size());
-            std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
-            for (int k = 0; k < pieces; ++k)
-              if (ch.placements[k] >= 0) {
-                w_sq[k] = s[ch.placements[k]];
-                u_sq[k] = s[tensors + ch.placements[k]];
-              }
-            optim::lamb_apply(p, m, v, ch.numel, ch.bounds.data(), pieces, w_sq.data(), u_sq.data(), lamb, step,
-                              options);
-          });
-        break;
-      }
-    }
-  }
-
   // Every rank receives the updated working parameters of every other rank's shards.
   void gather_parameters() {
     const int64_t in_flight_limit = std::max<int64_t>(1, config.zero.allgather_bucket_size);
@@ -973,23 +558,15 @@ struct Engine::Impl : BlockRunner {
     for (auto& [handle, numel] : in_flight) handle.wait();
   }
 
-  // Stage 3: parameters outside every block stay whole on every rank; refresh them after a step.
-  void gather_persistent_parameters() {
-    std::vector<CollectiveHandle> handles;
-    for (int b = 0; b < int(layout.buckets.size()); ++b) {
-      const BucketLayout& lb = layout.buckets[b];
-      if (lb.group >= 0) continue;
-      handles.push_back(comm->all_gather(param_partition.narrow(0, lb.partition_offset, lb.shard_numel),
-                                         bucket_params[b], "params.persistent" + std::to_string(b)));
-    }
-    for (auto& h : handles) h.wait();
-  }
-
-  void clear_gradients() {
-    if (reduction == GradientReduction::ReduceScatterBuckets) {
-      for (auto& b : progress) b.received = false;
-    } else {
-      flat_grads.zero_();
+  // The updated partition reaches the working parameters every rank uses.
+  void publish_parameters() {
+    if (shard_parameters) {
+      // A block gathered (or read) ahead for a forward that did not come holds old values.
+      gatherer->release_all();
+      parameter_tier->invalidate();
+      gatherer->gather_persistent();
+    } else if (shard_world > 1) {
+      gather_parameters();
     }
   }
 
@@ -998,22 +575,10 @@ struct Engine::Impl : BlockRunner {
     if (micro_step < config.gradient_accumulation_steps) return result;
     result.boundary = true;
     micro_step = 0;
-    if (reducing && reduction != GradientReduction::ReduceScatterBuckets) {
-      // Buckets whose parameters received no gradient this step (unused in forward) are still
-      // reduced, in bucket order, so every rank issues the same collectives.
-      for (int b = 0; b < int(progress.size()); ++b)
-        if (progress[b].state != BucketState::InFlight) launch(b);
-      for (auto& b : progress) b.handle->wait();
-    }
-    reducing = false;
-    if (reduction == GradientReduction::ReduceScatterBuckets)
-      // A bucket that no gradient reached in this window holds no reduction: its slice is zero.
-      for (int b = 0; b < int(progress.size()); ++b)
-        if (!progress[b].received)
-          grad_partition.narrow(0, layout.buckets[b].partition_offset, layout.buckets[b].shard_numel).zero_();
+    reducer->finish_window();
 
     // Gradients hold the sum over ranks of loss_scale × the mean micro-batch gradient.
-    double square_sum = owned_gradient_square_sum();
+    double square_sum = reducer->owned_square_sum();
     if (shard_world > 1) {
       torch::Tensor total = torch::full({1}, square_sum, torch::kFloat64);
       comm->all_reduce(total, ReduceOp::Sum, "grads.norm").wait();
@@ -1034,46 +599,28 @@ struct Engine::Impl : BlockRunner {
       // so every rank skips together.
       ++skipped;
       result.skipped = true;
-      clear_gradients();
+      reducer->clear();
       return result;
     }
     double scale = unscale;
     if (config.gradient_clipping > 0 && norm > config.gradient_clipping)
       scale *= config.gradient_clipping / (norm + 1e-6);
-    apply_optimizer(result.lr, global_step - skipped - moments_from, float(scale));
-    if (shard_parameters) {
-      // A block gathered ahead (prefetched for a forward that did not come) holds old values.
-      for (int g = 0; g < int(blocks.size()); ++g) release(g);
-      gather_persistent_parameters();
-    }
-    else if (shard_world > 1)
-      gather_parameters();
-    clear_gradients();
+    if (parameter_tier) parameter_tier->invalidate();
+    optimizer->step(result.lr, global_step - skipped - moments_from, float(scale), *reducer);
+    publish_parameters();
+    reducer->clear();
     result.stepped = true;
     return result;
   }
 
   // ---------------------------------------------------------------- checkpoints
 
-  // This rank's pieces of the optimizer state as fp32 views into the arenas, by parameter name and
-  // element range. Without sharded optimizer states every rank holds all of it; rank 0 saves it.
-  std::vector<StateFragment> owned_state(bool saving) {
-    std::vector<StateFragment> out;
-    if (saving && rank >= shard_world) return out;
-    for (const OwnedFragment& f : layout.owned_fragments(shard_rank)) {
-      if (f.placement < 0) continue;  // padding
-      StateFragment s;
-      s.parameter = specs[layout.placements[f.placement].index].name;
-      s.begin = f.parameter_offset;
-      s.numel = f.numel;
-      s.roles["master"] = separate_master    ? master.narrow(0, f.partition_offset, f.numel)
-                          : shard_parameters ? param_partition.narrow(0, f.partition_offset, f.numel)
-                                             : flat_params.narrow(0, f.flat_offset, f.numel);
-      if (exp_avg.numel()) s.roles["exp_avg"] = exp_avg.narrow(0, f.partition_offset, f.numel);
-      if (exp_avg_sq.numel()) s.roles["exp_avg_sq"] = exp_avg_sq.narrow(0, f.partition_offset, f.numel);
-      out.push_back(std::move(s));
-    }
-    return out;
+  // This rank's pieces of the optimizer state by parameter name and element range. Without
+  // sharded optimizer states every rank holds all of it; rank 0 saves it.
+  std::vector<StateFragment> owned_state(bool saving, bool with_moments) {
+    if (saving && rank >= shard_world) return {};
+    return optimizer->fragments(with_moments,
+                                [this](int placement) { return specs[layout.placements[placement].index].name; });
   }
 
   void save_checkpoint(const std::string& dir, const std::string& tag,
@@ -1095,7 +642,7 @@ struct Engine::Impl : BlockRunner {
                         {"loss_scale.last_overflow_iteration", std::to_string(s.last_overflow_iteration)}};
     for (const auto& [key, value] : client_state) contents.scalars["client." + key] = value;
     contents.configuration = config.resolved;
-    save_sharded_checkpoint(*comm, dir, tag, contents, owned_state(true), keep_last);
+    save_sharded_checkpoint(*comm, dir, tag, contents, owned_state(true, true), keep_last);
   }
 
   // Adam and AdamW keep the same state; the type names compare case-insensitively.
@@ -1111,10 +658,7 @@ struct Engine::Impl : BlockRunner {
                   std::to_string(micro_step));
     // Read into copies first, so that a failure leaves this engine as it was. Resetting the
     // optimizer reads the masters only.
-    std::vector<StateFragment> fragments = owned_state(false);
-    if (options.reset_optimizer)
-      for (StateFragment& f : fragments) std::erase_if(f.roles, [](const auto& r) { return r.first != "master"; });
-    std::vector<StateFragment> staged = fragments;
+    std::vector<StateFragment> staged = owned_state(false, !options.reset_optimizer);
     for (StateFragment& f : staged)
       for (auto& [role, tensor] : f.roles) tensor = torch::empty({f.numel}, torch::kFloat32);
     std::vector<std::string> changes;
@@ -1172,26 +716,12 @@ struct Engine::Impl : BlockRunner {
     const auto& scalars = loaded.scalars;
     const LossScaler::State s = saved_scaler;
     torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < fragments.size(); ++i)
-      for (auto& [role, tensor] : fragments[i].roles) tensor.copy_(staged[i].roles.at(role));
-    if (separate_master)  // the working copy of the owned region, rounded from the masters
-      for (const OwnedFragment& f : layout.owned_fragments(shard_rank)) {
-        if (f.placement < 0) continue;
-        torch::Tensor working = shard_parameters ? param_partition.narrow(0, f.partition_offset, f.numel)
-                                                 : flat_params.narrow(0, f.flat_offset, f.numel);
-        working.copy_(master.narrow(0, f.partition_offset, f.numel));
-      }
-    if (shard_parameters) {
-      for (int g = 0; g < int(blocks.size()); ++g) release(g);
-      gather_persistent_parameters();
-    } else if (shard_world > 1) {
-      gather_parameters();
-    }
-    if (options.reset_optimizer) {
-      exp_avg.zero_();
-      exp_avg_sq.zero_();
-    }
-    clear_gradients();
+    if (parameter_tier) parameter_tier->invalidate();
+    optimizer->commit_fragments(staged);
+    optimizer->refresh_working_from_masters();  // the working copy of the owned region (16-bit)
+    publish_parameters();
+    if (options.reset_optimizer) optimizer->zero_moments();
+    reducer->clear();
     global_step = step;
     skipped = skipped_steps;
     moments_from = options.reset_optimizer ? step - skipped_steps : saved_moments_from;
@@ -1216,45 +746,40 @@ struct Engine::Impl : BlockRunner {
 
   ModelStateBytes model_state_bytes() const {
     ModelStateBytes bytes;
-    if (shard_parameters) {
-      bytes.parameters = param_partition.nbytes();
-      for (int b = 0; b < int(layout.buckets.size()); ++b)
-        if (layout.buckets[b].group < 0) bytes.parameters += bucket_params[b].nbytes();
-    } else {
-      bytes.parameters = flat_params.nbytes();
-    }
-    bytes.gradients = reduction == GradientReduction::ReduceScatterBuckets ? grad_partition.nbytes() : flat_grads.nbytes();
-    bytes.optimizer_states = (master.defined() ? master.nbytes() : 0) + exp_avg.nbytes() + exp_avg_sq.nbytes();
+    if (shard_parameters) bytes.parameters = param_partition.memory_bytes() + gatherer->persistent_bytes();
+    else bytes.parameters = int64_t(flat_params.nbytes());
+    bytes.gradients = reducer->gradient_bytes();
+    bytes.optimizer_states = optimizer->memory_bytes();
     return bytes;
   }
 
   int64_t buffer_bytes() const {
-    int64_t bytes = grad_scratch.defined() ? grad_scratch.nbytes() : 0;
-    for (const auto& buffer : buffers)
-      if (buffer.data.defined()) bytes += buffer.data.nbytes() + buffer.scratch.nbytes();
-    return bytes;
+    return reducer->buffer_bytes() + optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0);
+  }
+
+  OffloadReport offload_report() const {
+    OffloadReport r;
+    r.nvme_optimizer_bytes = optimizer->disk_bytes();
+    r.nvme_parameter_bytes = param_partition.disk_bytes();
+    r.host_buffer_bytes = optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0);
+    if (io) {
+      const io::AioEngine::Stats s = io->stats();
+      r.bytes_read = s.bytes_read;
+      r.bytes_written = s.bytes_written;
+      r.requests = s.requests;
+      r.read_seconds = s.read_seconds;
+      r.write_seconds = s.write_seconds;
+      r.backend = io->backend_name();
+    }
+    r.stall_seconds = optimizer->io_counters().seconds + (parameter_tier ? parameter_tier->stall_seconds() : 0);
+    return r;
   }
 };
-
-namespace {
-torch::autograd::variable_list Regather::backward(torch::autograd::AutogradContext* ctx,
-                                                  torch::autograd::variable_list grads) {
-  auto engine = c10::static_intrusive_pointer_cast<Liveness>(ctx->saved_data["engine"].toCapsule());
-  Engine::Impl* impl = engine->impl.load();
-  if (impl == nullptr)
-    throw Error("stage 3: backward reached block '" + ctx->saved_data["name"].toStringRef() +
-                "' after the engine that owns its parameters was destroyed (keep the engine alive until every "
-                "backward through its model has run)");
-  impl->gather_for_backward(int(ctx->saved_data["block"].toInt()), ctx->saved_data["position"].toInt());
-  return {grads[0], torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
-}
-}  // namespace
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
                std::shared_ptr<Communicator> comm)
     : impl_(std::make_unique<Impl>(std::move(model), config, std::move(comm))) {}
 Engine::~Engine() = default;
-
 void Engine::backward(const at::Tensor& loss) { impl_->backward(loss); }
 StepResult Engine::step() { return impl_->step(); }
 bool Engine::next_backward_is_boundary() const { return impl_->boundary_next(); }
@@ -1279,8 +804,11 @@ ModelStateBytes Engine::model_state_bytes() const { return impl_->model_state_by
 int64_t Engine::buffer_bytes() const { return impl_->buffer_bytes(); }
 int64_t Engine::trainable_parameters() const { return impl_->layout.parameter_numel; }
 const FlatLayout& Engine::layout() const { return impl_->layout; }
-int64_t Engine::peak_gathered_parameter_bytes() const { return impl_->peak_gathered_bytes; }
-int64_t Engine::prefetched_blocks() const { return impl_->prefetched; }
-void Engine::reset_peak_gathered_parameter_bytes() { impl_->peak_gathered_bytes = impl_->gathered_bytes; }
+int64_t Engine::peak_gathered_parameter_bytes() const { return impl_->gatherer ? impl_->gatherer->peak_gathered_bytes() : 0; }
+int64_t Engine::prefetched_blocks() const { return impl_->gatherer ? impl_->gatherer->prefetched_blocks() : 0; }
+OffloadReport Engine::offload_report() const { return impl_->offload_report(); }
+void Engine::reset_peak_gathered_parameter_bytes() {
+  if (impl_->gatherer) impl_->gatherer->reset_peak_gathered_bytes();
+}
 
 }  // namespace zt

@@ -1,0 +1,226 @@
+#include "zero/gradient_reducer.h"
+
+#include <torch/torch.h>
+
+#include "common/check.h"
+
+namespace zt {
+
+GradientReducer::GradientReducer(const FlatLayout& layout, const Options& options, Communicator& comm)
+    : layout_(layout), options_(options), comm_(comm) {
+  auto working = torch::TensorOptions().dtype(options.working_dtype);
+  if (sharded()) {
+    grad_partition_ = torch::zeros({layout.partition_numel}, working);
+    int64_t largest = 0;
+    for (const auto& b : layout.buckets) {
+      largest = std::max(largest, b.numel);
+      largest_shard_ = std::max(largest_shard_, b.shard_numel);
+    }
+    // The scratch receives the reductions of later micro-steps of a window, which are added;
+    // without gradient accumulation there are none (unless a bucket is refilled by a gradient
+    // that came after it was launched; then launch() allocates it).
+    const int64_t scratch = options.accumulation_steps > 1 ? largest_shard_ : 0;
+    // Two buffers let one fill while the other is in flight; without overlap_comm a bucket's
+    // reduction completes before the next bucket starts, so one is enough.
+    buffer_count_ = options.overlap_comm ? 2 : 1;
+    for (int k = 0; k < buffer_count_; ++k) {
+      buffers_[k].data = torch::zeros({largest}, working);
+      buffers_[k].scratch = torch::empty({scratch}, working);
+    }
+  } else {
+    flat_grads_ = torch::zeros({layout.total_numel}, working);
+  }
+  progress_.resize(layout.buckets.size());
+  slots_.resize(layout.placements.size());
+}
+
+void GradientReducer::attach(int placement, const at::Tensor& param) {
+  const ParameterPlacement& p = layout_.placements[placement];
+  Slot& slot = slots_[placement];
+  slot.param = param;
+  slot.bucket = p.bucket;
+  auto shape = param.sizes();
+  const int64_t in_bucket = p.offset - layout_.buckets[p.bucket].offset;
+  if (sharded()) {
+    for (int k = 0; k < buffer_count_; ++k)
+      slot.bucket_grad_view[k] = buffers_[k].data.narrow(0, in_bucket, p.numel).view(shape);
+    slot.param.mutable_grad() = torch::Tensor();
+  } else {
+    slot.param.mutable_grad() = flat_grads_.narrow(0, p.offset, p.numel).view(shape);
+  }
+}
+
+void GradientReducer::begin_backward(bool boundary) {
+  // Gradients are reduced on the boundary micro-step only, except when they are sharded: then
+  // every micro-step reduces, so that no full-size gradient survives a backward. Unsharded
+  // gradients are reduced from the gradient hooks while backward runs with overlap_comm, else
+  // once backward has returned (as DeepSpeed's stages 0 and 1 without overlap_comm).
+  reduce_whole_ = !sharded() && boundary && options_.world > 1;
+  reducing_ = sharded() || (reduce_whole_ && options_.overlap_comm);
+  if (sharded() || reduce_whole_)
+    for (size_t i = 0; i < progress_.size(); ++i) {
+      progress_[i].remaining = layout_.buckets[i].end_placement - layout_.buckets[i].first_placement;
+      if (!sharded()) {
+        progress_[i].state = BucketState::Idle;
+        progress_[i].handle.reset();
+      }
+    }
+  in_backward_ = true;
+}
+
+void GradientReducer::abort_backward() { in_backward_ = false; }
+
+void GradientReducer::end_backward() {
+  in_backward_ = false;
+  if (sharded()) flush_buckets();
+  if (reduce_whole_ && !options_.overlap_comm) {
+    for (int b = 0; b < int(progress_.size()); ++b) launch(b);  // finish_window() waits for them
+    reducing_ = true;
+  }
+}
+
+// Sharded: the gradient of slot i is about to be accumulated; its .grad must be the right place
+// in a zeroed bucket buffer.
+void GradientReducer::before_gradient(int i) {
+  if (!in_backward_ || !sharded()) return;
+  Slot& slot = slots_[i];
+  BucketProgress& b = progress_[slot.bucket];
+  if (b.state != BucketState::Filling) acquire_buffer(slot.bucket);
+  slot.param.mutable_grad() = slot.bucket_grad_view[b.buffer];
+}
+
+bool GradientReducer::after_gradient(int i) {
+  if (!reducing_ || !in_backward_) return false;
+  const int bucket = slots_[i].bucket;
+  // A gradient that arrives after its bucket was launched (out-of-order backward) makes its
+  // bucket fill again; it is launched from flush_buckets(). remaining then stays below zero.
+  if (--progress_[bucket].remaining == 0) launch(bucket);
+  return true;
+}
+
+void GradientReducer::acquire_buffer(int bucket) {
+  const int k = next_buffer_;
+  next_buffer_ = (next_buffer_ + 1) % buffer_count_;
+  BucketBuffer& buffer = buffers_[k];
+  if (buffer.bucket >= 0 && progress_[buffer.bucket].buffer == k) {
+    BucketProgress& previous = progress_[buffer.bucket];
+    if (previous.state == BucketState::Filling) launch(buffer.bucket);  // a gradient never came
+    complete(k);
+  }
+  buffer.data.narrow(0, 0, layout_.buckets[bucket].numel).zero_();
+  buffer.bucket = bucket;
+  progress_[bucket].state = BucketState::Filling;
+  progress_[bucket].buffer = k;
+}
+
+void GradientReducer::launch(int bucket) {
+  BucketProgress& b = progress_[bucket];
+  const BucketLayout& lb = layout_.buckets[bucket];
+  const std::string label = "grads.bucket" + std::to_string(bucket);
+  switch (options_.reduction) {
+    case GradientReduction::AllReduce:
+      b.handle = comm_.all_reduce(flat_grads_.narrow(0, lb.offset, lb.numel), ReduceOp::Sum, label);
+      b.state = BucketState::InFlight;
+      return;
+    case GradientReduction::ReduceScatterInPlace:
+      b.handle = comm_.reduce_scatter(flat_grads_.narrow(0, lb.offset, lb.numel),
+                                      flat_grads_.narrow(0, layout_.shard_offset(bucket, options_.shard_rank), lb.shard_numel),
+                                      ReduceOp::Sum, label, InputUse::Scratch);
+      b.state = BucketState::InFlight;
+      return;
+    case GradientReduction::ReduceScatterBuckets: {
+      ZT_CHECK_STATE(b.state == BucketState::Filling, "launching a bucket that is not filling");
+      BucketBuffer& buffer = buffers_[b.buffer];
+      // The first reduction of a window writes the owned slice; later ones are added to it.
+      buffer.add_into_partition = b.received;
+      // Without accumulation only a bucket refilled by a late gradient needs the scratch.
+      if (buffer.add_into_partition && buffer.scratch.numel() < lb.shard_numel)
+        buffer.scratch = torch::empty({largest_shard_}, buffer.data.options());
+      torch::Tensor owned = buffer.add_into_partition ? buffer.scratch.narrow(0, 0, lb.shard_numel)
+                                                       : grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel);
+      buffer.handle =
+          comm_.reduce_scatter(buffer.data.narrow(0, 0, lb.numel), owned, ReduceOp::Sum, label, InputUse::Scratch);
+      b.state = BucketState::InFlight;
+      b.received = true;
+      if (!options_.overlap_comm) complete(b.buffer);
+      return;
+    }
+  }
+}
+
+void GradientReducer::complete(int k) {
+  BucketBuffer& buffer = buffers_[k];
+  if (buffer.bucket < 0) return;
+  BucketProgress& b = progress_[buffer.bucket];
+  // The bucket may have moved on to the other buffer since (a late gradient refilled it).
+  if (b.state != BucketState::InFlight || b.buffer != k) return;
+  buffer.handle.wait();
+  if (buffer.add_into_partition) {
+    const BucketLayout& lb = layout_.buckets[buffer.bucket];
+    grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel).add_(buffer.scratch.narrow(0, 0, lb.shard_numel));
+  }
+  b.state = BucketState::Idle;
+}
+
+// End of a backward with sharded gradients: launch what is still filling (in bucket order, the
+// same on every rank) and wait, so that only the owned partition holds gradients afterwards.
+void GradientReducer::flush_buckets() {
+  for (int bucket = 0; bucket < int(progress_.size()); ++bucket)
+    if (progress_[bucket].state == BucketState::Filling) launch(bucket);
+  for (int k = 0; k < buffer_count_; ++k) complete(k);
+}
+
+void GradientReducer::finish_window() {
+  if (reducing_ && !sharded()) {
+    // Buckets whose parameters received no gradient this step (unused in forward) are still
+    // reduced, in bucket order, so every rank issues the same collectives.
+    for (int b = 0; b < int(progress_.size()); ++b)
+      if (progress_[b].state != BucketState::InFlight) launch(b);
+    for (auto& b : progress_) b.handle->wait();
+  }
+  reducing_ = false;
+  if (sharded())
+    // A bucket that no gradient reached in this window holds no reduction: its slice is zero.
+    for (int b = 0; b < int(progress_.size()); ++b)
+      if (!progress_[b].received)
+        grad_partition_.narrow(0, layout_.buckets[b].partition_offset, layout_.buckets[b].shard_numel).zero_();
+}
+
+double GradientReducer::owned_square_sum() const {
+  auto square_sum = [](const torch::Tensor& t) {
+    const double norm = torch::linalg_vector_norm(t, 2, c10::nullopt, false, torch::kFloat32).item<double>();
+    return norm * norm;
+  };
+  double sum = 0.0;
+  for (int b = 0; b < int(layout_.buckets.size()); ++b) {
+    const BucketLayout& lb = layout_.buckets[b];
+    sum += square_sum(sharded() ? grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel)
+                                : flat_grads_.narrow(0, layout_.shard_offset(b, options_.shard_rank), lb.shard_numel));
+  }
+  return sum;
+}
+
+at::Tensor GradientReducer::owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t n) const {
+  return sharded() ? grad_partition_.narrow(0, partition_offset, n) : flat_grads_.narrow(0, flat_offset, n);
+}
+
+void GradientReducer::clear() {
+  if (sharded()) {
+    for (auto& b : progress_) b.received = false;
+  } else {
+    flat_grads_.zero_();
+  }
+}
+
+int64_t GradientReducer::gradient_bytes() const {
+  return int64_t(sharded() ? grad_partition_.nbytes() : flat_grads_.nbytes());
+}
+
+int64_t GradientReducer::buffer_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& buffer : buffers_)
+    if (buffer.data.defined()) bytes += int64_t(buffer.data.nbytes() + buffer.scratch.nbytes());
+  return bytes;
+}
+
+}  // namespace zt

@@ -1,0 +1,106 @@
+// Gradient reduction: the gradient memory, the buckets and the collectives that sum gradients
+// over the ranks (design §4 "backward"; docs/zero.md "Gradients"). Internal to the engine.
+//
+// Contract
+// - Owns the gradient arenas: the whole flat gradient buffer (gradients not sharded) or this
+//   rank's gradient partition plus one or two bucket buffers (gradients sharded, stage 2 and 3).
+// - The engine's autograd hooks drive it: before_gradient / after_gradient for placement i while
+//   a backward runs, between begin_backward and end_backward (abort_backward when it throws).
+// - After finish_window() (on the boundary micro-step) owned_gradient() holds, for the owned
+//   region, the sum over ranks of the scaled gradients of the window; clear() starts the next.
+// - Collectives are issued in bucket order, the same on every rank. Not thread-safe.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "zerotrain/comm.h"
+#include "zerotrain/layout.h"
+
+namespace zt {
+
+// How gradients travel; chosen once from the configuration's switches.
+enum class GradientReduction {
+  AllReduce,             // optimizer states not sharded: every rank gets the whole sum
+  ReduceScatterInPlace,  // optimizer states sharded: the owned shard of the full gradient buffer
+  ReduceScatterBuckets,  // gradients sharded too: bucket buffers reduced into the owned partition
+};
+
+class GradientReducer {
+ public:
+  struct Options {
+    GradientReduction reduction = GradientReduction::AllReduce;
+    int shard_rank = 0;
+    int world = 1;
+    at::ScalarType working_dtype;
+    int64_t accumulation_steps = 1;
+    bool overlap_comm = false;
+  };
+  GradientReducer(const FlatLayout& layout, const Options& options, Communicator& comm);
+
+  // Placement i's parameter (set once, after it has its storage): its .grad becomes a view into
+  // the gradient arena (or, sharded, into a bucket buffer while its bucket fills).
+  void attach(int placement, const at::Tensor& param);
+
+  bool sharded() const { return options_.reduction == GradientReduction::ReduceScatterBuckets; }
+  void begin_backward(bool boundary);
+  void abort_backward();
+  void end_backward();
+  void before_gradient(int placement);
+  // True when the gradient counts towards its bucket (the engine then counts it for its block).
+  bool after_gradient(int placement);
+  // Boundary micro-step: every reduction of the window has completed into the owned region.
+  void finish_window();
+
+  // Sum of squares of the owned region (the whole gradient when optimizer states are not sharded).
+  double owned_square_sum() const;
+  // The owned gradient of a fragment, in the working dtype.
+  at::Tensor owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t numel) const;
+  void clear();
+
+  int64_t gradient_bytes() const;
+  int64_t buffer_bytes() const;
+
+ private:
+  enum class BucketState { Idle, Filling, InFlight };
+  struct Slot {
+    at::Tensor param;
+    int bucket = 0;
+    at::Tensor bucket_grad_view[2];  // sharded: the gradient's place in each bucket buffer
+  };
+  struct BucketBuffer {
+    at::Tensor data;     // largest bucket, working dtype
+    at::Tensor scratch;  // largest shard: receives a reduction that must be added, not written
+    int bucket = -1;
+    bool add_into_partition = false;
+    CollectiveHandle handle;
+  };
+  struct BucketProgress {
+    int remaining = 0;      // gradients of this bucket still to arrive in this backward
+    BucketState state = BucketState::Idle;
+    int buffer = -1;
+    bool received = false;  // its owned partition slice holds a reduction of this window
+    std::optional<CollectiveHandle> handle;  // AllReduce / ReduceScatterInPlace
+  };
+
+  void acquire_buffer(int bucket);
+  void launch(int bucket);
+  void complete(int buffer);
+  void flush_buckets();
+
+  const FlatLayout& layout_;
+  Options options_;
+  Communicator& comm_;
+  std::vector<Slot> slots_;  // by placement
+  at::Tensor flat_grads_, grad_partition_;
+  BucketBuffer buffers_[2];
+  int buffer_count_ = 0, next_buffer_ = 0;
+  int64_t largest_shard_ = 0;
+  std::vector<BucketProgress> progress_;
+  bool in_backward_ = false;
+  bool reducing_ = false;  // this window's reductions are launched (from the hooks, or after backward)
+  bool reduce_whole_ = false;
+};
+
+}  // namespace zt

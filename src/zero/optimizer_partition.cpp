@@ -1,0 +1,371 @@
+#include "zero/optimizer_partition.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <limits>
+
+#include "common/check.h"
+#include "io/aio.h"
+#include "zero/gradient_reducer.h"
+#include "zerotrain/comm.h"
+
+namespace zt {
+namespace {
+
+// Chunk of 16-bit gradients converted to fp32 before one kernel call; bounds the scratch buffer.
+constexpr int64_t kConversionChunk = 1 << 20;
+
+}  // namespace
+
+// One pass of the step over the sub-groups: disk sub-groups of the pass's roles are read into a
+// ring of buffers ahead of their turn and written back after it (docs/offload.md "The step").
+class OptimizerPartition::Stream {
+ public:
+  struct Role {
+    const TieredArray* array = nullptr;
+    bool read = false, write = false;
+  };
+  Stream(io::AioEngine& io, const std::vector<SubGroup>& groups, int buffer_count, bool pipeline_read,
+         bool pipeline_write, const std::vector<const TieredArray*>& arrays)
+      : io_(io), groups_(groups), pipeline_read_(pipeline_read), pipeline_write_(pipeline_write) {
+    // One buffer holds every disk role of the largest sub-group.
+    int64_t largest = 0;
+    for (int g = 0; g < int(groups.size()); ++g) {
+      int64_t bytes = 0;
+      for (const TieredArray* a : arrays)
+        if (a && a->on_disk(g)) bytes += a->buffer_bytes(g);
+      largest = std::max(largest, bytes);
+    }
+    slots_.resize(size_t(std::max(1, buffer_count)));
+    if (largest > 0)
+      for (Slot& s : slots_) s.buffer = io::AlignedBuffer(largest);
+  }
+
+  int64_t buffer_bytes() const {
+    int64_t total = 0;
+    for (const Slot& s : slots_) total += s.buffer.size();
+    return total;
+  }
+
+  // Runs `body(g, pointer_of)` for every sub-group in order; pointer_of(role index, partition
+  // offset) gives the address of that element of a disk role in its buffer.
+  template <class Body>
+  void pass(const std::vector<Role>& roles, Body&& body) {
+    roles_ = roles;
+    const int n = int(groups_.size());
+    const int depth = int(slots_.size());
+    int issued = 0;
+    for (int g = 0; g < n; ++g) {
+      // Read ahead: sub-groups up to g + depth - 2 (one buffer is still being written back).
+      while (issued < n && (issued == g || (pipeline_read_ && issued <= g + depth - 2))) issue_reads(issued++);
+      Slot& slot = slots_[size_t(g % depth)];
+      wait(slot.reads);
+      body(g, [&](int role, int64_t offset) -> void* {
+        const int64_t at = slot.region[size_t(role)];
+        ZT_CHECK_STATE(at >= 0, "a disk role without a buffer region");
+        return static_cast<char*>(slot.buffer.data()) + at +
+               (offset - groups_[size_t(g)].begin) * roles_[size_t(role)].array->element_size();
+      });
+      for (size_t r = 0; r < roles_.size(); ++r)
+        if (roles_[r].write && roles_[r].array && roles_[r].array->on_disk(g))
+          slot.writes.push_back(roles_[r].array->write(g, static_cast<char*>(slot.buffer.data()) + slot.region[r]));
+      if (!pipeline_write_) wait(slot.writes);
+    }
+    for (Slot& s : slots_) wait(s.writes);
+  }
+
+  double stall_seconds() const { return stall_seconds_; }
+
+ private:
+  struct Slot {
+    io::AlignedBuffer buffer;
+    std::vector<int64_t> region;  // per role: byte offset in the buffer, -1 when not on disk
+    std::vector<io::AioEngine::Ticket> reads, writes;
+  };
+
+  void issue_reads(int g) {
+    Slot& slot = slots_[size_t(g % int(slots_.size()))];
+    wait(slot.writes);  // the buffer's previous sub-group must be on disk before it is reused
+    slot.region.assign(roles_.size(), -1);
+    int64_t at = 0;
+    for (size_t r = 0; r < roles_.size(); ++r) {
+      const TieredArray* a = roles_[r].array;
+      if (!a || !a->on_disk(g)) continue;
+      slot.region[r] = at;
+      if (roles_[r].read) slot.reads.push_back(a->read(g, static_cast<char*>(slot.buffer.data()) + at));
+      at += a->buffer_bytes(g);
+    }
+  }
+
+  void wait(std::vector<io::AioEngine::Ticket>& tickets) {
+    if (tickets.empty()) return;
+    const auto start = std::chrono::steady_clock::now();
+    for (auto t : tickets) io_.wait(t);
+    tickets.clear();
+    stall_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  io::AioEngine& io_;
+  const std::vector<SubGroup>& groups_;
+  bool pipeline_read_, pipeline_write_;
+  std::vector<Slot> slots_;
+  std::vector<Role> roles_;
+  double stall_seconds_ = 0;
+};
+
+OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& options, Communicator& comm,
+                                       Working working)
+    : layout_(layout), options_(options), comm_(comm), working_(std::move(working)) {
+  const OptimizerConfig& o = options.optimizer;
+  kind_ = o.type == "Lamb" ? Kind::Lamb : o.type == "SGD" ? Kind::Sgd : Kind::Adam;
+  adam_ = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction};
+  lamb_ = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction, o.min_coeff, o.max_coeff};
+  sgd_ = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov};
+  separate_master_ = options.working_dtype != at::kFloat;
+  const int64_t partition = layout.partition_numel;
+  const Tiers& tiers = options.tiers;
+  groups_ = tiers.groups.empty() ? std::vector<SubGroup>{{0, partition}} : tiers.groups;
+  const bool tiered = !tiers.on_disk.empty() && tiers.io != nullptr;
+  auto role = [&](const char* name, bool needed) {
+    if (!needed) return TieredArray(name, at::kFloat, 0);
+    if (!tiered) return TieredArray(name, at::kFloat, partition);
+    return TieredArray(name, at::kFloat, groups_, tiers.on_disk, *tiers.io, tiers.directory / (std::string(name) + ".swap"));
+  };
+  const bool first_moment = kind_ != Kind::Sgd || sgd_.momentum != 0.0;
+  // The long-lived arenas come first, so that later transients leave no holes beneath them.
+  master_ = role("master", separate_master_);
+  if (separate_master_) grad_scratch_ = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, torch::kFloat32);
+  exp_avg_ = role("exp_avg", first_moment);
+  exp_avg_sq_ = role("exp_avg_sq", kind_ != Kind::Sgd);
+  plan_chunks();
+  const bool working_on_disk = working_.partition && working_.partition->any_on_disk();
+  if (tiered || working_on_disk) {
+    ZT_CHECK_STATE(tiers.io != nullptr, "an offload tier without an I/O engine");
+    stream_ = std::make_unique<Stream>(*tiers.io, groups_, tiers.buffer_count, tiers.pipeline_read,
+                                       tiers.pipeline_write,
+                                       std::vector<const TieredArray*>{&master_, &exp_avg_, &exp_avg_sq_, working_.partition});
+  }
+}
+
+OptimizerPartition::~OptimizerPartition() = default;
+
+// Pieces of the owned fragments, contiguous in the flat buffer and the partition, cut at
+// sub-group boundaries and (16-bit) every kConversionChunk elements.
+void OptimizerPartition::plan_chunks() {
+  const int64_t limit = separate_master_ ? kConversionChunk : std::numeric_limits<int64_t>::max();
+  chunks_.assign(groups_.size(), {});
+  size_t g = 0;
+  for (const OwnedFragment& f : layout_.owned_fragments(options_.shard_rank)) {
+    for (int64_t done = 0; done < f.numel;) {
+      const int64_t at = f.partition_offset + done;
+      while (at >= groups_[g].begin + groups_[g].numel) ++g;
+      std::vector<Chunk>& chunks = chunks_[g];
+      if (chunks.empty() || chunks.back().numel >= limit ||
+          chunks.back().flat_offset + chunks.back().numel != f.flat_offset + done ||
+          chunks.back().partition_offset + chunks.back().numel != at)
+        chunks.push_back({f.flat_offset + done, at, 0, {0}, {}});
+      Chunk& c = chunks.back();
+      const int64_t take = std::min({f.numel - done, limit - c.numel, groups_[g].begin + groups_[g].numel - at});
+      c.numel += take;
+      c.bounds.push_back(c.numel);
+      c.placements.push_back(f.placement);
+      done += take;
+    }
+  }
+}
+
+void OptimizerPartition::store_master(int64_t begin, const at::Tensor& values) {
+  ZT_CHECK_STATE(separate_master_, "masters are stored only in 16-bit training");
+  master_.store(begin, values);
+}
+
+// Runs kernel(chunk, p, g, m, v, half_out) over every chunk, sub-group by sub-group; the roles on
+// disk are streamed (read before, written after).
+template <class Kernel>
+void OptimizerPartition::for_each_chunk(float grad_scale, const GradientReducer& gradients, bool writes_params,
+                                        Kernel&& kernel) {
+  (void)grad_scale;
+  TieredArray* const params = separate_master_ ? &master_ : working_.partition;  // null: the flat buffer
+  TieredArray* const half = separate_master_ ? working_.partition : nullptr;     // null: the flat buffer
+  enum { kParams, kExpAvg, kExpAvgSq, kHalf };
+  auto address = [&](const TieredArray* a, int role, int g, const Chunk& c, auto& disk_pointer) -> void* {
+    if (a == nullptr || !a->defined() || a->numel() == 0) return nullptr;
+    if (a->on_disk(g)) return disk_pointer(role, c.partition_offset);
+    return a->view(c.partition_offset, c.numel).data_ptr();
+  };
+  auto body = [&](int g, auto&& disk_pointer) {
+    for (const Chunk& c : chunks_[size_t(g)]) {
+      at::Tensor grad = gradients.owned_gradient(c.flat_offset, c.partition_offset, c.numel);
+      const float* grads;
+      if (separate_master_) {
+        at::Tensor converted = grad_scratch_.narrow(0, 0, c.numel);
+        converted.copy_(grad);
+        grads = converted.data_ptr<float>();
+      } else {
+        grads = grad.data_ptr<float>();
+      }
+      float* p = params ? static_cast<float*>(address(params, kParams, g, c, disk_pointer))
+                        : working_.flat.data_ptr<float>() + c.flat_offset;
+      float* m = static_cast<float*>(address(&exp_avg_, kExpAvg, g, c, disk_pointer));
+      float* v = static_cast<float*>(address(&exp_avg_sq_, kExpAvgSq, g, c, disk_pointer));
+      uint16_t* h = nullptr;
+      if (separate_master_)
+        h = half ? static_cast<uint16_t*>(address(half, kHalf, g, c, disk_pointer))
+                 : reinterpret_cast<uint16_t*>(working_.flat.data_ptr()) + c.flat_offset;
+      kernel(c, p, grads, m, v, h);
+    }
+  };
+  if (!stream_) {
+    auto no_disk = [](int, int64_t) -> void* { return nullptr; };
+    for (int g = 0; g < int(groups_.size()); ++g) body(g, no_disk);
+    return;
+  }
+  // The working partition is read only when it holds the masters (fp32); the 16-bit copy is
+  // only written.
+  std::vector<Stream::Role> roles = {{params, true, writes_params},
+                                     {&exp_avg_, true, true},
+                                     {&exp_avg_sq_, true, true},
+                                     {half, false, writes_params}};
+  const auto start = std::chrono::steady_clock::now();
+  const double stall_before = stream_->stall_seconds();
+  stream_->pass(roles, body);
+  (void)start;
+  io_counters_.seconds += stream_->stall_seconds() - stall_before;
+}
+
+void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients) {
+  optim::StepOptions options;
+  options.grad_scale = grad_scale;
+  if (separate_master_)
+    options.half = options_.working_dtype == at::kBFloat16 ? optim::HalfType::BF16 : optim::HalfType::FP16;
+  adam_.lr = lr;
+  sgd_.lr = lr;
+  lamb_.lr = lr;
+  auto with_half = [&](uint16_t* h) {
+    optim::StepOptions o = options;
+    o.half_out = h;
+    return o;
+  };
+  switch (kind_) {
+    case Kind::Adam:
+      for_each_chunk(grad_scale, gradients, true,
+                     [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t* h) {
+                       optim::adam_step(p, g, m, v, c.numel, adam_, step, with_half(h));
+                     });
+      break;
+    case Kind::Sgd:
+      for_each_chunk(grad_scale, gradients, true,
+                     [&](const Chunk& c, float* p, const float* g, float* m, float*, uint16_t* h) {
+                       optim::sgd_step(p, g, m, c.numel, sgd_, step, with_half(h));
+                     });
+      break;
+    case Kind::Lamb: {
+      const int tensors = int(layout_.placements.size());
+      // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
+      torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
+      double* s = sums.data_ptr<double>();
+      for_each_chunk(grad_scale, gradients, false,
+                     [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t*) {
+                       const int pieces = int(c.placements.size());
+                       std::vector<double> w_sq(pieces), u_sq(pieces);
+                       optim::lamb_partial_norms(p, g, m, v, c.numel, c.bounds.data(), pieces, lamb_, options,
+                                                 w_sq.data(), u_sq.data());
+                       for (int k = 0; k < pieces; ++k)
+                         if (c.placements[k] >= 0) {
+                           s[c.placements[k]] += w_sq[k];
+                           s[tensors + c.placements[k]] += u_sq[k];
+                         }
+                     });
+      if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
+      for_each_chunk(grad_scale, gradients, true,
+                     [&](const Chunk& c, float* p, const float*, float* m, float* v, uint16_t* h) {
+                       const int pieces = int(c.placements.size());
+                       std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
+                       for (int k = 0; k < pieces; ++k)
+                         if (c.placements[k] >= 0) {
+                           w_sq[k] = s[c.placements[k]];
+                           u_sq[k] = s[tensors + c.placements[k]];
+                         }
+                       optim::lamb_apply(p, m, v, c.numel, c.bounds.data(), pieces, w_sq.data(), u_sq.data(), lamb_,
+                                         step, with_half(h));
+                     });
+      break;
+    }
+  }
+}
+
+void OptimizerPartition::refresh_working_from_masters() {
+  if (!separate_master_) return;
+  for (const OwnedFragment& f : layout_.owned_fragments(options_.shard_rank)) {
+    if (f.placement < 0) continue;
+    at::Tensor masters = torch::empty({f.numel}, torch::kFloat32);
+    master_.load(f.partition_offset, masters);
+    if (working_.partition)
+      working_.partition->store(f.partition_offset, masters.to(options_.working_dtype));
+    else
+      working_.flat.narrow(0, f.flat_offset, f.numel).copy_(masters);
+  }
+}
+
+void OptimizerPartition::zero_moments() {
+  exp_avg_.fill_zero();
+  exp_avg_sq_.fill_zero();
+}
+
+std::vector<StateFragment> OptimizerPartition::fragments(bool with_moments,
+                                                         const std::function<std::string(int)>& name_of) const {
+  std::vector<StateFragment> out;
+  const TieredArray* params = separate_master_ ? &master_ : working_.partition;
+  for (const OwnedFragment& f : layout_.owned_fragments(options_.shard_rank)) {
+    if (f.placement < 0) continue;  // padding
+    StateFragment s;
+    s.parameter = name_of(f.placement);
+    s.begin = f.parameter_offset;
+    s.numel = f.numel;
+    auto read = [&](const TieredArray& a) {
+      if (!a.any_on_disk()) return a.view(f.partition_offset, f.numel);
+      at::Tensor copy = torch::empty({f.numel}, torch::kFloat32);
+      a.load(f.partition_offset, copy);
+      return copy;
+    };
+    s.roles["master"] = params ? read(*params) : working_.flat.narrow(0, f.flat_offset, f.numel);
+    if (with_moments && exp_avg_.numel()) s.roles["exp_avg"] = read(exp_avg_);
+    if (with_moments && exp_avg_sq_.numel()) s.roles["exp_avg_sq"] = read(exp_avg_sq_);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void OptimizerPartition::commit_fragments(const std::vector<StateFragment>& fragments) {
+  TieredArray* params = separate_master_ ? &master_ : working_.partition;
+  size_t i = 0;
+  for (const OwnedFragment& f : layout_.owned_fragments(options_.shard_rank)) {
+    if (f.placement < 0) continue;
+    const StateFragment& s = fragments.at(i++);
+    for (const auto& [role, values] : s.roles) {
+      if (role == "master") {
+        if (params) params->store(f.partition_offset, values);
+        else working_.flat.narrow(0, f.flat_offset, f.numel).copy_(values);
+      } else if (role == "exp_avg") {
+        exp_avg_.store(f.partition_offset, values);
+      } else if (role == "exp_avg_sq") {
+        exp_avg_sq_.store(f.partition_offset, values);
+      }
+    }
+  }
+}
+
+int64_t OptimizerPartition::memory_bytes() const {
+  return master_.memory_bytes() + exp_avg_.memory_bytes() + exp_avg_sq_.memory_bytes();
+}
+
+int64_t OptimizerPartition::disk_bytes() const {
+  return master_.disk_bytes() + exp_avg_.disk_bytes() + exp_avg_sq_.disk_bytes();
+}
+
+int64_t OptimizerPartition::buffer_bytes() const {
+  return (grad_scratch_.defined() ? int64_t(grad_scratch_.nbytes()) : 0) + (stream_ ? stream_->buffer_bytes() : 0);
+}
+
+}  // namespace zt

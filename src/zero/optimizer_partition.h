@@ -1,0 +1,120 @@
+// The optimizer partition: this rank's fp32 master weights and optimizer moments, and the fused
+// step over them (design §4 "step"; docs/zero.md "The optimizer step", docs/offload.md). Where
+// the state lives (memory or NVMe) is this part's business alone: the rest of the engine sees a
+// step and, for checkpoints, fragments by parameter name.
+//
+// Contract
+// - The roles are TieredArrays over the partition (zero/partition_store.h): "master" (16-bit
+//   training only; in fp32 the working parameters are the masters), "exp_avg", "exp_avg_sq"
+//   (as the optimizer needs them).
+// - step() runs the optimizer kernels over the partition sub-group by sub-group, in partition
+//   order. Sub-groups in memory are stepped in place; with sub-groups on NVMe they stream through
+//   `buffer_count` aligned buffers: the read of the next ones overlaps the step of this one and
+//   the write-back of the previous ones (pipeline_read / pipeline_write false: synchronous).
+//   The result is the same, bit for bit, wherever the state lives.
+// - Not thread-safe. Collectives: LAMB's per-tensor norms (one all-reduce per step).
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <memory>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "optim/cpu_kernels.h"
+#include "zero/partition_store.h"
+#include "zerotrain/config.h"
+#include "zerotrain/layout.h"
+
+namespace zt {
+
+class Communicator;
+class GradientReducer;
+namespace io {
+class AioEngine;
+class AlignedBuffer;
+}
+
+class OptimizerPartition {
+ public:
+  enum class Kind { Adam, Lamb, Sgd };
+  // The working parameters the step writes: the whole flat buffer (parameters not sharded) or
+  // this rank's partition of them (sharded; it may be tiered too).
+  struct Working {
+    at::Tensor flat;
+    TieredArray* partition = nullptr;
+  };
+  // Where the roles live. Default: every element in memory, one sub-group.
+  struct Tiers {
+    std::vector<SubGroup> groups;   // empty: one sub-group, the whole partition
+    std::vector<char> on_disk;      // per sub-group (empty: none)
+    io::AioEngine* io = nullptr;
+    std::filesystem::path directory;  // swap files: <directory>/<role>.swap
+    int buffer_count = 4;
+    bool pipeline_read = true, pipeline_write = true;
+  };
+  struct Options {
+    OptimizerConfig optimizer;
+    at::ScalarType working_dtype = at::kFloat;
+    int shard_rank = 0, shard_world = 1;
+    Tiers tiers;
+  };
+
+  OptimizerPartition(const FlatLayout& layout, const Options& options, Communicator& comm, Working working);
+  ~OptimizerPartition();
+
+  bool separate_master() const { return separate_master_; }
+  Kind kind() const { return kind_; }
+  // Initial masters (16-bit training): `values` (fp32) for partition [begin, begin + numel).
+  void store_master(int64_t begin, const at::Tensor& values);
+  // One optimizer step with learning rate `lr`, the optimizer's own 1-based step count `step`
+  // (bias correction) and every gradient multiplied by `grad_scale` first.
+  void step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients);
+  // Rounds the working copy of the owned region from the masters (after a checkpoint load).
+  void refresh_working_from_masters();
+  void zero_moments();
+
+  // This rank's state by parameter name and range, as fp32 tensors (checkpoints). Saving: views
+  // of the state (or, for what is on NVMe, copies read from it); loading: tensors that
+  // commit_fragments() writes back.
+  std::vector<StateFragment> fragments(bool with_moments, const std::function<std::string(int)>& name_of) const;
+  void commit_fragments(const std::vector<StateFragment>& fragments);
+
+  int64_t memory_bytes() const;   // masters and moments in host memory
+  int64_t disk_bytes() const;     // masters and moments in swap files
+  int64_t buffer_bytes() const;   // conversion scratch and the stream buffers
+  struct IoCounters { int64_t bytes_read = 0, bytes_written = 0; double seconds = 0; };
+  IoCounters io_counters() const { return io_counters_; }
+
+ private:
+  struct Chunk {  // contiguous in the flat buffer and the partition, within one sub-group
+    int64_t flat_offset = 0, partition_offset = 0, numel = 0;
+    std::vector<int64_t> bounds{0};  // LAMB: piece boundaries relative to the chunk
+    std::vector<int> placements;     // LAMB: the placement of each piece, -1 for padding
+  };
+  struct Pointers;  // one sub-group's roles, resident
+  class Stream;
+  void plan_chunks();
+  template <class Kernel>
+  void for_each_chunk(float grad_scale, const GradientReducer& gradients, bool writes_half, Kernel&& kernel);
+
+  const FlatLayout& layout_;
+  Options options_;
+  Communicator& comm_;
+  Working working_;
+  Kind kind_ = Kind::Adam;
+  bool separate_master_ = false;
+  optim::AdamHyperparameters adam_;
+  optim::LambHyperparameters lamb_;
+  optim::SgdHyperparameters sgd_;
+  std::vector<SubGroup> groups_;
+  std::vector<std::vector<Chunk>> chunks_;  // per sub-group
+  TieredArray master_, exp_avg_, exp_avg_sq_;
+  at::Tensor grad_scratch_;
+  std::unique_ptr<Stream> stream_;
+  IoCounters io_counters_;
+};
+
+}  // namespace zt

@@ -1,0 +1,151 @@
+#include "zero/partition_store.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "io/aio.h"
+
+namespace zt {
+
+std::vector<SubGroup> plan_sub_groups(const FlatLayout& layout, int64_t sub_group_size) {
+  ZT_CHECK_STATE(sub_group_size > 0, "sub_group_size must be positive");
+  // A multiple of 2048 elements is a whole number of 4 KiB pages in fp32 and in 16 bits, so the
+  // sub-groups of one bucket lie back to back in a swap file and a bucket's shard reads as one
+  // contiguous run.
+  sub_group_size = (sub_group_size + kSubGroupGranule - 1) / kSubGroupGranule * kSubGroupGranule;
+  std::vector<SubGroup> groups;
+  for (const BucketLayout& b : layout.buckets)
+    for (int64_t done = 0; done < b.shard_numel; done += sub_group_size)
+      groups.push_back({b.partition_offset + done, std::min(sub_group_size, b.shard_numel - done)});
+  return groups;
+}
+
+TieredArray::TieredArray(std::string role, at::ScalarType dtype, int64_t numel)
+    : role_(std::move(role)), dtype_(dtype), numel_(numel),
+      memory_(torch::zeros({numel}, torch::TensorOptions().dtype(dtype))) {}
+
+int64_t TieredArray::element_size() const { return int64_t(c10::elementSize(dtype_)); }
+
+int TieredArray::group_of(int64_t begin) const {
+  auto it = std::upper_bound(groups_.begin(), groups_.end(), begin,
+                             [](int64_t value, const SubGroup& g) { return value < g.begin; });
+  ZT_CHECK_STATE(it != groups_.begin(), "partition offset before the first sub-group");
+  return int(it - groups_.begin()) - 1;
+}
+
+at::Tensor TieredArray::view(int64_t begin, int64_t n) const {
+  if (disk_.empty()) return memory_.narrow(0, begin, n);
+  // Memory sub-groups lie back to back in partition order: a range of them is one run.
+  const int first = group_of(begin);
+  for (int g = first; g < int(groups_.size()) && groups_[size_t(g)].begin < begin + n; ++g)
+    ZT_CHECK_STATE(!disk_[size_t(g)], role_ + ": a view of a sub-group that is on disk");
+  return memory_.narrow(0, place_[size_t(first)] + (begin - groups_[size_t(first)].begin), n);
+}
+
+int64_t TieredArray::memory_bytes() const { return memory_.defined() ? int64_t(memory_.nbytes()) : 0; }
+
+}  // namespace zt
+
+namespace zt {
+
+TieredArray::TieredArray(std::string role, at::ScalarType dtype, const std::vector<SubGroup>& groups,
+                         const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file)
+    : role_(std::move(role)), dtype_(dtype), groups_(groups), disk_(on_disk), io_(&io), path_(file) {
+  ZT_CHECK_STATE(groups.size() == on_disk.size(), role_ + ": one tier flag per sub-group");
+  int64_t memory = 0;
+  place_.resize(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    numel_ += groups[g].numel;
+    if (disk_[g]) {
+      place_[g] = file_bytes_;
+      file_bytes_ += io::align_up(groups[g].numel * element_size());
+      ++disk_count_;
+    } else {
+      place_[g] = memory;
+      memory += groups[g].numel;
+    }
+  }
+  memory_ = torch::zeros({memory}, torch::TensorOptions().dtype(dtype));
+  if (disk_count_ > 0) {
+    file_id_ = io.open(file, file_bytes_);
+    // A new swap file reads as zeros; the moments start there, the masters are stored next.
+    fill_zero();
+  }
+}
+
+int64_t TieredArray::buffer_bytes(int g) const { return io::align_up(groups_[size_t(g)].numel * element_size()); }
+
+int64_t TieredArray::read(int g, void* destination) const {
+  ZT_CHECK_STATE(on_disk(g), role_ + ": reading a sub-group that is in memory");
+  return io_->read(file_id_, place_[size_t(g)], destination, buffer_bytes(g));
+}
+
+int64_t TieredArray::write(int g, const void* source) const {
+  ZT_CHECK_STATE(on_disk(g), role_ + ": writing a sub-group that is in memory");
+  return io_->write(file_id_, place_[size_t(g)], source, buffer_bytes(g));
+}
+
+void TieredArray::store(int64_t begin, const at::Tensor& values) {
+  const at::Tensor flat = values.reshape({-1});
+  const int64_t end = begin + flat.numel();
+  if (disk_.empty()) {
+    memory_.narrow(0, begin, flat.numel()).copy_(flat);
+    return;
+  }
+  for (int g = group_of(begin); g < int(groups_.size()) && groups_[size_t(g)].begin < end; ++g) {
+    const SubGroup& sg = groups_[size_t(g)];
+    const int64_t from = std::max(begin, sg.begin), to = std::min(end, sg.begin + sg.numel);
+    const at::Tensor piece = flat.narrow(0, from - begin, to - from);
+    if (!disk_[size_t(g)]) {
+      memory_.narrow(0, place_[size_t(g)] + (from - sg.begin), to - from).copy_(piece);
+      continue;
+    }
+    io::AlignedBuffer bounce(buffer_bytes(g));
+    if (from != sg.begin || to != sg.begin + sg.numel) io_->wait(read(g, bounce.data()));
+    at::Tensor staged = torch::from_blob(bounce.data(), {sg.numel}, torch::TensorOptions().dtype(dtype_));
+    staged.narrow(0, from - sg.begin, to - from).copy_(piece);
+    io_->wait(write(g, bounce.data()));
+  }
+}
+
+void TieredArray::load(int64_t begin, at::Tensor& out) const {
+  at::Tensor flat = out.view({-1});
+  const int64_t end = begin + flat.numel();
+  if (disk_.empty()) {
+    flat.copy_(memory_.narrow(0, begin, flat.numel()));
+    return;
+  }
+  for (int g = group_of(begin); g < int(groups_.size()) && groups_[size_t(g)].begin < end; ++g) {
+    const SubGroup& sg = groups_[size_t(g)];
+    const int64_t from = std::max(begin, sg.begin), to = std::min(end, sg.begin + sg.numel);
+    at::Tensor piece = flat.narrow(0, from - begin, to - from);
+    if (!disk_[size_t(g)]) {
+      piece.copy_(memory_.narrow(0, place_[size_t(g)] + (from - sg.begin), to - from));
+      continue;
+    }
+    io::AlignedBuffer bounce(buffer_bytes(g));
+    io_->wait(read(g, bounce.data()));
+    piece.copy_(torch::from_blob(bounce.data(), {sg.numel}, torch::TensorOptions().dtype(dtype_))
+                    .narrow(0, from - sg.begin, to - from));
+  }
+}
+
+void TieredArray::fill_zero() {
+  if (memory_.defined()) memory_.zero_();
+  if (disk_count_ == 0) return;
+  // Zeros written in large pieces from one buffer: every disk sub-group, issued together.
+  int64_t largest = 0;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (disk_[g]) largest = std::max(largest, buffer_bytes(int(g)));
+  io::AlignedBuffer zeros(largest);
+  std::memset(zeros.data(), 0, size_t(zeros.size()));
+  std::vector<int64_t> tickets;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (disk_[g]) tickets.push_back(write(int(g), zeros.data()));
+  for (int64_t t : tickets) io_->wait(t);
+}
+
+}  // namespace zt

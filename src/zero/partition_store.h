@@ -1,0 +1,94 @@
+// Where this rank's partition state lives: one TieredArray per role (fp32 master weights, the
+// optimizer moments, the stage-3 working parameters), each element range either in host memory
+// or in a swap file on NVMe (ZeRO-Infinity; docs/offload.md). Internal to the engine.
+//
+// Contract
+// - The partition [0, P) is cut into sub-groups (plan_sub_groups): the unit a swap file is read
+//   and written in. Sub-groups never straddle a bucket's shard, so a stage-3 block (whole
+//   buckets) is whole sub-groups too.
+// - A TieredArray keeps the sub-groups it was told to keep in memory in one exact-size tensor, in
+//   partition order (all in memory: that tensor is the partition's arena, with no copy or
+//   indirection anywhere), and the others in its swap file, each sub-group at an aligned offset.
+// - Disk sub-groups are only reachable by read()/write() into caller-owned aligned buffers;
+//   memory sub-groups by view(). Not thread-safe; the I/O itself runs on the AioEngine's threads.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "zerotrain/layout.h"
+
+namespace zt {
+
+namespace io {
+class AioEngine;
+}
+
+struct SubGroup {
+  int64_t begin = 0;  // partition offset
+  int64_t numel = 0;
+};
+
+// Cuts [0, layout.partition_numel) at every bucket shard's start and every `sub_group_size`
+// elements within a shard, sub_group_size rounded up to a multiple of kSubGroupGranule.
+constexpr int64_t kSubGroupGranule = 2048;
+std::vector<SubGroup> plan_sub_groups(const FlatLayout& layout, int64_t sub_group_size);
+
+class TieredArray {
+ public:
+  TieredArray() = default;
+  // Every element in memory, zero-filled.
+  TieredArray(std::string role, at::ScalarType dtype, int64_t numel);
+  // Sub-group g on disk where on_disk[g], in `file` (created, sized), the rest in memory (zeros).
+  TieredArray(std::string role, at::ScalarType dtype, const std::vector<SubGroup>& groups,
+              const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file);
+
+  bool defined() const { return numel_ > 0 || memory_.defined(); }
+  const std::string& role() const { return role_; }
+  at::ScalarType dtype() const { return dtype_; }
+  int64_t element_size() const;
+  int64_t numel() const { return numel_; }
+  bool on_disk(int g) const { return !disk_.empty() && disk_[g]; }
+  bool any_on_disk() const { return disk_count_ > 0; }
+
+  // [begin, begin + n) of the partition, which must lie in memory sub-groups.
+  at::Tensor view(int64_t begin, int64_t n) const;
+  // The memory tensor (the whole arena when nothing is on disk).
+  const at::Tensor& memory() const { return memory_; }
+  int64_t memory_bytes() const;
+  int64_t disk_bytes() const { return file_bytes_; }
+
+  // Synchronous copies of [begin, begin + values.numel()) in or out (converted to or from this
+  // array's dtype), across sub-groups and tiers; a disk sub-group only partly covered is read,
+  // changed and written back. For construction and checkpoints, not for the step.
+  void store(int64_t begin, const at::Tensor& values);
+  void load(int64_t begin, at::Tensor& out) const;
+  void fill_zero();
+
+  // Disk sub-groups: bytes a buffer must hold (aligned), and asynchronous transfers of the whole
+  // sub-group; the returned ticket is waited on the AioEngine.
+  int64_t buffer_bytes(int g) const;
+  int64_t read(int g, void* destination) const;
+  int64_t write(int g, const void* source) const;
+  const std::filesystem::path& file() const { return path_; }
+
+ private:
+  int group_of(int64_t begin) const;
+  std::string role_;
+  at::ScalarType dtype_ = at::kFloat;
+  int64_t numel_ = 0;
+  at::Tensor memory_;
+  std::vector<SubGroup> groups_;
+  std::vector<char> disk_;
+  std::vector<int64_t> place_;  // per sub-group: memory element offset, or file byte offset
+  int disk_count_ = 0;
+  int64_t file_bytes_ = 0;
+  io::AioEngine* io_ = nullptr;
+  int file_id_ = -1;
+  std::filesystem::path path_;
+};
+
+}  // namespace zt

@@ -1,0 +1,430 @@
+// ZeRO-Offload / ZeRO-Infinity (docs/offload.md): the optimizer state and the stage-3 parameter
+// shards in host memory or in swap files on NVMe train exactly as when everything is in memory,
+// at N = 1, 2, 3 ranks; faults of the disk are named errors; pre-flight refuses a bad nvme_path.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "support/multirank.h"
+#include "zero/partition_store.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+#include "zerotrain/error.h"
+#include "zerotrain/layout.h"
+#include "zerotrain/models/gpt.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using zt::testing::is_rank_process;
+using zt::testing::run_ranks;
+
+std::shared_ptr<zt::Communicator> rank_communicator() {
+  return zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
+}
+
+// A directory for swap files, shared by the ranks of one test (they make their own subdirectory).
+fs::path swap_root() {
+  const char* dir = std::getenv("ZT_TEST_SWAP_DIR");
+  fs::path root = dir ? fs::path(dir) : fs::temp_directory_path() / "zerotrain-offload-test";
+  fs::create_directories(root);
+  return root;
+}
+
+struct RunOptions {
+  int stage = 1;
+  std::string precision = "fp32";
+  std::string optimizer_device = "none";
+  std::string param_device = "none";
+  std::string optimizer_name = "AdamW";
+  int64_t sub_group_size = 3000;
+  int buffer_count = 4;
+  bool pipeline = true;
+  double ratio = 1.0;
+  int64_t max_in_cpu = 0;
+  int steps = 10;
+};
+
+struct RunResult {
+  std::vector<double> losses, grad_norms;
+  torch::Tensor final_parameters;  // stages 0-2: all trainable parameters, fp32
+  zt::OffloadReport report;
+};
+
+zt::TrainConfig make_config(const RunOptions& o, int world, const fs::path& root) {
+  std::string json = R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "gradient_clipping": 0.05,
+    "optimizer": {"type": ")" + o.optimizer_name + R"(", "params": {"lr": 0.003, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": )" + std::to_string(o.stage) +
+                     R"(, "reduce_bucket_size": 5000, "overlap_comm": true, "stage3_param_persistence_threshold": 100,
+      "sub_group_size": )" + std::to_string(o.sub_group_size);
+  if (o.optimizer_device != "none") {
+    json += R"(, "offload_optimizer": {"device": ")" + o.optimizer_device + "\"";
+    if (o.optimizer_device == "nvme")
+      json += R"(, "nvme_path": ")" + root.string() + R"(", "buffer_count": )" + std::to_string(o.buffer_count) +
+              R"(, "pipeline_read": )" + (o.pipeline ? "true" : "false") + R"(, "pipeline_write": )" +
+              (o.pipeline ? "true" : "false") + R"(, "ratio": )" + std::to_string(o.ratio);
+    json += "}";
+  }
+  if (o.param_device != "none") {
+    json += R"(, "offload_param": {"device": ")" + o.param_device + "\"";
+    if (o.param_device == "nvme")
+      json += R"(, "nvme_path": ")" + root.string() + R"(", "buffer_count": 3, "max_in_cpu": )" +
+              std::to_string(o.max_in_cpu);
+    json += "}";
+  }
+  json += "}";
+  if (o.precision == "bf16") json += R"(, "bf16": {"enabled": true})";
+  return zt::parse_config(json + "}", {}, world);
+}
+
+// The tiny GPT from a fixed seed, trained on batches that depend only on (rank, step, micro-step).
+RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
+  const int rank = comm->rank(), world = comm->world_size();
+  const auto config = make_config(o, world, swap_root());
+  torch::manual_seed(7);
+  auto gpt_config = zt::gpt_preset("tiny");
+  auto model = zt::GPT(gpt_config);
+  zt::Engine engine(model.ptr(), config, comm);
+  RunResult result;
+  for (int step = 0; step < o.steps; ++step) {
+    double loss_sum = 0;
+    zt::StepResult r;
+    for (int a = 0; a < 2; ++a) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + 10 * step + a);
+      auto tokens = torch::randint(0, gpt_config.vocab_size, {2, 17}, gen, torch::kLong);
+      auto loss = model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
+      loss_sum += loss.item<double>();
+      engine.backward(loss);
+      r = engine.step();
+    }
+    EXPECT_TRUE(r.stepped);
+    result.losses.push_back(loss_sum / 2);
+    result.grad_norms.push_back(r.grad_norm);
+  }
+  if (o.stage < 3) {
+    std::vector<torch::Tensor> flat;
+    for (auto& p : model->parameters())
+      if (p.requires_grad()) flat.push_back(p.detach().to(torch::kFloat).reshape({-1}));
+    result.final_parameters = torch::cat(flat);
+  }
+  result.report = engine.offload_report();
+  return result;
+}
+
+std::string describe(const RunOptions& o) {
+  return "stage " + std::to_string(o.stage) + " " + o.precision + " optimizer->" + o.optimizer_device +
+         " params->" + o.param_device + " " + o.optimizer_name + " sub_group " + std::to_string(o.sub_group_size) +
+         " buffers " + std::to_string(o.buffer_count) + (o.pipeline ? " pipelined" : " synchronous") + " ratio " +
+         std::to_string(o.ratio);
+}
+
+// Bit for bit: the same kernels on the same values in the same order, wherever the state lives.
+void expect_identical(const RunResult& reference, const RunResult& run, const RunOptions& o) {
+  const std::string what = describe(o);
+  ASSERT_EQ(reference.losses.size(), run.losses.size()) << what;
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i;
+    EXPECT_EQ(run.grad_norms[i], reference.grad_norms[i]) << what << " step " << i;
+  }
+  if (reference.final_parameters.defined())
+    EXPECT_TRUE(torch::equal(run.final_parameters, reference.final_parameters)) << what;
+}
+
+void expect_ranks_pass(const std::string& filter, std::vector<int> worlds) {
+  for (int world : worlds) {
+    auto r = run_ranks(world, filter, {{"ZT_COMM_TIMEOUT_SECONDS", "60"}}, std::chrono::seconds(240));
+    EXPECT_TRUE(r.all_succeeded()) << filter << " on " << world << " ranks failed:\n" << r.describe();
+  }
+}
+
+void expect_offload_parity(int stage, const std::string& precision) {
+  auto comm = rank_communicator();
+  RunOptions base{.stage = stage, .precision = precision};
+  const RunResult reference = train(comm, base);
+  for (double norm : reference.grad_norms) ASSERT_GT(norm, 0.05) << "clipping must be active on every step";
+  std::vector<RunOptions> variants;
+  auto with = [&](auto&& change) {
+    RunOptions o = base;
+    change(o);
+    variants.push_back(o);
+  };
+  with([](RunOptions& o) { o.optimizer_device = "cpu"; });
+  with([](RunOptions& o) { o.optimizer_device = "nvme"; });
+  with([](RunOptions& o) {
+    o.optimizer_device = "nvme";
+    o.buffer_count = 1;
+    o.pipeline = false;
+    o.sub_group_size = 1 << 20;
+  });
+  with([](RunOptions& o) {
+    o.optimizer_device = "nvme";
+    o.ratio = 0.5;
+  });
+  if (stage == 3) {
+    with([](RunOptions& o) { o.param_device = "nvme"; });
+    with([](RunOptions& o) {
+      o.optimizer_device = "nvme";
+      o.param_device = "nvme";
+    });
+    with([](RunOptions& o) {
+      o.optimizer_device = "nvme";
+      o.param_device = "nvme";
+      o.max_in_cpu = 20000;
+      o.sub_group_size = 1024;
+    });
+  }
+  for (const RunOptions& o : variants) {
+    const RunResult run = train(comm, o);
+    expect_identical(reference, run, o);
+    if (o.optimizer_device == "nvme") {
+      EXPECT_GT(run.report.nvme_optimizer_bytes, 0) << describe(o);
+      EXPECT_GT(run.report.bytes_read, 0) << describe(o);
+      EXPECT_GT(run.report.bytes_written, 0) << describe(o);
+    }
+    if (o.param_device == "nvme") EXPECT_GT(run.report.nvme_parameter_bytes, 0) << describe(o);
+  }
+}
+
+}  // namespace
+
+TEST(OffloadParity, Fp32StageOneEqualsInMemory) {
+  if (is_rank_process()) return expect_offload_parity(1, "fp32");
+  expect_ranks_pass("OffloadParity.Fp32StageOneEqualsInMemory", {1, 2, 3});
+}
+
+TEST(OffloadParity, Fp32StageTwoEqualsInMemory) {
+  if (is_rank_process()) return expect_offload_parity(2, "fp32");
+  expect_ranks_pass("OffloadParity.Fp32StageTwoEqualsInMemory", {1, 2, 3});
+}
+
+TEST(OffloadParity, Fp32StageThreeEqualsInMemory) {
+  if (is_rank_process()) return expect_offload_parity(3, "fp32");
+  expect_ranks_pass("OffloadParity.Fp32StageThreeEqualsInMemory", {1, 2, 3});
+}
+
+// 16-bit working copy with fp32 masters: the masters and moments stream too, the rounded copy is
+// written to the parameter tier; still identical to the in-memory run.
+TEST(OffloadParity, Bf16StagesTwoAndThreeEqualInMemory) {
+  if (is_rank_process()) {
+    expect_offload_parity(2, "bf16");
+    expect_offload_parity(3, "bf16");
+    return;
+  }
+  expect_ranks_pass("OffloadParity.Bf16StagesTwoAndThreeEqualInMemory", {2});
+}
+
+// LAMB reads the state twice per step (norms, then the update) and SGD has one moment.
+TEST(OffloadParity, LambAndSgdEqualInMemory) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    for (std::string name : {"Lamb", "SGD"}) {
+      RunOptions base{.stage = 3, .optimizer_name = name, .steps = 4};
+      const RunResult reference = train(comm, base);
+      RunOptions o = base;
+      o.optimizer_device = "nvme";
+      o.param_device = "nvme";
+      expect_identical(reference, train(comm, o), o);
+    }
+    return;
+  }
+  expect_ranks_pass("OffloadParity.LambAndSgdEqualInMemory", {2});
+}
+
+// ---------------------------------------------------------------- resume across tiers
+
+namespace {
+
+struct Session {
+  std::shared_ptr<zt::GPTImpl> model;
+  std::unique_ptr<zt::Engine> engine;
+};
+
+Session open_session(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
+  torch::manual_seed(7);
+  Session s;
+  s.model = zt::GPT(zt::gpt_preset("tiny")).ptr();
+  s.engine = std::make_unique<zt::Engine>(s.model, make_config(o, comm->world_size(), swap_root()), comm);
+  return s;
+}
+
+// Steps [first, last) of the run `train` does, on an open session; returns the losses.
+std::vector<double> run_steps(Session& s, int rank, int first, int last) {
+  std::vector<double> losses;
+  for (int step = first; step < last; ++step) {
+    double loss_sum = 0;
+    for (int a = 0; a < 2; ++a) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + 10 * step + a);
+      auto tokens = torch::randint(0, 256, {2, 17}, gen, torch::kLong);
+      auto loss = s.model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
+      loss_sum += loss.item<double>();
+      s.engine->backward(loss);
+      s.engine->step();
+    }
+    losses.push_back(loss_sum / 2);
+  }
+  return losses;
+}
+
+// A checkpoint saved with NVMe offload resumes without it, and the reverse, exactly: the losses
+// after the resume equal the uninterrupted run's.
+void expect_exact_resume_across_tiers(int stage) {
+  auto comm = rank_communicator();
+  const int rank = comm->rank();
+  const fs::path dir = swap_root() / ("resume-" + std::to_string(stage) + "-" + std::to_string(comm->world_size()));
+  if (rank == 0) fs::remove_all(dir);
+  comm->barrier("test.clean");
+  RunOptions memory{.stage = stage};
+  RunOptions nvme = memory;
+  nvme.optimizer_device = "nvme";
+  if (stage == 3) nvme.param_device = "nvme";
+  std::vector<double> uninterrupted;
+  {
+    Session s = open_session(comm, memory);
+    uninterrupted = run_steps(s, rank, 0, 6);
+  }
+  for (auto [save, load] : {std::pair{nvme, memory}, std::pair{memory, nvme}}) {
+    const std::string tag = save.optimizer_device == "nvme" ? "from-nvme" : "from-memory";
+    {
+      Session s = open_session(comm, save);
+      run_steps(s, rank, 0, 3);
+      s.engine->save_checkpoint(dir.string(), tag);
+    }
+    Session s = open_session(comm, load);
+    s.engine->load_checkpoint(dir.string(), tag);
+    const std::vector<double> resumed = run_steps(s, rank, 3, 6);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(resumed[size_t(i)], uninterrupted[size_t(3 + i)]) << tag << " step " << 3 + i;
+  }
+}
+
+}  // namespace
+
+TEST(OffloadCheckpoint, ExactResumeAcrossOffloadOnAndOff) {
+  if (is_rank_process()) {
+    expect_exact_resume_across_tiers(2);
+    expect_exact_resume_across_tiers(3);
+    return;
+  }
+  expect_ranks_pass("OffloadCheckpoint.ExactResumeAcrossOffloadOnAndOff", {1, 2});
+}
+
+// ---------------------------------------------------------------- faults
+
+namespace {
+
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) { setenv(name.c_str(), value.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+RunOptions nvme_everything() {
+  RunOptions o{.stage = 3, .optimizer_device = "nvme", .param_device = "nvme"};
+  return o;
+}
+
+// Block requests the engine's construction writes (the zeroed and initial state): none of them
+// reads, so a fault counted from the k-th request past these lands inside training.
+int64_t construction_requests(std::shared_ptr<zt::Communicator> comm) {
+  Session s = open_session(comm, nvme_everything());
+  return s.engine->offload_report().requests;
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// A read error, a write error and a full disk in the middle of training: each is an error that
+// names the swap file, the offset and the errno, and the checkpoint saved before is intact (it
+// loads, and training from it equals the run that never failed).
+TEST(OffloadFaults, DiskErrorsDuringTrainingAreNamedAndTheCheckpointSurvives) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const fs::path dir = swap_root() / "faults-training";
+  fs::remove_all(dir);
+  std::vector<double> clean;
+  {
+    Session s = open_session(comm, nvme_everything());
+    run_steps(s, 0, 0, 2);
+    s.engine->save_checkpoint(dir.string(), "good");
+    clean = run_steps(s, 0, 2, 4);
+  }
+  const int64_t at_start = construction_requests(comm);
+  ASSERT_GT(at_start, 0);
+  for (const std::string& fault : std::vector<std::string>{"read:7", "write:" + std::to_string(at_start + 5),
+                                                        "full:" + std::to_string(at_start + 9)}) {
+    const std::string message = error_of([&] {
+      ScopedEnv env("ZT_IO_FAULT", fault);
+      Session s = open_session(comm, nvme_everything());
+      run_steps(s, 0, 0, 4);
+    });
+    EXPECT_NE(message.find(".swap' at offset "), std::string::npos) << fault << ": " << message;
+    EXPECT_NE(message.find("errno"), std::string::npos) << fault << ": " << message;
+    if (fault.starts_with("full")) EXPECT_NE(message.find("No space left on device"), std::string::npos) << message;
+    // What was saved before is intact.
+    Session s = open_session(comm, nvme_everything());
+    s.engine->load_checkpoint(dir.string(), "good");
+    EXPECT_EQ(run_steps(s, 0, 2, 4), clean) << fault;
+  }
+}
+
+// A disk error while a checkpoint is being saved (reading the state from the swap files) fails
+// the save without publishing anything: `latest` still names the previous checkpoint.
+TEST(OffloadFaults, DiskErrorDuringASaveKeepsThePreviousCheckpoint) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const fs::path dir = swap_root() / "faults-save";
+  fs::remove_all(dir);
+  {
+    Session s = open_session(comm, nvme_everything());
+    run_steps(s, 0, 0, 1);
+    s.engine->save_checkpoint(dir.string(), "first");
+  }
+  const std::string message = error_of([&] {
+    // Construction only writes; the first read is the save's, of the state on disk.
+    ScopedEnv env("ZT_IO_FAULT", "read:1");
+    Session s = open_session(comm, nvme_everything());
+    s.engine->save_checkpoint(dir.string(), "second");
+  });
+  EXPECT_NE(message.find("reading '"), std::string::npos) << message;
+  std::ifstream latest(dir / "latest");
+  std::string name;
+  std::getline(latest, name);
+  EXPECT_EQ(name, "first");
+  EXPECT_FALSE(fs::exists(dir / "second"));
+}
+
+// ---------------------------------------------------------------- pre-flight
+
+TEST(OffloadPreflight, BadNvmePathsAreRefusedBeforeTraining) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const fs::path missing = swap_root() / "no-such-directory";
+  fs::remove_all(missing);
+  const fs::path file = swap_root() / "a-regular-file";
+  std::ofstream(file) << "x";
+  for (const auto& [path, expected] : {std::pair{missing, "does not exist"}, std::pair{file, "not a directory"}}) {
+    torch::manual_seed(7);
+    auto model = zt::GPT(zt::gpt_preset("tiny"));
+    auto config = make_config({.stage = 2, .optimizer_device = "nvme"}, 1, path);
+    try {
+      zt::Engine engine(model.ptr(), config, comm);
+      ADD_FAILURE() << path << " was accepted";
+    } catch (const zt::ConfigError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("zero_optimization.offload_optimizer.nvme_path"), std::string::npos) << message;
+      EXPECT_NE(message.find(path.string()), std::string::npos) << message;
+      EXPECT_NE(message.find(expected), std::string::npos) << message;
+    }
+  }
+}
