@@ -27,18 +27,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# vocab, context, layers, heads, width: the table in src/models/gpt.cpp.
-PRESETS = {
-    "tiny": (256, 64, 2, 2, 64),
-    "small": (256, 128, 4, 4, 128),
-    "gpt2-124m": (50257, 1024, 12, 12, 768),
-    "gpt2-350m": (50257, 1024, 24, 16, 1024),
-    "gpt2-774m": (50257, 1024, 36, 20, 1280),
-    "gpt2-1.5b": (50257, 1024, 48, 25, 1600),
-    "gpt-2.7b": (50257, 2048, 32, 32, 2560),
-    "gpt-6.7b": (50257, 2048, 32, 32, 4096),
-    "gpt-13b": (50257, 2048, 40, 40, 5120),
-}
+# vocab, context, layers, heads, width: the table in src/models/gpt.cpp, kept once in offload_common.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from offload_common import PRESETS  # noqa: E402
 
 
 def parameter_count(preset):

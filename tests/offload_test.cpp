@@ -48,6 +48,7 @@ struct RunOptions {
   bool pipeline = true;
   double ratio = 1.0;
   int64_t max_in_cpu = 0;
+  int param_buffer_count = 3;
   int steps = 10;
 };
 
@@ -75,8 +76,8 @@ zt::TrainConfig make_config(const RunOptions& o, int world, const fs::path& root
   if (o.param_device != "none") {
     json += R"(, "offload_param": {"device": ")" + o.param_device + "\"";
     if (o.param_device == "nvme")
-      json += R"(, "nvme_path": ")" + root.string() + R"(", "buffer_count": 3, "max_in_cpu": )" +
-              std::to_string(o.max_in_cpu);
+      json += R"(, "nvme_path": ")" + root.string() + R"(", "buffer_count": )" + std::to_string(o.param_buffer_count) +
+              R"(, "max_in_cpu": )" + std::to_string(o.max_in_cpu);
     json += "}";
   }
   json += "}";
@@ -121,7 +122,7 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
 std::string describe(const RunOptions& o) {
   return "stage " + std::to_string(o.stage) + " " + o.precision + " optimizer->" + o.optimizer_device +
          " params->" + o.param_device + " " + o.optimizer_name + " sub_group " + std::to_string(o.sub_group_size) +
-         " buffers " + std::to_string(o.buffer_count) + (o.pipeline ? " pipelined" : " synchronous") + " ratio " +
+         " buffers " + std::to_string(o.buffer_count) + "/" + std::to_string(o.param_buffer_count) + (o.pipeline ? " pipelined" : " synchronous") + " ratio " +
          std::to_string(o.ratio);
 }
 
@@ -144,7 +145,9 @@ void expect_ranks_pass(const std::string& filter, std::vector<int> worlds) {
   }
 }
 
-void expect_offload_parity(int stage, const std::string& precision) {
+enum class Tiers { Optimizer, Parameters, Both };
+
+void expect_offload_parity(int stage, const std::string& precision, Tiers tiers = Tiers::Both) {
   auto comm = rank_communicator();
   RunOptions base{.stage = stage, .precision = precision};
   const RunResult reference = train(comm, base);
@@ -155,23 +158,30 @@ void expect_offload_parity(int stage, const std::string& precision) {
     change(o);
     variants.push_back(o);
   };
-  with([](RunOptions& o) { o.optimizer_device = "cpu"; });
-  with([](RunOptions& o) { o.optimizer_device = "nvme"; });
-  with([](RunOptions& o) {
-    o.optimizer_device = "nvme";
-    o.buffer_count = 1;
-    o.pipeline = false;
-    o.sub_group_size = 1 << 20;
-  });
-  with([](RunOptions& o) {
-    o.optimizer_device = "nvme";
-    o.ratio = 0.5;
-  });
-  if (stage == 3) {
+  if (tiers != Tiers::Parameters) {
+    with([](RunOptions& o) { o.optimizer_device = "cpu"; });
+    with([](RunOptions& o) { o.optimizer_device = "nvme"; });
+    with([](RunOptions& o) {
+      o.optimizer_device = "nvme";
+      o.buffer_count = 1;
+      o.pipeline = false;
+      o.sub_group_size = 1 << 20;
+    });
+    with([](RunOptions& o) {
+      o.optimizer_device = "nvme";
+      o.ratio = 0.5;
+    });
+  }
+  if (stage == 3 && tiers != Tiers::Optimizer) {
     with([](RunOptions& o) { o.param_device = "nvme"; });
     with([](RunOptions& o) {
       o.optimizer_device = "nvme";
       o.param_device = "nvme";
+    });
+    // One shard buffer: every prefetched gather must complete before the next block is read.
+    with([](RunOptions& o) {
+      o.param_device = "nvme";
+      o.param_buffer_count = 1;
     });
     with([](RunOptions& o) {
       o.optimizer_device = "nvme";
@@ -204,9 +214,16 @@ TEST(OffloadParity, Fp32StageTwoEqualsInMemory) {
   expect_ranks_pass("OffloadParity.Fp32StageTwoEqualsInMemory", {1, 2, 3});
 }
 
-TEST(OffloadParity, Fp32StageThreeEqualsInMemory) {
-  if (is_rank_process()) return expect_offload_parity(3, "fp32");
-  expect_ranks_pass("OffloadParity.Fp32StageThreeEqualsInMemory", {1, 2, 3});
+TEST(OffloadParity, Fp32StageThreeOptimizerTiersEqualInMemory) {
+  if (is_rank_process()) return expect_offload_parity(3, "fp32", Tiers::Optimizer);
+  expect_ranks_pass("OffloadParity.Fp32StageThreeOptimizerTiersEqualInMemory", {1, 2, 3});
+}
+
+// The parameter shards on NVMe, alone, with the optimizer too, and with some blocks kept in
+// memory (max_in_cpu) and several sub-groups per bucket.
+TEST(OffloadParity, Fp32StageThreeParameterTiersEqualInMemory) {
+  if (is_rank_process()) return expect_offload_parity(3, "fp32", Tiers::Parameters);
+  expect_ranks_pass("OffloadParity.Fp32StageThreeParameterTiersEqualInMemory", {1, 2, 3});
 }
 
 // 16-bit working copy with fp32 masters: the masters and moments stream too, the rounded copy is

@@ -17,6 +17,7 @@
 //   Activation checkpointing is modelled although the engine does not implement it yet (the
 //   configuration rejects it); estimates that use it say so in notes.
 #pragma once
+#include "zerotrain/config.h"
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,9 +28,8 @@ namespace zt {
 struct TrainConfig;
 struct GPTConfig;
 
-enum class OffloadTarget { None, Cpu, Nvme };
+using OffloadTarget = OffloadDevice;  // zerotrain/config.h: none, cpu, nvme
 enum class DeviceKind { Cpu, Cuda };
-const char* to_string(OffloadTarget target);
 const char* to_string(DeviceKind kind);
 // "none", "cpu", "nvme" / "cpu", "cuda"; throws ConfigError naming `what` otherwise.
 OffloadTarget parse_offload_target(const std::string& text, const std::string& what);

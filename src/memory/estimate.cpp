@@ -38,15 +38,6 @@ OffloadTarget target_of(OffloadDevice device) {
 
 }  // namespace
 
-const char* to_string(OffloadTarget target) {
-  switch (target) {
-    case OffloadTarget::None: return "none";
-    case OffloadTarget::Cpu: return "cpu";
-    case OffloadTarget::Nvme: return "nvme";
-  }
-  return "?";
-}
-
 const char* to_string(DeviceKind kind) { return kind == DeviceKind::Cpu ? "cpu" : "cuda"; }
 
 OffloadTarget parse_offload_target(const std::string& text, const std::string& what) {

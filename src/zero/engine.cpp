@@ -180,7 +180,7 @@ struct Engine::Impl {
     this->specs = specs;
 
     // The parts, long-lived arenas first (so that the transients of the loop below leave no holes
-    // beneath them): working parameters, optimizer state, gradients.
+    // beneath them): working parameters and optimizer state; the gradients follow the loop.
     const OffloadPlan plan = plan_offload();
     auto working = torch::TensorOptions().dtype(working_dtype);
     if (shard_parameters) {
@@ -214,14 +214,6 @@ struct Engine::Impl {
     if (shard_parameters) optimizer_working.partition = &param_partition;
     else optimizer_working.flat = flat_params;
     optimizer = std::make_unique<OptimizerPartition>(layout, optimizer_options, *comm, optimizer_working);
-    const GradientReduction reduction = config.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
-                                        : config.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
-                                                                             : GradientReduction::AllReduce;
-    reducer = std::make_unique<GradientReducer>(
-        layout,
-        GradientReducer::Options{reduction, shard_rank, world, working_dtype, config.gradient_accumulation_steps,
-                                 config.zero.overlap_comm},
-        *comm);
     if (shard_parameters)
       gatherer = std::make_unique<ParameterGatherer>(layout, std::move(planned_blocks), config.zero, working_dtype,
                                                      *comm, *parameter_tier);
@@ -271,6 +263,17 @@ struct Engine::Impl {
       gatherer->adopt_bucket(b, std::move(full));
     }
     for (PendingBlock& p : pending) materialize(p, moved);  // blocks without trainable parameters
+
+    // The gradient arenas come after the initial values are in place: a model built sharded
+    // holds its shards until then, and the two never need to coexist.
+    const GradientReduction reduction = config.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
+                                        : config.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
+                                                                             : GradientReduction::AllReduce;
+    reducer = std::make_unique<GradientReducer>(
+        layout,
+        GradientReducer::Options{reduction, shard_rank, world, working_dtype, config.gradient_accumulation_steps,
+                                 config.zero.overlap_comm},
+        *comm);
 
     // Frozen parameters and floating-point buffers follow the working dtype so that the model's
     // operations see one dtype; they get no gradient or optimizer memory.

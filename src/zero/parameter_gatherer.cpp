@@ -135,6 +135,12 @@ void ParameterGatherer::release_all() {
 void ParameterGatherer::launch_gather(int block) {
   BlockState& state = blocks_[block];
   ZT_CHECK_STATE(state.residence == Residence::Released, "gathering a block that is not released");
+  // The shard source's buffers are held by the gathers in flight: complete the oldest ones
+  // until this block's shards have a place.
+  while (!shards_.can_prepare(block)) {
+    ZT_CHECK_STATE(!gathering_order_.empty(), "no shard buffer free and no gather in flight to free one");
+    complete_gathering(gathering_order_.front());
+  }
   shards_.prepare(block);
   for (int b : state.buckets) {
     torch::Tensor& full = bucket_params_[b];
@@ -144,6 +150,7 @@ void ParameterGatherer::launch_gather(int block) {
     state.gathering.push_back(comm_.all_gather(shards_.shard(b), full, "params." + state.name));
   }
   state.residence = Residence::Gathering;
+  gathering_order_.push_back(block);
   gathered_bytes_ += state.bytes;
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
 }
@@ -151,12 +158,16 @@ void ParameterGatherer::launch_gather(int block) {
 void ParameterGatherer::gather(int block) {
   BlockState& state = blocks_[block];
   if (state.residence == Residence::Released) launch_gather(block);
-  if (state.residence == Residence::Gathering) {
-    for (auto& h : state.gathering) h.wait();
-    state.gathering.clear();
-    state.residence = Residence::Gathered;
-    shards_.done(block);
-  }
+  if (state.residence == Residence::Gathering) complete_gathering(block);
+}
+
+void ParameterGatherer::complete_gathering(int block) {
+  BlockState& state = blocks_[block];
+  for (auto& h : state.gathering) h.wait();
+  state.gathering.clear();
+  state.residence = Residence::Gathered;
+  std::erase(gathering_order_, block);
+  shards_.done(block);
 }
 
 // Frees the block's full parameters; their tensors (and views autograd saved) stay valid as
@@ -198,6 +209,7 @@ void ParameterGatherer::prefetch(int64_t position, int direction) {
   for (; launched < budget && p >= 0 && p < int64_t(recorded_order_.size()); p += direction) {
     const int block = recorded_order_[p];
     if (blocks_[block].residence != Residence::Released) continue;
+    if (!shards_.can_prepare(block)) break;  // a prefetch never waits for a buffer
     launch_gather(block);
     ++prefetched_;
     launched += blocks_[block].numel;

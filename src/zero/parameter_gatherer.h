@@ -43,6 +43,12 @@ class ParameterShards {
   virtual void done(int block) = 0;
   // The blocks expected next (in order), for reading ahead; called after each prepare().
   virtual void expect(const std::vector<int>& upcoming) { (void)upcoming; }
+  // Whether prepare(block) can be called now; when not, gathers in flight must complete (done())
+  // first. An offload tier has a fixed number of buffers.
+  virtual bool can_prepare(int block) const {
+    (void)block;
+    return true;
+  }
 };
 
 // Memory for gathered blocks. A released block's buffer is kept for the next gather of the same
@@ -112,6 +118,7 @@ class ParameterGatherer : public BlockRunner {
   };
 
   void launch_gather(int block);
+  void complete_gathering(int block);
   void gather(int block);
   void release(int block);
   void release_storage(int bucket);
@@ -132,6 +139,7 @@ class ParameterGatherer : public BlockRunner {
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0, prefetched_ = 0;
   // Block order: recorded (and checked across ranks) until the first backward, then used to
   // prefetch. docs/zero.md "Stage 3".
+  std::vector<int> gathering_order_;  // blocks in Gathering state, oldest launch first
   std::vector<int> recorded_order_;
   bool order_known_ = false;
   int64_t forward_position_ = 0;

@@ -109,6 +109,13 @@ at::Tensor ParameterTier::shard(int bucket) {
   return torch::from_blob(base, {lb.shard_numel}, torch::TensorOptions().dtype(partition_.dtype()));
 }
 
+bool ParameterTier::can_prepare(int block) const {
+  if (block < 0 || !block_on_disk_[size_t(block)]) return true;
+  for (const Buffer& b : buffers_)
+    if (!b.in_use) return true;  // its own read-ahead buffer, or one to read into
+  return false;
+}
+
 void ParameterTier::done(int block) {
   if (block < 0 || !block_on_disk_[size_t(block)]) return;
   const int k = find(block);

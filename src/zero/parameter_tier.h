@@ -25,6 +25,7 @@ class ParameterTier : public ParameterShards {
   at::Tensor shard(int bucket) override;
   void done(int block) override;
   void expect(const std::vector<int>& upcoming) override;
+  bool can_prepare(int block) const override;
   // The step rewrites the partition: what was read ahead is stale.
   void invalidate();
 

@@ -69,11 +69,9 @@ TieredArray::TieredArray(std::string role, at::ScalarType dtype, const std::vect
     }
   }
   memory_ = torch::zeros({memory}, torch::TensorOptions().dtype(dtype));
-  if (disk_count_ > 0) {
-    file_id_ = io.open(file, file_bytes_);
-    // A new swap file reads as zeros; the moments start there, the masters are stored next.
-    fill_zero();
-  }
+  // A new swap file is created empty and allocated (fallocate), so it reads as zeros: the moments
+  // start there without a write, the masters and parameters are stored next.
+  if (disk_count_ > 0) file_id_ = io.open(file, file_bytes_);
 }
 
 int64_t TieredArray::buffer_bytes(int g) const { return io::align_up(groups_[size_t(g)].numel * element_size()); }
