@@ -26,6 +26,8 @@ using zt::testing::is_rank_process;
 using zt::testing::run_ranks;
 
 std::shared_ptr<zt::Communicator> rank_communicator() {
+  // Up to three ranks of two such tests share two cores: one intra-op thread each.
+  at::set_num_threads(1);
   return zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
 }
 
@@ -43,7 +45,7 @@ struct RunOptions {
   std::string optimizer_device = "none";
   std::string param_device = "none";
   std::string optimizer_name = "AdamW";
-  int64_t sub_group_size = 3000;
+  int64_t sub_group_size = 16384;
   int buffer_count = 4;
   bool pipeline = true;
   double ratio = 1.0;
@@ -63,7 +65,7 @@ zt::TrainConfig make_config(const RunOptions& o, int world, const fs::path& root
     "gradient_clipping": 0.05,
     "optimizer": {"type": ")" + o.optimizer_name + R"(", "params": {"lr": 0.003, "weight_decay": 0.01}},
     "zero_optimization": {"stage": )" + std::to_string(o.stage) +
-                     R"(, "reduce_bucket_size": 5000, "overlap_comm": true, "stage3_param_persistence_threshold": 100,
+                     R"(, "reduce_bucket_size": 40000, "overlap_comm": true, "stage3_param_persistence_threshold": 100,
       "sub_group_size": )" + std::to_string(o.sub_group_size);
   if (o.optimizer_device != "none") {
     json += R"(, "offload_optimizer": {"device": ")" + o.optimizer_device + "\"";
@@ -187,7 +189,7 @@ void expect_offload_parity(int stage, const std::string& precision, Tiers tiers 
       o.optimizer_device = "nvme";
       o.param_device = "nvme";
       o.max_in_cpu = 20000;
-      o.sub_group_size = 1024;
+      o.sub_group_size = 2048;  // several sub-groups per bucket
     });
   }
   for (const RunOptions& o : variants) {
