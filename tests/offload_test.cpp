@@ -447,3 +447,39 @@ TEST(OffloadPreflight, BadNvmePathsAreRefusedBeforeTraining) {
     }
   }
 }
+
+// Keys only the engine reads: aio.block_size splits the transfers (more requests for the same
+// bytes), a parameter buffer smaller than a block's shard and the not yet implemented delayed
+// update are refused by name before training.
+TEST(OffloadKeys, TheEngineHonoursOrRefusesWhatOnlyItReads) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  auto requests_with_block_size = [&](int64_t block_size) {
+    torch::manual_seed(7);
+    auto model = zt::GPT(zt::gpt_preset("tiny"));
+    auto config = make_config({.stage = 2, .optimizer_device = "nvme", .sub_group_size = 1 << 20}, 1, swap_root());
+    config.aio.block_size = block_size;
+    Session s{model.ptr(), std::make_unique<zt::Engine>(model.ptr(), config, comm)};
+    run_steps(s, 0, 0, 1);
+    return s.engine->offload_report().requests;
+  };
+  EXPECT_GT(requests_with_block_size(4096), 2 * requests_with_block_size(1 << 20));
+
+  auto refusal = [&](const std::function<void(zt::TrainConfig&)>& change) {
+    torch::manual_seed(7);
+    auto model = zt::GPT(zt::gpt_preset("tiny"));
+    auto config = make_config({.stage = 3, .optimizer_device = "nvme", .param_device = "nvme"}, 1, swap_root());
+    change(config);
+    try {
+      zt::Engine engine(model.ptr(), config, comm);
+    } catch (const zt::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refusal([](zt::TrainConfig& c) { c.zero.offload_optimizer.delayed_update = true; })
+                .find("zero_optimization.offload_optimizer.delayed_update: not implemented"),
+            std::string::npos);
+  EXPECT_NE(refusal([](zt::TrainConfig& c) { c.zero.offload_param.buffer_size = 10; })
+                .find("zero_optimization.offload_param.buffer_size: expected at least the largest block's shard"),
+            std::string::npos);
+}

@@ -183,9 +183,7 @@ void OptimizerPartition::store_master(int64_t begin, const at::Tensor& values) {
 // Runs kernel(chunk, p, g, m, v, half_out) over every chunk, sub-group by sub-group; the roles on
 // disk are streamed (read before, written after).
 template <class Kernel>
-void OptimizerPartition::for_each_chunk(float grad_scale, const GradientReducer& gradients, bool writes_params,
-                                        Kernel&& kernel) {
-  (void)grad_scale;
+void OptimizerPartition::for_each_chunk(const GradientReducer& gradients, bool writes_params, Kernel&& kernel) {
   TieredArray* const params = separate_master_ ? &master_ : working_.partition;  // null: the flat buffer
   TieredArray* const half = separate_master_ ? working_.partition : nullptr;     // null: the flat buffer
   enum { kParams, kExpAvg, kExpAvgSq, kHalf };
@@ -227,10 +225,8 @@ void OptimizerPartition::for_each_chunk(float grad_scale, const GradientReducer&
                                      {&exp_avg_, true, true},
                                      {&exp_avg_sq_, true, true},
                                      {half, false, writes_params}};
-  const auto start = std::chrono::steady_clock::now();
   const double stall_before = stream_->stall_seconds();
   stream_->pass(roles, body);
-  (void)start;
   io_counters_.seconds += stream_->stall_seconds() - stall_before;
 }
 
@@ -249,13 +245,13 @@ void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const G
   };
   switch (kind_) {
     case Kind::Adam:
-      for_each_chunk(grad_scale, gradients, true,
+      for_each_chunk(gradients, true,
                      [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t* h) {
                        optim::adam_step(p, g, m, v, c.numel, adam_, step, with_half(h));
                      });
       break;
     case Kind::Sgd:
-      for_each_chunk(grad_scale, gradients, true,
+      for_each_chunk(gradients, true,
                      [&](const Chunk& c, float* p, const float* g, float* m, float*, uint16_t* h) {
                        optim::sgd_step(p, g, m, c.numel, sgd_, step, with_half(h));
                      });
@@ -265,7 +261,7 @@ void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const G
       // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
       torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
       double* s = sums.data_ptr<double>();
-      for_each_chunk(grad_scale, gradients, false,
+      for_each_chunk(gradients, false,
                      [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t*) {
                        const int pieces = int(c.placements.size());
                        std::vector<double> w_sq(pieces), u_sq(pieces);
@@ -278,7 +274,7 @@ void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const G
                          }
                      });
       if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
-      for_each_chunk(grad_scale, gradients, true,
+      for_each_chunk(gradients, true,
                      [&](const Chunk& c, float* p, const float*, float* m, float* v, uint16_t* h) {
                        const int pieces = int(c.placements.size());
                        std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0

@@ -98,7 +98,7 @@ class OptimizerPartition {
   class Stream;
   void plan_chunks();
   template <class Kernel>
-  void for_each_chunk(float grad_scale, const GradientReducer& gradients, bool writes_half, Kernel&& kernel);
+  void for_each_chunk(const GradientReducer& gradients, bool writes_params, Kernel&& kernel);
 
   const FlatLayout& layout_;
   Options options_;
