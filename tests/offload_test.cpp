@@ -10,7 +10,10 @@
 #include <fstream>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "support/multirank.h"
+#include "support/process.h"
 #include "zero/partition_store.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -52,6 +55,8 @@ struct RunOptions {
   int64_t max_in_cpu = 0;
   int param_buffer_count = 3;
   int steps = 10;
+  bool delayed = false;  // offload_optimizer.delayed_update
+  int delayed_after = 3;
 };
 
 struct RunResult {
@@ -69,6 +74,7 @@ zt::TrainConfig make_config(const RunOptions& o, int world, const fs::path& root
       "sub_group_size": )" + std::to_string(o.sub_group_size);
   if (o.optimizer_device != "none") {
     json += R"(, "offload_optimizer": {"device": ")" + o.optimizer_device + "\"";
+    if (o.delayed) json += R"(, "delayed_update": true, "delayed_update_after": )" + std::to_string(o.delayed_after);
     if (o.optimizer_device == "nvme")
       json += R"(, "nvme_path": ")" + root.string() + R"(", "buffer_count": )" + std::to_string(o.buffer_count) +
               R"(, "pipeline_read": )" + (o.pipeline ? "true" : "false") + R"(, "pipeline_write": )" +
@@ -108,9 +114,11 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
       r = engine.step();
     }
     EXPECT_TRUE(r.stepped);
+    EXPECT_EQ(r.delayed, o.delayed && step + 1 > o.delayed_after);
     result.losses.push_back(loss_sum / 2);
     result.grad_norms.push_back(r.grad_norm);
   }
+  engine.apply_pending_update();
   if (o.stage < 3) {
     std::vector<torch::Tensor> flat;
     for (auto& p : model->parameters())
@@ -125,7 +133,7 @@ std::string describe(const RunOptions& o) {
   return "stage " + std::to_string(o.stage) + " " + o.precision + " optimizer->" + o.optimizer_device +
          " params->" + o.param_device + " " + o.optimizer_name + " sub_group " + std::to_string(o.sub_group_size) +
          " buffers " + std::to_string(o.buffer_count) + "/" + std::to_string(o.param_buffer_count) + (o.pipeline ? " pipelined" : " synchronous") + " ratio " +
-         std::to_string(o.ratio);
+         std::to_string(o.ratio) + (o.delayed ? " delayed after " + std::to_string(o.delayed_after) : "");
 }
 
 // Bit for bit: the same kernels on the same values in the same order, wherever the state lives.
@@ -449,8 +457,7 @@ TEST(OffloadPreflight, BadNvmePathsAreRefusedBeforeTraining) {
 }
 
 // Keys only the engine reads: aio.block_size splits the transfers (more requests for the same
-// bytes), a parameter buffer smaller than a block's shard and the not yet implemented delayed
-// update are refused by name before training.
+// bytes), and a parameter buffer smaller than a block's shard is refused by name before training.
 TEST(OffloadKeys, TheEngineHonoursOrRefusesWhatOnlyItReads) {
   auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
   auto requests_with_block_size = [&](int64_t block_size) {
@@ -476,10 +483,205 @@ TEST(OffloadKeys, TheEngineHonoursOrRefusesWhatOnlyItReads) {
     }
     return std::string();
   };
-  EXPECT_NE(refusal([](zt::TrainConfig& c) { c.zero.offload_optimizer.delayed_update = true; })
-                .find("zero_optimization.offload_optimizer.delayed_update: not implemented"),
-            std::string::npos);
   EXPECT_NE(refusal([](zt::TrainConfig& c) { c.zero.offload_param.buffer_size = 10; })
                 .find("zero_optimization.offload_param.buffer_size: expected at least the largest block's shard"),
             std::string::npos);
+}
+
+// ---------------------------------------------------------------- delayed parameter update
+
+namespace {
+
+// The tiny GPT's trainable parameters in registration order.
+std::vector<torch::Tensor> trainable_parameters(zt::GPTImpl& model) {
+  std::vector<torch::Tensor> out;
+  for (auto& p : model.parameters())
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
+// Plain LibTorch AdamW with clipping and accumulation, as `train` runs it, with the delayed
+// update's meaning written out: from step `after` + 1 on, step t's update is computed but the
+// next forward runs on the weights from before it.
+std::vector<double> reference_delayed_losses(int steps, int after) {
+  torch::manual_seed(7);
+  auto model = zt::GPT(zt::gpt_preset("tiny"));
+  std::vector<torch::Tensor> working = trainable_parameters(*model);
+  std::vector<torch::Tensor> masters;
+  for (auto& p : working) masters.push_back(p.detach().clone().requires_grad_(true));
+  torch::optim::AdamW optimizer(masters, torch::optim::AdamWOptions(0.003).weight_decay(0.01));
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    for (auto& p : working) p.mutable_grad() = torch::Tensor();
+    double loss_sum = 0;
+    for (int a = 0; a < 2; ++a) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(10 * step + a);
+      auto tokens = torch::randint(0, 256, {2, 17}, gen, torch::kLong);
+      auto loss = model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
+      loss_sum += loss.item<double>();
+      (loss / 2.0).backward();
+    }
+    losses.push_back(loss_sum / 2);
+    torch::nn::utils::clip_grad_norm_(working, 0.05);
+    for (size_t i = 0; i < working.size(); ++i) masters[i].mutable_grad() = working[i].grad().clone();
+    const bool delayed = step + 1 > after;
+    std::vector<torch::Tensor> before;
+    if (delayed)
+      for (auto& m : masters) before.push_back(m.detach().clone());
+    optimizer.step();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < working.size(); ++i) working[i].copy_(delayed ? before[i] : masters[i].detach());
+  }
+  return losses;
+}
+
+}  // namespace
+
+// What the delayed update means, against plain LibTorch: the first `delayed_update_after` + 1
+// losses equal the undelayed run's bit for bit, and from then on every loss is the one of weights
+// one step stale (within the tolerance of two different Adam implementations; the undelayed run
+// is outside it, so the comparison tells the two apart).
+TEST(OffloadDelayed, MatchesTorchAdamWAppliedOneStepLate) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  constexpr int kSteps = 10, kAfter = 3;
+  const std::vector<double> reference = reference_delayed_losses(kSteps, kAfter);
+  const RunResult undelayed = train(comm, {.stage = 1, .optimizer_device = "cpu", .steps = kSteps});
+  for (std::string device : {"cpu", "nvme"}) {
+    RunOptions o{.stage = 1, .optimizer_device = device, .steps = kSteps, .delayed = true, .delayed_after = kAfter};
+    const RunResult delayed = train(comm, o);
+    for (int i = 0; i <= kAfter; ++i)
+      EXPECT_EQ(delayed.losses[size_t(i)], undelayed.losses[size_t(i)]) << device << " step " << i + 1;
+    double undelayed_gap = 0;
+    for (int i = 0; i < kSteps; ++i) {
+      EXPECT_NEAR(delayed.losses[size_t(i)], reference[size_t(i)], 2e-5 * reference[size_t(i)])
+          << device << " step " << i + 1;
+      undelayed_gap = std::max(undelayed_gap, std::abs(undelayed.losses[size_t(i)] - reference[size_t(i)]) / reference[size_t(i)]);
+    }
+    EXPECT_GT(undelayed_gap, 2e-4) << "the undelayed run must differ from the delayed reference";
+  }
+}
+
+// The delayed update gives the same values wherever the state lives, at N = 1, 2, 3 and stages
+// 1-3, with the parameter shards on NVMe too (the next working copy trades places with them).
+TEST(OffloadDelayed, TiersAgreeBitwiseAtEveryStage) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    for (int stage : {1, 2, 3}) {
+      const RunOptions undelayed_options{.stage = stage, .optimizer_device = "cpu", .steps = 7};
+      const RunResult undelayed = train(comm, undelayed_options);
+      RunOptions base = undelayed_options;
+      base.delayed = true;
+      const RunResult reference = train(comm, base);
+      for (int i = 0; i <= base.delayed_after; ++i)
+        EXPECT_EQ(reference.losses[size_t(i)], undelayed.losses[size_t(i)]) << describe(base) << " step " << i + 1;
+      EXPECT_NE(reference.losses.back(), undelayed.losses.back()) << describe(base);
+      std::vector<RunOptions> variants;
+      RunOptions o = base;
+      o.optimizer_device = "nvme";
+      variants.push_back(o);
+      if (stage == 3) {
+        o.param_device = "nvme";
+        variants.push_back(o);
+        o.optimizer_device = "cpu";
+        o.sub_group_size = 2048;
+        variants.push_back(o);
+      }
+      for (const RunOptions& v : variants) {
+        const RunResult run = train(comm, v);
+        expect_identical(reference, run, v);
+        if (v.param_device == "nvme") EXPECT_GT(run.report.nvme_parameter_bytes, 0) << describe(v);
+      }
+    }
+    return;
+  }
+  expect_ranks_pass("OffloadDelayed.TiersAgreeBitwiseAtEveryStage", {1, 2, 3});
+}
+
+// A save completes the step in flight, in the run that saves as in the one that resumes, so a
+// resume is exact with the delayed update; and LAMB, whose step needs an all-reduce, is refused
+// on several ranks by name.
+TEST(OffloadDelayed, ResumeIsExactAndLambIsRefusedOnSeveralRanks) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const int rank = comm->rank();
+    const fs::path dir = swap_root() / ("delayed-resume-" + std::to_string(comm->world_size()));
+    if (rank == 0) fs::remove_all(dir);
+    comm->barrier("test.clean");
+    for (int stage : {2, 3}) {
+      RunOptions o{.stage = stage, .optimizer_device = "nvme", .delayed = true, .delayed_after = 1};
+      if (stage == 3) o.param_device = "nvme";
+      std::vector<double> uninterrupted;
+      const std::string tag = "stage" + std::to_string(stage);
+      {
+        Session s = open_session(comm, o);
+        run_steps(s, rank, 0, 4);
+        s.engine->save_checkpoint(dir.string(), tag);
+        uninterrupted = run_steps(s, rank, 4, 8);
+      }
+      Session s = open_session(comm, o);
+      s.engine->load_checkpoint(dir.string(), tag);
+      const std::vector<double> resumed = run_steps(s, rank, 4, 8);
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(resumed[size_t(i)], uninterrupted[size_t(i)]) << tag << " step " << 5 + i;
+    }
+    if (comm->world_size() > 1) {
+      torch::manual_seed(7);
+      auto model = zt::GPT(zt::gpt_preset("tiny"));
+      auto config = make_config({.stage = 2, .optimizer_device = "cpu", .optimizer_name = "Lamb", .delayed = true},
+                                comm->world_size(), swap_root());
+      try {
+        zt::Engine engine(model.ptr(), config, comm);
+        ADD_FAILURE() << "a delayed LAMB step on several ranks was accepted";
+      } catch (const zt::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_optimizer.delayed_update: expected an "
+                                             "optimizer whose step needs no collective, found Lamb"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    return;
+  }
+  expect_ranks_pass("OffloadDelayed.ResumeIsExactAndLambIsRefusedOnSeveralRanks", {1, 2});
+}
+
+// The delayed update over 300 steps of the small preset through `zerotrain train`: the first
+// delayed_update_after + 1 steps equal the undelayed run, and afterwards the loss falls as the
+// undelayed one does, each 50-step mean within 10% of it (docs/offload.md "Delayed parameter
+// update" has the measured gap, 6-7% at this learning rate, and how it grows with the rate).
+TEST(OffloadDelayed, SmallPresetLossCurveStaysNearTheUndelayedOne) {
+  const std::string dir = zt::testing::make_temp_dir("delayed-curve");
+  {
+    std::ofstream(dir + "/config.json") << R"({
+      "train_batch_size": 8, "gradient_clipping": 1.0,
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.0003, "weight_decay": 0.01}},
+      "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 20, "warmup_max_lr": 0.0003, "warmup_type": "linear"}},
+      "steps_per_print": 100,
+      "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+      "model": {"preset": "small"},
+      "data": {"source": "embedded", "sequence_length": 64},
+      "train": {"steps": 300, "seed": 11, "threads": 1, "log_dir": ")" + dir + R"("}})";
+  }
+  auto losses = [&](bool delayed) {
+    const std::string summary = dir + (delayed ? "/delayed.json" : "/undelayed.json");
+    auto r = zt::testing::run_process({zt::testing::cli_path(), "train", dir + "/config.json", "--summary", summary,
+                                       "--set", std::string("zero_optimization.offload_optimizer.delayed_update=") +
+                                                    (delayed ? "true" : "false")},
+                                      {}, std::chrono::seconds(240));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream in(summary);
+    return in ? nlohmann::json::parse(in)["losses"].get<std::vector<double>>() : std::vector<double>{};
+  };
+  const std::vector<double> undelayed = losses(false), delayed = losses(true);
+  ASSERT_EQ(undelayed.size(), 300u);
+  ASSERT_EQ(delayed.size(), 300u);
+  constexpr int kAfter = 40;  // delayed_update_after's default
+  for (int i = 0; i <= kAfter; ++i) EXPECT_EQ(delayed[size_t(i)], undelayed[size_t(i)]) << "step " << i + 1;
+  EXPECT_NE(delayed[kAfter + 1], undelayed[kAfter + 1]) << "the update must be delayed from step " << kAfter + 2;
+  auto mean = [](const std::vector<double>& v, int begin) {
+    double sum = 0;
+    for (int i = begin; i < begin + 50; ++i) sum += v[size_t(i)];
+    return sum / 50;
+  };
+  for (int begin = 0; begin < 300; begin += 50)
+    EXPECT_LT(mean(delayed, begin), 1.10 * mean(undelayed, begin)) << "steps " << begin + 1 << "-" << begin + 50;
+  EXPECT_LT(mean(delayed, 250), 0.6 * mean(delayed, 0)) << "the delayed run's loss must fall";
 }

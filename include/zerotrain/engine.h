@@ -22,7 +22,10 @@
 //   the engine's one scaling of the loss and it is stated here so it is never a surprise.
 // - step() is a no-op (returns stepped=false) except on the last micro-step of an accumulation
 //   window, where it completes the gradient reduction, clips by the global norm, applies the
-//   optimizer with the learning rate of the schedule, and zeroes the gradients.
+//   optimizer with the learning rate of the schedule, and zeroes the gradients. With
+//   offload_optimizer.delayed_update, after the first delayed_update_after steps the update is
+//   computed on a worker thread while the next window's forward and backward run on the weights
+//   of the step before (one step stale), and installed by the next step() (docs/offload.md).
 // - Precision (config "bf16"/"fp16"): the engine converts the model's trainable parameters to a
 //   16-bit working copy (frozen parameters and floating buffers follow, so the model sees one
 //   dtype) and keeps fp32 master weights for the optimizer. With fp16 the loss is also multiplied
@@ -84,6 +87,7 @@ struct StepResult {
   bool boundary = false;     // this call ended an accumulation window
   bool stepped = false;      // the optimizer was applied
   bool skipped = false;      // a non-finite gradient made every rank skip this step
+  bool delayed = false;      // the update runs during the next micro-steps (delayed parameter update)
   double grad_norm = 0.0;    // global gradient norm before clipping (boundary only)
   double lr = 0.0;           // learning rate used (boundary only)
   double loss_scale = 1.0;   // loss scale the gradients of this step carried (fp16; else 1)
@@ -112,6 +116,12 @@ class Engine {
 
   void backward(const at::Tensor& loss);
   StepResult step();
+  // With the delayed parameter update (offload_optimizer.delayed_update): completes the optimizer
+  // step still running and publishes its parameters, so that the model holds every update taken
+  // so far (step(), save_checkpoint() and load_checkpoint() do this themselves; call it before
+  // using the weights outside training, e.g. an export at the end). A no-op otherwise. A
+  // collective: every rank calls it at the same point.
+  void apply_pending_update();
 
   // True when the next backward() is the last micro-step of its accumulation window.
   bool next_backward_is_boundary() const;

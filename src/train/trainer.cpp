@@ -305,6 +305,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
     const bool eval_now = config.train.eval_interval > 0 &&
                           ((step + 1) % config.train.eval_interval == 0 || last);
+    // The last step's update is installed before the final evaluation and save (delayed update).
+    if (last) engine.apply_pending_update();
     double eval_loss = 0;
     if (eval_now) {
       eval_loss = evaluate();

@@ -199,6 +199,7 @@ struct Engine::Impl {
     optimizer_options.working_dtype = working_dtype;
     optimizer_options.shard_rank = shard_rank;
     optimizer_options.shard_world = shard_world;
+    optimizer_options.delayed = config.zero.offload_optimizer.delayed_update;
     if (io) {
       optimizer_options.tiers.groups = groups;
       optimizer_options.tiers.on_disk = plan.optimizer_on_disk;
@@ -247,7 +248,7 @@ struct Engine::Impl {
       }
       comm->broadcast(initial, 0, "engine.init.params").wait();
       const torch::Tensor owned = initial.narrow(0, int64_t(shard_rank) * lb.shard_numel, lb.shard_numel);
-      if (separate_master) optimizer->store_master(lb.partition_offset, owned);
+      if (optimizer->separate_master()) optimizer->store_master(lb.partition_offset, owned);
       if (!shard_parameters) {
         if (!in_place) flat_params.narrow(0, lb.offset, lb.numel).copy_(initial);
         continue;
@@ -321,9 +322,11 @@ struct Engine::Impl {
     OffloadPlan plan;
     const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
     const OffloadParamConfig& op = config.zero.offload_param;
-    if (oo.delayed_update)
-      throw ConfigError("zero_optimization.offload_optimizer.delayed_update: not implemented yet by this build; "
-                        "set it to false");
+    if (oo.delayed_update && config.optimizer.type == "Lamb" && shard_world > 1)
+      throw ConfigError("zero_optimization.offload_optimizer.delayed_update: expected an optimizer whose step needs no "
+                        "collective, found Lamb on " + std::to_string(shard_world) +
+                        " ranks (its per-tensor trust ratios need an all-reduce inside the step, which the delayed "
+                        "step cannot run beside training's collectives); use Adam/AdamW/SGD or delayed_update false");
     const bool optimizer_nvme = oo.device == OffloadDevice::Nvme;
     const bool parameters_nvme = op.device == OffloadDevice::Nvme && shard_parameters;
     if (!optimizer_nvme && !parameters_nvme) return plan;
@@ -334,7 +337,7 @@ struct Engine::Impl {
       // ratio: the first sub-groups up to that fraction of the partition go to NVMe, the rest stay.
       const double limit = oo.ratio * double(partition);
       int64_t placed = 0;
-      const int64_t roles = (separate_master ? 1 : 0) + 2;  // masters, two moments at most
+      const int64_t roles = (separate_master || oo.delayed_update ? 1 : 0) + 2;  // masters, two moments at most
       for (const SubGroup& g : groups) {
         const bool disk = double(placed) < limit;
         plan.optimizer_on_disk.push_back(disk);
@@ -363,7 +366,9 @@ struct Engine::Impl {
         }
         for (size_t g : it->second) {
           plan.parameters_on_disk[g] = 1;
-          parameter_bytes += io::align_up(groups[g].numel * int64_t(c10::elementSize(working_dtype)));
+          // The delayed update keeps a second working copy with the same tiers (params.next).
+          parameter_bytes += (oo.delayed_update ? 2 : 1) *
+                             io::align_up(groups[g].numel * int64_t(c10::elementSize(working_dtype)));
         }
       }
       int64_t largest_block = 0;
@@ -608,12 +613,34 @@ struct Engine::Impl {
     double scale = unscale;
     if (config.gradient_clipping > 0 && norm > config.gradient_clipping)
       scale *= config.gradient_clipping / (norm + 1e-6);
-    if (parameter_tier) parameter_tier->invalidate();
-    optimizer->step(result.lr, global_step - skipped - moments_from, float(scale), *reducer);
-    publish_parameters();
+    const int64_t optimizer_step = global_step - skipped - moments_from;
+    // The delayed parameter update (docs/offload.md "Delayed parameter update"): after the first
+    // delayed_update_after steps, this step's update is computed while the next forward and
+    // backward run on the weights of the step before; it is installed at the next step.
+    const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
+    apply_pending_update();
+    if (oo.delayed_update && global_step > oo.delayed_update_after) {
+      optimizer->launch_step(result.lr, optimizer_step, float(scale), *reducer);
+      result.delayed = true;
+    } else {
+      if (parameter_tier) parameter_tier->invalidate();
+      optimizer->step(result.lr, optimizer_step, float(scale), *reducer);
+      publish_parameters();
+    }
     reducer->clear();
     result.stepped = true;
     return result;
+  }
+
+  // Completes a delayed step in flight: its working values replace the working parameters and
+  // reach every rank. A collective when one is in flight (on every rank alike: the delay depends
+  // only on the step count).
+  void apply_pending_update() {
+    if (!optimizer->step_in_flight()) return;
+    // Shard buffers read ahead hold the old values.
+    if (parameter_tier) parameter_tier->invalidate();
+    optimizer->finish_step();
+    publish_parameters();
   }
 
   // ---------------------------------------------------------------- checkpoints
@@ -632,6 +659,9 @@ struct Engine::Impl {
       throw Error("save_checkpoint: expected a call between optimizer steps, found micro-step " +
                   std::to_string(micro_step) + " of an accumulation window of " +
                   std::to_string(config.gradient_accumulation_steps));
+    // A checkpoint holds every update so far; the running engine continues from the same state a
+    // resumed one starts from, so resuming is exact with the delayed update too.
+    apply_pending_update();
     CheckpointContents contents;
     contents.parameters = registered;
     const LossScaler::State s = scaler.state();
@@ -659,6 +689,7 @@ struct Engine::Impl {
     if (micro_step != 0)
       throw Error("load_checkpoint: expected a call between optimizer steps, found micro-step " +
                   std::to_string(micro_step));
+    apply_pending_update();
     // Read into copies first, so that a failure leaves this engine as it was. Resetting the
     // optimizer reads the masters only.
     std::vector<StateFragment> staged = owned_state(false, !options.reset_optimizer);
@@ -763,7 +794,7 @@ struct Engine::Impl {
   OffloadReport offload_report() const {
     OffloadReport r;
     r.nvme_optimizer_bytes = optimizer->disk_bytes();
-    r.nvme_parameter_bytes = param_partition.disk_bytes();
+    r.nvme_parameter_bytes = param_partition.disk_bytes() + optimizer->next_working_disk_bytes();
     r.host_buffer_bytes = optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0);
     if (io) {
       const io::AioEngine::Stats s = io->stats();
@@ -785,6 +816,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& conf
 Engine::~Engine() = default;
 void Engine::backward(const at::Tensor& loss) { impl_->backward(loss); }
 StepResult Engine::step() { return impl_->step(); }
+void Engine::apply_pending_update() { impl_->apply_pending_update(); }
 bool Engine::next_backward_is_boundary() const { return impl_->boundary_next(); }
 int64_t Engine::global_step() const { return impl_->global_step; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }

@@ -3,7 +3,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstring>
 #include <limits>
+#include <utility>
 
 #include "common/check.h"
 #include "io/aio.h"
@@ -122,7 +124,11 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   adam_ = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.adam_w_mode, o.bias_correction};
   lamb_ = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.bias_correction, o.min_coeff, o.max_coeff};
   sgd_ = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov};
-  separate_master_ = options.working_dtype != at::kFloat;
+  // The delayed update writes the working values while the caller reads the old ones: the fp32
+  // masters cannot be the working parameters then.
+  separate_master_ = options.working_dtype != at::kFloat || options.delayed;
+  ZT_CHECK_STATE(!options.delayed || kind_ != Kind::Lamb || options.shard_world == 1,
+                 "a delayed LAMB step would run its all-reduce beside the caller's collectives");
   const int64_t partition = layout.partition_numel;
   const Tiers& tiers = options.tiers;
   groups_ = tiers.groups.empty() ? std::vector<SubGroup>{{0, partition}} : tiers.groups;
@@ -135,20 +141,39 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   const bool first_moment = kind_ != Kind::Sgd || sgd_.momentum != 0.0;
   // The long-lived arenas come first, so that later transients leave no holes beneath them.
   master_ = role("master", separate_master_);
-  if (separate_master_) grad_scratch_ = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, torch::kFloat32);
+  if (options.working_dtype != at::kFloat)
+    grad_scratch_ = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, torch::kFloat32);
   exp_avg_ = role("exp_avg", first_moment);
   exp_avg_sq_ = role("exp_avg_sq", kind_ != Kind::Sgd);
+  if (options.delayed) {
+    // The next working copy has the working partition's tiers, so that installing it is a swap.
+    const TieredArray* w = working_.partition;
+    if (w && w->any_on_disk()) {
+      std::vector<char> on_disk(groups_.size());
+      for (int g = 0; g < int(groups_.size()); ++g) on_disk[size_t(g)] = w->on_disk(g);
+      next_working_ = TieredArray("params.next", options.working_dtype, groups_, on_disk, *tiers.io,
+                                  w->file().parent_path() / "params.next.swap");
+    } else {
+      next_working_ = TieredArray("params.next", options.working_dtype, partition);
+    }
+    grad_snapshot_ = torch::empty({partition}, torch::TensorOptions().dtype(options.working_dtype));
+  }
   plan_chunks();
   const bool working_on_disk = working_.partition && working_.partition->any_on_disk();
   if (tiered || working_on_disk) {
     ZT_CHECK_STATE(tiers.io != nullptr, "an offload tier without an I/O engine");
     stream_ = std::make_unique<Stream>(*tiers.io, groups_, tiers.buffer_count, tiers.pipeline_read,
                                        tiers.pipeline_write,
-                                       std::vector<const TieredArray*>{&master_, &exp_avg_, &exp_avg_sq_, working_.partition});
+                                       std::vector<const TieredArray*>{&master_, &exp_avg_, &exp_avg_sq_,
+                                                                      working_.partition, &next_working_});
   }
 }
 
-OptimizerPartition::~OptimizerPartition() = default;
+OptimizerPartition::~OptimizerPartition() {
+  // A step still running owns the buffers and the state: it finishes before they go (its error,
+  // if any, has nobody left to hear it).
+  if (worker_.joinable()) worker_.join();
+}
 
 // Pieces of the owned fragments, contiguous in the flat buffer and the partition, cut at
 // sub-group boundaries and (16-bit) every kConversionChunk elements.
@@ -181,12 +206,15 @@ void OptimizerPartition::store_master(int64_t begin, const at::Tensor& values) {
 }
 
 // Runs kernel(chunk, p, g, m, v, half_out) over every chunk, sub-group by sub-group; the roles on
-// disk are streamed (read before, written after).
+// disk are streamed (read before, written after). With separate fp32 masters (the delayed update
+// in fp32) the updated masters are copied to the working values after the kernel.
 template <class Kernel>
-void OptimizerPartition::for_each_chunk(const GradientReducer& gradients, bool writes_params, Kernel&& kernel) {
+void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, Kernel&& kernel) {
   TieredArray* const params = separate_master_ ? &master_ : working_.partition;  // null: the flat buffer
-  TieredArray* const half = separate_master_ ? working_.partition : nullptr;     // null: the flat buffer
-  enum { kParams, kExpAvg, kExpAvgSq, kHalf };
+  // The working values the step writes when they are not `params`; null: the flat buffer.
+  TieredArray* const out = !separate_master_ ? nullptr : target.to_next ? &next_working_ : working_.partition;
+  const bool copy_fp32 = separate_master_ && options_.working_dtype == at::kFloat;
+  enum { kParams, kExpAvg, kExpAvgSq, kOut };
   auto address = [&](const TieredArray* a, int role, int g, const Chunk& c, auto& disk_pointer) -> void* {
     if (a == nullptr || !a->defined() || a->numel() == 0) return nullptr;
     if (a->on_disk(g)) return disk_pointer(role, c.partition_offset);
@@ -194,9 +222,10 @@ void OptimizerPartition::for_each_chunk(const GradientReducer& gradients, bool w
   };
   auto body = [&](int g, auto&& disk_pointer) {
     for (const Chunk& c : chunks_[size_t(g)]) {
-      at::Tensor grad = gradients.owned_gradient(c.flat_offset, c.partition_offset, c.numel);
+      at::Tensor grad = target.gradients ? target.gradients->owned_gradient(c.flat_offset, c.partition_offset, c.numel)
+                                         : grad_snapshot_.narrow(0, c.partition_offset, c.numel);
       const float* grads;
-      if (separate_master_) {
+      if (options_.working_dtype != at::kFloat) {
         at::Tensor converted = grad_scratch_.narrow(0, 0, c.numel);
         converted.copy_(grad);
         grads = converted.data_ptr<float>();
@@ -207,11 +236,12 @@ void OptimizerPartition::for_each_chunk(const GradientReducer& gradients, bool w
                         : working_.flat.data_ptr<float>() + c.flat_offset;
       float* m = static_cast<float*>(address(&exp_avg_, kExpAvg, g, c, disk_pointer));
       float* v = static_cast<float*>(address(&exp_avg_sq_, kExpAvgSq, g, c, disk_pointer));
-      uint16_t* h = nullptr;
+      void* o = nullptr;
       if (separate_master_)
-        h = half ? static_cast<uint16_t*>(address(half, kHalf, g, c, disk_pointer))
-                 : reinterpret_cast<uint16_t*>(working_.flat.data_ptr()) + c.flat_offset;
-      kernel(c, p, grads, m, v, h);
+        o = out ? address(out, kOut, g, c, disk_pointer)
+                : static_cast<char*>(working_.flat.data_ptr()) + c.flat_offset * int64_t(working_.flat.element_size());
+      kernel(c, p, grads, m, v, copy_fp32 ? nullptr : static_cast<uint16_t*>(o));
+      if (copy_fp32 && writes_params) std::memcpy(o, p, size_t(c.numel) * sizeof(float));
     }
   };
   if (!stream_) {
@@ -219,21 +249,82 @@ void OptimizerPartition::for_each_chunk(const GradientReducer& gradients, bool w
     for (int g = 0; g < int(groups_.size()); ++g) body(g, no_disk);
     return;
   }
-  // The working partition is read only when it holds the masters (fp32); the 16-bit copy is
-  // only written.
+  // The working partition is read only when it holds the masters (plain fp32); the working copy
+  // the step produces is only written.
   std::vector<Stream::Role> roles = {{params, true, writes_params},
                                      {&exp_avg_, true, true},
                                      {&exp_avg_sq_, true, true},
-                                     {half, false, writes_params}};
+                                     {out, false, writes_params}};
   const double stall_before = stream_->stall_seconds();
   stream_->pass(roles, body);
-  io_counters_.seconds += stream_->stall_seconds() - stall_before;
+  // The worker's waits for the disk are not the caller's: finish_step() counts what it waits.
+  if (!target.to_next) {
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    io_counters_.seconds += stream_->stall_seconds() - stall_before;
+  }
 }
 
 void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients) {
+  ZT_CHECK_STATE(!in_flight_, "a synchronous step while a delayed one is in flight");
+  run_step(lr, step, grad_scale, PassTarget{&gradients, false}, 0);
+}
+
+void OptimizerPartition::launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients) {
+  ZT_CHECK_STATE(options_.delayed, "launch_step without the delayed update");
+  ZT_CHECK_STATE(!in_flight_, "launch_step while a step is in flight");
+  for (const auto& chunks : chunks_)
+    for (const Chunk& c : chunks)
+      grad_snapshot_.narrow(0, c.partition_offset, c.numel)
+          .copy_(gradients.owned_gradient(c.flat_offset, c.partition_offset, c.numel));
+  // The kernels' thread count is the caller's (a new thread would take OpenMP's default).
+  const int threads = at::get_num_threads();
+  in_flight_ = true;
+  worker_ = std::thread([this, lr, step, grad_scale, threads] {
+    try {
+      at::NoGradGuard no_grad;
+      run_step(lr, step, grad_scale, PassTarget{nullptr, true}, threads);
+    } catch (...) {
+      worker_error_ = std::current_exception();
+    }
+  });
+}
+
+void OptimizerPartition::finish_step() {
+  if (!in_flight_) return;
+  const auto start = std::chrono::steady_clock::now();
+  worker_.join();
+  in_flight_ = false;
+  {
+    std::lock_guard<std::mutex> lock(counters_mutex_);
+    io_counters_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  if (worker_error_) std::rethrow_exception(std::exchange(worker_error_, nullptr));
+  install_next_working();
+}
+
+// The next working copy becomes the working one: sharded, the two arrays trade places (the old
+// values are overwritten by the next step before they are read again); otherwise the owned region
+// of the flat buffer is copied from it.
+void OptimizerPartition::install_next_working() {
+  if (working_.partition) {
+    std::swap(*working_.partition, next_working_);
+    return;
+  }
+  for (const auto& chunks : chunks_)
+    for (const Chunk& c : chunks)
+      working_.flat.narrow(0, c.flat_offset, c.numel).copy_(next_working_.view(c.partition_offset, c.numel));
+}
+
+OptimizerPartition::IoCounters OptimizerPartition::io_counters() const {
+  std::lock_guard<std::mutex> lock(counters_mutex_);
+  return io_counters_;
+}
+
+void OptimizerPartition::run_step(double lr, int64_t step, float grad_scale, PassTarget target, int threads) {
   optim::StepOptions options;
   options.grad_scale = grad_scale;
-  if (separate_master_)
+  options.threads = threads;
+  if (options_.working_dtype != at::kFloat)
     options.half = options_.working_dtype == at::kBFloat16 ? optim::HalfType::BF16 : optim::HalfType::FP16;
   adam_.lr = lr;
   sgd_.lr = lr;
@@ -245,13 +336,13 @@ void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const G
   };
   switch (kind_) {
     case Kind::Adam:
-      for_each_chunk(gradients, true,
+      for_each_chunk(target, true,
                      [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t* h) {
                        optim::adam_step(p, g, m, v, c.numel, adam_, step, with_half(h));
                      });
       break;
     case Kind::Sgd:
-      for_each_chunk(gradients, true,
+      for_each_chunk(target, true,
                      [&](const Chunk& c, float* p, const float* g, float* m, float*, uint16_t* h) {
                        optim::sgd_step(p, g, m, c.numel, sgd_, step, with_half(h));
                      });
@@ -261,7 +352,7 @@ void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const G
       // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
       torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
       double* s = sums.data_ptr<double>();
-      for_each_chunk(gradients, false,
+      for_each_chunk(target, false,
                      [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t*) {
                        const int pieces = int(c.placements.size());
                        std::vector<double> w_sq(pieces), u_sq(pieces);
@@ -274,7 +365,7 @@ void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const G
                          }
                      });
       if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
-      for_each_chunk(gradients, true,
+      for_each_chunk(target, true,
                      [&](const Chunk& c, float* p, const float*, float* m, float* v, uint16_t* h) {
                        const int pieces = int(c.placements.size());
                        std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
@@ -361,7 +452,8 @@ int64_t OptimizerPartition::disk_bytes() const {
 }
 
 int64_t OptimizerPartition::buffer_bytes() const {
-  return (grad_scratch_.defined() ? int64_t(grad_scratch_.nbytes()) : 0) + (stream_ ? stream_->buffer_bytes() : 0);
+  return (grad_scratch_.defined() ? int64_t(grad_scratch_.nbytes()) : 0) + (stream_ ? stream_->buffer_bytes() : 0) +
+         (grad_snapshot_.defined() ? int64_t(grad_snapshot_.nbytes()) : 0) + next_working_.memory_bytes();
 }
 
 }  // namespace zt

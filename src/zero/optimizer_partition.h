@@ -12,14 +12,26 @@
 //   `buffer_count` aligned buffers: the read of the next ones overlaps the step of this one and
 //   the write-back of the previous ones (pipeline_read / pipeline_write false: synchronous).
 //   The result is the same, bit for bit, wherever the state lives.
-// - Not thread-safe. Collectives: LAMB's per-tensor norms (one all-reduce per step).
+// - Delayed parameter update (Options::delayed; docs/offload.md "Delayed parameter update"): the
+//   masters are always a role of their own (fp32 too), launch_step() copies the owned gradients
+//   into a snapshot and runs the step on a worker thread that writes the updated working values
+//   into a second working copy ("params.next", same tiers as the working partition);
+//   finish_step() joins it and makes that copy the working one (a swap of arrays when sharded, a
+//   copy into the owned region of the flat buffer otherwise). Meanwhile the caller may run
+//   forward and backward: the worker touches only the masters, the moments, the snapshot and the
+//   next working copy. A synchronous step() in this mode gives the same values as without it.
+// - Not thread-safe (one caller thread; the worker is this part's own). Collectives: LAMB's
+//   per-tensor norms (one all-reduce per step), so a delayed LAMB step needs shard_world 1.
 #pragma once
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <exception>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -60,11 +72,14 @@ class OptimizerPartition {
     at::ScalarType working_dtype = at::kFloat;
     int shard_rank = 0, shard_world = 1;
     Tiers tiers;
+    bool delayed = false;  // launch_step()/finish_step() are available
   };
 
   OptimizerPartition(const FlatLayout& layout, const Options& options, Communicator& comm, Working working);
   ~OptimizerPartition();
 
+  // Masters are a role of their own (16-bit training, or the delayed update); else the fp32
+  // working parameters are the masters.
   bool separate_master() const { return separate_master_; }
   Kind kind() const { return kind_; }
   // Initial masters (16-bit training): `values` (fp32) for partition [begin, begin + numel).
@@ -72,6 +87,13 @@ class OptimizerPartition {
   // One optimizer step with learning rate `lr`, the optimizer's own 1-based step count `step`
   // (bias correction) and every gradient multiplied by `grad_scale` first.
   void step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients);
+  // Delayed update: the same step on the worker thread, from a snapshot of the owned gradients
+  // taken before returning (the caller may clear and refill them at once). One at a time.
+  void launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients);
+  bool step_in_flight() const { return in_flight_; }
+  // Waits for the launched step (the wait counts as a stall), rethrows what it threw, and installs
+  // its working values. A no-op when none is in flight.
+  void finish_step();
   // Rounds the working copy of the owned region from the masters (after a checkpoint load).
   void refresh_working_from_masters();
   void zero_moments();
@@ -84,9 +106,11 @@ class OptimizerPartition {
 
   int64_t memory_bytes() const;   // masters and moments in host memory
   int64_t disk_bytes() const;     // masters and moments in swap files
-  int64_t buffer_bytes() const;   // conversion scratch and the stream buffers
+  // The delayed update's next working copy, where it is on disk (stage-3 parameters on NVMe).
+  int64_t next_working_disk_bytes() const { return next_working_.disk_bytes(); }
+  int64_t buffer_bytes() const;   // conversion scratch, the stream buffers, the delayed update's copies
   struct IoCounters { int64_t bytes_read = 0, bytes_written = 0; double seconds = 0; };
-  IoCounters io_counters() const { return io_counters_; }
+  IoCounters io_counters() const;
 
  private:
   struct Chunk {  // contiguous in the flat buffer and the partition, within one sub-group
@@ -97,8 +121,15 @@ class OptimizerPartition {
   struct Pointers;  // one sub-group's roles, resident
   class Stream;
   void plan_chunks();
+  // Where one pass reads gradients and writes the working values.
+  struct PassTarget {
+    const GradientReducer* gradients = nullptr;  // null: the delayed update's snapshot
+    bool to_next = false;                        // the next working copy instead of the working one
+  };
+  void run_step(double lr, int64_t step, float grad_scale, PassTarget target, int threads);
   template <class Kernel>
-  void for_each_chunk(const GradientReducer& gradients, bool writes_params, Kernel&& kernel);
+  void for_each_chunk(PassTarget target, bool writes_params, Kernel&& kernel);
+  void install_next_working();
 
   const FlatLayout& layout_;
   Options options_;
@@ -114,7 +145,14 @@ class OptimizerPartition {
   TieredArray master_, exp_avg_, exp_avg_sq_;
   at::Tensor grad_scratch_;
   std::unique_ptr<Stream> stream_;
+  mutable std::mutex counters_mutex_;  // the worker adds to io_counters_ while the caller reads
   IoCounters io_counters_;
+  // Delayed update.
+  TieredArray next_working_;
+  at::Tensor grad_snapshot_;  // the owned gradients, by partition offset, in the working dtype
+  std::thread worker_;
+  std::exception_ptr worker_error_;
+  bool in_flight_ = false;
 };
 
 }  // namespace zt
