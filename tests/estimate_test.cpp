@@ -242,6 +242,29 @@ TEST(EstimateOffload, Fp32ReadsTheMasterFromTheParameterTier) {
   EXPECT_EQ(sgd.nvme_per_rank.optimizer_moments, 4 * P);
 }
 
+// The delayed update (docs/offload.md): fp32 masters of their own, where the optimizer state is;
+// a snapshot of the owned gradients in memory; a second working copy beside the working shards.
+TEST(EstimateOffload, DelayedUpdateAddsMastersASnapshotAndASecondWorkingCopy) {
+  const NvmeCase k;
+  const int64_t P = 524288;
+  const std::vector<std::string> delayed = {"zero_optimization.offload_optimizer.delayed_update=true"};
+  const std::vector<std::string> cpu = {"zero_optimization.offload_optimizer.device=cpu"};
+  const auto in_memory = k.with(cpu), in_memory_delayed = k.with(cpu + delayed);
+  EXPECT_EQ(in_memory_delayed.per_device.master_weights - in_memory.per_device.master_weights, 4 * P);
+  EXPECT_EQ(in_memory_delayed.per_device.buffers - in_memory.per_device.buffers, 2 * 4 * P);
+  EXPECT_EQ(in_memory_delayed.nvme_per_node, 0);
+  const std::vector<std::string> nvme =
+      kOptimizerOnNvme + kParamsOnNvme + std::vector<std::string>{"zero_optimization.offload_param.max_in_cpu=0"};
+  const auto on_disk = k.with(nvme), on_disk_delayed = k.with(nvme + delayed);
+  EXPECT_EQ(on_disk_delayed.nvme_per_rank.master_weights, 4 * P);
+  EXPECT_EQ(on_disk_delayed.nvme_per_rank.optimizer_moments, 8 * P);
+  EXPECT_EQ(on_disk_delayed.nvme_per_rank.parameters, 2 * 4 * P);
+  EXPECT_EQ(on_disk_delayed.per_device.master_weights, 0);
+  // Each of the 4 stream buffers (sub-groups of the whole partition) holds the master too, and
+  // the snapshot is in memory.
+  EXPECT_EQ(on_disk_delayed.per_device.buffers - on_disk.per_device.buffers, 4 * P * 4 + 4 * P);
+}
+
 TEST(EstimateOffload, RatioKeepsThePartOfTheStateInHostMemory) {
   const NvmeCase k;
   const int64_t P = 524288, on_nvme = P / 4, in_memory = P - on_nvme;

@@ -181,8 +181,10 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const int64_t persistent = zero.shard_parameters ? std::min(psi, model.persistent_parameters) : 0;
   const int64_t working_params = formula.parameters + persistent * e;
   // The optimizer-state term split into its parts, each divided on its own (so each is exact).
-  const int64_t master_per_parameter = mixed ? 4 : 0;
-  const int64_t moments_per_parameter = model_state_bytes_per_parameter(config).optimizer_states - master_per_parameter;
+  const int64_t moments_per_parameter = model_state_bytes_per_parameter(config).optimizer_states - (mixed ? 4 : 0);
+  // The delayed update keeps fp32 masters of their own in fp32 training too (docs/offload.md).
+  const bool delayed = zero.offload_optimizer.delayed_update && offload_optimizer != OffloadTarget::None;
+  const int64_t master_per_parameter = mixed || delayed ? 4 : 0;
   const int64_t opt_ranks = zero.shard_optimizer_states ? N : 1;
   const int64_t master = master_per_parameter * psi / opt_ranks;
   const int64_t moments = moments_per_parameter * psi / opt_ranks;
@@ -296,6 +298,15 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     host_per_rank.parameters += std::min(o.max_in_cpu, shard / e) * e;
     host_per_rank.buffers += int64_t{o.buffer_count} * block_shard * e;
     device.parameters = persistent * e;
+  }
+  if (delayed) {
+    // The delayed update's snapshot of the owned gradients, and its second working copy of the
+    // partition, which lies beside the working shards (on NVMe with offload_param nvme).
+    host_per_rank.buffers += e * optimizer_partition;
+    if (offload_param == OffloadTarget::Nvme) nvme.parameters += shard;
+    else host_per_rank.buffers += e * optimizer_partition;
+    est.notes.push_back("delayed parameter update: fp32 masters of their own, a snapshot of the owned gradients and "
+                        "a second working copy of the partition");
   }
   if (cpu_device) {  // host memory is the device's memory
     device.parameters += host_per_rank.parameters;

@@ -164,8 +164,9 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
     ZT_CHECK_STATE(tiers.io != nullptr, "an offload tier without an I/O engine");
     stream_ = std::make_unique<Stream>(*tiers.io, groups_, tiers.buffer_count, tiers.pipeline_read,
                                        tiers.pipeline_write,
-                                       std::vector<const TieredArray*>{&master_, &exp_avg_, &exp_avg_sq_,
-                                                                      working_.partition, &next_working_});
+                                       // The next working copy has the working partition's tiers and is never in the same
+                                       // pass: one of the two sizes the buffers.
+                                       std::vector<const TieredArray*>{&master_, &exp_avg_, &exp_avg_sq_, working_.partition});
   }
 }
 
