@@ -705,6 +705,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"zero_optimization.offload_optimizer.ratio", {Used, "0.5", [](C c) { return c.zero.offload_optimizer.ratio == 0.5; }, "engine (offload), estimate"}},
       {"zero_optimization.offload_optimizer.delayed_update", {Used, "true", [](C c) { return c.zero.offload_optimizer.delayed_update; }, "engine (offload)"}},
       {"zero_optimization.offload_optimizer.delayed_update_after", {Used, "7", [](C c) { return c.zero.offload_optimizer.delayed_update_after == 7; }, "engine (offload)"}},
+      {"zero_optimization.offload_optimizer.nvme_gradients", {Used, "true", [](C c) { return c.zero.offload_optimizer.nvme_gradients; }, "engine (offload), estimate"}},
       {"zero_optimization.offload_param.device", {Used, "\"nvme\"", [](C c) { return c.zero.offload_param.device == zt::OffloadDevice::Nvme; }, "engine (offload)"}},
       {"zero_optimization.offload_param.nvme_path", {Used, "\"swap\"", [](C c) { return c.zero.offload_param.nvme_path == "swap"; }, "engine (offload)"}},
       {"zero_optimization.offload_param.pin_memory", {Used, "true", [](C c) { return c.zero.offload_param.pin_memory; }, "engine (offload; noted: training runs on the CPU)"}},
@@ -867,6 +868,7 @@ TEST(ConfigOffload, ValuesArriveWithDeepSpeedDefaults) {
   EXPECT_EQ(d.zero.offload_optimizer.ratio, 1.0);
   EXPECT_FALSE(d.zero.offload_optimizer.delayed_update);
   EXPECT_EQ(d.zero.offload_optimizer.delayed_update_after, 40);
+  EXPECT_FALSE(d.zero.offload_optimizer.nvme_gradients);
   EXPECT_EQ(d.zero.offload_param.buffer_count, 5);
   EXPECT_EQ(d.zero.offload_param.buffer_size, 100'000'000);
   EXPECT_EQ(d.zero.offload_param.max_in_cpu, 1'000'000'000);
@@ -946,6 +948,10 @@ TEST(ConfigOffload, ImpossibleCombinationsAreRefusedNamingTheKey) {
        "zero_optimization.offload_optimizer.ratio: expected a number in (0, 1], found 1.5"},
       {R"({"zero_optimization": {"offload_optimizer": {"delayed_update_after": -1}}})",
        "zero_optimization.offload_optimizer.delayed_update_after: expected a non-negative integer, found -1"},
+      {R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "nvme", "nvme_path": "d", "nvme_gradients": true}}})",
+       "zero_optimization.offload_optimizer.nvme_gradients: true needs sharded gradients (stage 2 or 3), found stage 1"},
+      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "d", "nvme_gradients": true, "delayed_update": true}}})",
+       "zero_optimization.offload_optimizer.nvme_gradients: true cannot be combined with delayed_update"},
       {R"({"zero_optimization": {"offload_optimizer": {"device": "disk"}}})",
        "zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", \"nvme\", found \"disk\""},
       {R"({"zero_optimization": {"offload_param": {"buffer_size": 0}}})",
@@ -972,7 +978,7 @@ TEST(ConfigOffload, KeysWithoutEffectAreNoted) {
   EXPECT_EQ(notes_of(R"({"zero_optimization": {"stage": 3, "sub_group_size": 1e6,
       "offload_optimizer": {"device": "none", "nvme_path": "d", "pin_memory": true, "buffer_count": 8,
                             "pipeline_read": true, "pipeline_write": true, "fast_init": true, "ratio": 0.5,
-                            "delayed_update": false, "delayed_update_after": 2},
+                            "delayed_update": false, "delayed_update_after": 2, "nvme_gradients": true},
       "offload_param": {"nvme_path": "d", "pin_memory": true, "buffer_count": 2, "buffer_size": 10,
                         "max_in_cpu": 0}},
       "aio": {"block_size": 4096, "thread_count": 2}})"),
@@ -986,6 +992,7 @@ TEST(ConfigOffload, KeysWithoutEffectAreNoted) {
                 O + "ratio has no effect: zero_optimization.offload_optimizer.device is \"none\"",
                 O + "delayed_update has no effect: zero_optimization.offload_optimizer.device is \"none\"",
                 O + "delayed_update_after has no effect: zero_optimization.offload_optimizer.device is \"none\"",
+                O + "nvme_gradients has no effect: zero_optimization.offload_optimizer.device is \"none\"",
                 P + "nvme_path has no effect: zero_optimization.offload_param.device is \"none\"",
                 P + "pin_memory has no effect: zero_optimization.offload_param.device is \"none\"",
                 P + "buffer_count has no effect: zero_optimization.offload_param.device is \"none\"",

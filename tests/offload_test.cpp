@@ -57,6 +57,7 @@ struct RunOptions {
   int steps = 10;
   bool delayed = false;  // offload_optimizer.delayed_update
   int delayed_after = 3;
+  bool nvme_gradients = false;
 };
 
 struct RunResult {
@@ -75,6 +76,7 @@ zt::TrainConfig make_config(const RunOptions& o, int world, const fs::path& root
   if (o.optimizer_device != "none") {
     json += R"(, "offload_optimizer": {"device": ")" + o.optimizer_device + "\"";
     if (o.delayed) json += R"(, "delayed_update": true, "delayed_update_after": )" + std::to_string(o.delayed_after);
+    if (o.nvme_gradients) json += R"(, "nvme_gradients": true)";
     if (o.optimizer_device == "nvme")
       json += R"(, "nvme_path": ")" + root.string() + R"(", "buffer_count": )" + std::to_string(o.buffer_count) +
               R"(, "pipeline_read": )" + (o.pipeline ? "true" : "false") + R"(, "pipeline_write": )" +
@@ -133,7 +135,8 @@ std::string describe(const RunOptions& o) {
   return "stage " + std::to_string(o.stage) + " " + o.precision + " optimizer->" + o.optimizer_device +
          " params->" + o.param_device + " " + o.optimizer_name + " sub_group " + std::to_string(o.sub_group_size) +
          " buffers " + std::to_string(o.buffer_count) + "/" + std::to_string(o.param_buffer_count) + (o.pipeline ? " pipelined" : " synchronous") + " ratio " +
-         std::to_string(o.ratio) + (o.delayed ? " delayed after " + std::to_string(o.delayed_after) : "");
+         std::to_string(o.ratio) + (o.delayed ? " delayed after " + std::to_string(o.delayed_after) : "") +
+         (o.nvme_gradients ? " gradients->nvme" : "");
 }
 
 // Bit for bit: the same kernels on the same values in the same order, wherever the state lives.
@@ -181,6 +184,21 @@ void expect_offload_parity(int stage, const std::string& precision, Tiers tiers 
       o.optimizer_device = "nvme";
       o.ratio = 0.5;
     });
+    if (stage >= 2) {
+      // The gradient partition on NVMe too (read back and added on the second micro-step).
+      with([](RunOptions& o) {
+        o.optimizer_device = "nvme";
+        o.nvme_gradients = true;
+      });
+      // Half of it, cut inside buckets: several sub-groups per bucket, some in memory.
+      with([](RunOptions& o) {
+        o.optimizer_device = "nvme";
+        o.nvme_gradients = true;
+        o.ratio = 0.5;
+        o.sub_group_size = 2048;
+        o.buffer_count = 2;
+      });
+    }
   }
   if (stage == 3 && tiers != Tiers::Optimizer) {
     with([](RunOptions& o) { o.param_device = "nvme"; });
@@ -199,6 +217,12 @@ void expect_offload_parity(int stage, const std::string& precision, Tiers tiers 
       o.max_in_cpu = 20000;
       o.sub_group_size = 2048;  // several sub-groups per bucket
     });
+    // Everything of the rank's partition on NVMe: parameters, gradients, masters and moments.
+    with([](RunOptions& o) {
+      o.optimizer_device = "nvme";
+      o.param_device = "nvme";
+      o.nvme_gradients = true;
+    });
   }
   for (const RunOptions& o : variants) {
     const RunResult run = train(comm, o);
@@ -209,6 +233,7 @@ void expect_offload_parity(int stage, const std::string& precision, Tiers tiers 
       EXPECT_GT(run.report.bytes_written, 0) << describe(o);
     }
     if (o.param_device == "nvme") EXPECT_GT(run.report.nvme_parameter_bytes, 0) << describe(o);
+    EXPECT_EQ(run.report.nvme_gradient_bytes > 0, o.nvme_gradients) << describe(o);
   }
 }
 
@@ -257,6 +282,8 @@ TEST(OffloadParity, LambAndSgdEqualInMemory) {
       RunOptions o = base;
       o.optimizer_device = "nvme";
       o.param_device = "nvme";
+      expect_identical(reference, train(comm, o), o);
+      o.nvme_gradients = true;  // LAMB reads them in its first pass only
       expect_identical(reference, train(comm, o), o);
     }
     return;

@@ -62,6 +62,9 @@ struct OffloadOptimizerConfig {
   // of step t runs during step t+1's forward and backward after `delayed_update_after` steps.
   bool delayed_update = false;
   int64_t delayed_update_after = 40;
+  // zerotrain's own: with device nvme at stages 2-3, the reduced gradients of the sub-groups whose
+  // state is on NVMe are written there as each bucket is reduced, and streamed in by the step.
+  bool nvme_gradients = false;
 };
 
 // zero_optimization.offload_param: where this rank's stage-3 parameter shards live. Stage 3 only.

@@ -98,6 +98,7 @@ struct StepResult {
 struct OffloadReport {
   int64_t nvme_optimizer_bytes = 0;   // masters and moments in swap files
   int64_t nvme_parameter_bytes = 0;   // stage-3 parameter shards in swap files
+  int64_t nvme_gradient_bytes = 0;    // the gradient partition in swap files (nvme_gradients)
   int64_t host_buffer_bytes = 0;      // the aligned buffers the NVMe tiers stream through
   int64_t bytes_read = 0, bytes_written = 0;
   int64_t requests = 0;               // block requests issued to the disk

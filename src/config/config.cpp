@@ -256,7 +256,7 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
       "zerotrain trains on the CPU, whose memory needs no pinning (page-locked buffers only speed copies to a GPU)";
   if (opt.device == OffloadDevice::None) {
     note_if_given({O + "nvme_path", O + "pin_memory", O + "buffer_count", O + "pipeline_read", O + "pipeline_write",
-                   O + "fast_init", O + "ratio", O + "delayed_update", O + "delayed_update_after"},
+                   O + "fast_init", O + "ratio", O + "delayed_update", O + "delayed_update_after", O + "nvme_gradients"},
                   "zero_optimization.offload_optimizer.device is \"none\"");
   } else {
     if (opt.device == OffloadDevice::Cpu) {
@@ -264,7 +264,8 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
         note_if_given({O + "device"},
                       "zerotrain trains on the CPU, so the optimizer state is in host memory already (\"cpu\" moves "
                       "nothing; with delayed_update it still delays the step)");
-      note_if_given({O + "nvme_path", O + "buffer_count", O + "pipeline_read", O + "pipeline_write", O + "fast_init"},
+      note_if_given({O + "nvme_path", O + "buffer_count", O + "pipeline_read", O + "pipeline_write", O + "fast_init",
+                     O + "nvme_gradients"},
                     "zero_optimization.offload_optimizer.device is \"cpu\" (it applies to the nvme tier)");
       note_if_given({O + "ratio"},
                     "zero_optimization.offload_optimizer.device is \"cpu\" and zerotrain trains on the CPU: the "

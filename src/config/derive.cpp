@@ -151,6 +151,15 @@ void validate_offload(const TrainConfig& c, const Values& values) {
     throw ConfigError(
         "zero_optimization.offload_optimizer.delayed_update: true needs offload_optimizer.device \"cpu\" or "
         "\"nvme\" (it delays the offloaded optimizer step), found \"none\"");
+  if (opt.nvme_gradients && opt.device == OffloadDevice::Nvme && !c.zero.shard_gradients)
+    throw ConfigError(fmt::format(
+        "zero_optimization.offload_optimizer.nvme_gradients: true needs sharded gradients (stage 2 or 3), found "
+        "stage {} (whose gradients are whole on every rank until they are reduced)",
+        c.zero.stage));
+  if (opt.nvme_gradients && opt.device == OffloadDevice::Nvme && opt.delayed_update)
+    throw ConfigError(
+        "zero_optimization.offload_optimizer.nvme_gradients: true cannot be combined with delayed_update (the "
+        "delayed step keeps a snapshot of the gradients in memory, which nvme_gradients exists to avoid)");
 }
 
 }  // namespace

@@ -203,6 +203,8 @@ std::vector<Leaf> build_table() {
       t.push_back(boolean(block + ".delayed_update", false, ZT_FIELD(zero.offload_optimizer.delayed_update)));
       t.push_back(integer(block + ".delayed_update_after", 40, 0, std::nullopt,
                           ZT_FIELD(zero.offload_optimizer.delayed_update_after)));
+      // zerotrain's own: the gradient partition beside the state on NVMe (stages 2-3).
+      t.push_back(boolean(block + ".nvme_gradients", false, ZT_FIELD(zero.offload_optimizer.nvme_gradients)));
     } else {
       t.push_back(integer(block + ".buffer_size", 100'000'000, 1, std::nullopt, ZT_FIELD(zero.offload_param.buffer_size)));
       t.push_back(integer(block + ".max_in_cpu", k1e9, 0, std::nullopt, ZT_FIELD(zero.offload_param.max_in_cpu)));

@@ -391,10 +391,11 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
 
   const OffloadReport offload = engine.offload_report();
   if (leader && !offload.backend.empty())
-    fmt::print("offload (rank 0): nvme {} optimizer state + {} parameters, host buffers {}; read {:.2f} GB "
+    fmt::print("offload (rank 0): nvme {} optimizer state + {} parameters{}, host buffers {}; read {:.2f} GB "
                "({:.2f} GB/s), wrote {:.2f} GB ({:.2f} GB/s) with {}; the training thread waited {:.1f} s of {:.1f} s "
                "for the disk\n",
                human_bytes(offload.nvme_optimizer_bytes), human_bytes(offload.nvme_parameter_bytes),
+               offload.nvme_gradient_bytes > 0 ? " + " + human_bytes(offload.nvme_gradient_bytes) + " gradients" : "",
                human_bytes(offload.host_buffer_bytes), offload.bytes_read / 1e9,
                offload.read_seconds > 0 ? offload.bytes_read / 1e9 / offload.read_seconds : 0.0,
                offload.bytes_written / 1e9,
@@ -406,6 +407,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     summary["offload"] = {{"backend", offload.backend},
                           {"nvme_optimizer_bytes", offload.nvme_optimizer_bytes},
                           {"nvme_parameter_bytes", offload.nvme_parameter_bytes},
+                          {"nvme_gradient_bytes", offload.nvme_gradient_bytes},
                           {"host_buffer_bytes", offload.host_buffer_bytes},
                           {"bytes_read", offload.bytes_read},
                           {"bytes_written", offload.bytes_written},

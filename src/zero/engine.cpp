@@ -210,6 +210,7 @@ struct Engine::Impl {
       optimizer_options.tiers.pipeline_write = config.zero.offload_optimizer.pipeline_write;
       // Nothing of the optimizer on disk: the stream still carries parameters that are.
       if (plan.optimizer_on_disk.empty()) optimizer_options.tiers.on_disk.clear();
+      optimizer_options.tiers.gradients_on_disk = plan.gradients_on_disk;
     }
     OptimizerPartition::Working optimizer_working;
     if (shard_parameters) optimizer_working.partition = &param_partition;
@@ -270,11 +271,12 @@ struct Engine::Impl {
     const GradientReduction reduction = config.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
                                         : config.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
                                                                              : GradientReduction::AllReduce;
-    reducer = std::make_unique<GradientReducer>(
-        layout,
-        GradientReducer::Options{reduction, shard_rank, world, working_dtype, config.gradient_accumulation_steps,
-                                 config.zero.overlap_comm},
-        *comm);
+    GradientReducer::Options reducer_options{reduction, shard_rank, world, working_dtype,
+                                             config.gradient_accumulation_steps, config.zero.overlap_comm};
+    if (!plan.gradients_on_disk.empty())
+      reducer_options.disk = GradientReducer::Options::Disk{groups, plan.gradients_on_disk, io.get(),
+                                                            plan.optimizer_directory->file("grads")};
+    reducer = std::make_unique<GradientReducer>(layout, reducer_options, *comm);
 
     // Frozen parameters and floating-point buffers follow the working dtype so that the model's
     // operations see one dtype; they get no gradient or optimizer memory.
@@ -312,6 +314,7 @@ struct Engine::Impl {
   // ---------------------------------------------------------------- offload (docs/offload.md)
   struct OffloadPlan {
     std::vector<char> optimizer_on_disk, parameters_on_disk;  // per sub-group; empty: all in memory
+    std::vector<char> gradients_on_disk;                      // nvme_gradients: the optimizer's sub-groups
     io::SwapDirectory* optimizer_directory = nullptr;
     io::SwapDirectory* parameter_directory = nullptr;
   };
@@ -343,6 +346,13 @@ struct Engine::Impl {
         plan.optimizer_on_disk.push_back(disk);
         placed += g.numel;
         if (disk) optimizer_bytes += roles * io::align_up(g.numel * 4);
+      }
+      // The gradients of the sub-groups whose state is on NVMe go there too (stages 2-3).
+      if (oo.nvme_gradients && config.zero.shard_gradients) {
+        plan.gradients_on_disk = plan.optimizer_on_disk;
+        for (size_t g = 0; g < groups.size(); ++g)
+          if (plan.gradients_on_disk[g])
+            optimizer_bytes += io::align_up(groups[g].numel * int64_t(c10::elementSize(working_dtype)));
       }
     }
     if (parameters_nvme) {
@@ -795,6 +805,7 @@ struct Engine::Impl {
     OffloadReport r;
     r.nvme_optimizer_bytes = optimizer->disk_bytes();
     r.nvme_parameter_bytes = param_partition.disk_bytes() + optimizer->next_working_disk_bytes();
+    r.nvme_gradient_bytes = reducer->disk_bytes();
     r.host_buffer_bytes = optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0);
     if (io) {
       const io::AioEngine::Stats s = io->stats();

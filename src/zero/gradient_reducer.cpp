@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+
 #include "common/check.h"
 
 namespace zt {
@@ -10,7 +12,16 @@ GradientReducer::GradientReducer(const FlatLayout& layout, const Options& option
     : layout_(layout), options_(options), comm_(comm) {
   auto working = torch::TensorOptions().dtype(options.working_dtype);
   if (sharded()) {
-    grad_partition_ = torch::zeros({layout.partition_numel}, working);
+    const bool disk = options.disk && std::any_of(options.disk->on_disk.begin(), options.disk->on_disk.end(),
+                                                  [](char d) { return d != 0; });
+    if (disk) {
+      partition_ = TieredArray("grads", options.working_dtype, options.disk->groups, options.disk->on_disk,
+                               *options.disk->io, options.disk->file);
+      on_disk_ = true;
+    } else {
+      partition_ = TieredArray("grads", options.working_dtype, layout.partition_numel);
+      grad_partition_ = partition_.memory();
+    }
     int64_t largest = 0;
     for (const auto& b : layout.buckets) {
       largest = std::max(largest, b.numel);
@@ -18,14 +29,33 @@ GradientReducer::GradientReducer(const FlatLayout& layout, const Options& option
     }
     // The scratch receives the reductions of later micro-steps of a window, which are added;
     // without gradient accumulation there are none (unless a bucket is refilled by a gradient
-    // that came after it was launched; then launch() allocates it).
-    const int64_t scratch = options.accumulation_steps > 1 ? largest_shard_ : 0;
+    // that came after it was launched; then launch() allocates it). With a disk tier every
+    // reduction lands there first.
+    const int64_t scratch = options.accumulation_steps > 1 || on_disk_ ? largest_shard_ : 0;
     // Two buffers let one fill while the other is in flight; without overlap_comm a bucket's
     // reduction completes before the next bucket starts, so one is enough.
     buffer_count_ = options.overlap_comm ? 2 : 1;
+    int64_t staging = 0;
+    if (on_disk_) {
+      const std::vector<SubGroup>& groups = options.disk->groups;
+      bucket_groups_.resize(layout.buckets.size());
+      for (int g = 0, b = 0; g < int(groups.size()); ++g) {
+        while (groups[size_t(g)].begin >= layout.buckets[size_t(b)].partition_offset + layout.buckets[size_t(b)].shard_numel) ++b;
+        bucket_groups_[size_t(b)].push_back(g);
+      }
+      for (const auto& in_bucket : bucket_groups_) {
+        int64_t bytes = 0;
+        for (int g : in_bucket)
+          if (partition_.on_disk(g)) bytes += partition_.buffer_bytes(g);
+        staging = std::max(staging, bytes);
+      }
+      bucket_square_sum_.assign(layout.buckets.size(), 0.0);
+      square_sum_known_.assign(layout.buckets.size(), 0);
+    }
     for (int k = 0; k < buffer_count_; ++k) {
       buffers_[k].data = torch::zeros({largest}, working);
       buffers_[k].scratch = torch::empty({scratch}, working);
+      if (staging > 0) buffers_[k].staging = io::AlignedBuffer(staging);
     }
   } else {
     flat_grads_ = torch::zeros({layout.total_numel}, working);
@@ -55,6 +85,7 @@ void GradientReducer::begin_backward(bool boundary) {
   // every micro-step reduces, so that no full-size gradient survives a backward. Unsharded
   // gradients are reduced from the gradient hooks while backward runs with overlap_comm, else
   // once backward has returned (as DeepSpeed's stages 0 and 1 without overlap_comm).
+  boundary_ = boundary;
   reduce_whole_ = !sharded() && boundary && options_.world > 1;
   reducing_ = sharded() || (reduce_whole_ && options_.overlap_comm);
   if (sharded() || reduce_whole_)
@@ -136,8 +167,9 @@ void GradientReducer::launch(int bucket) {
       // Without accumulation only a bucket refilled by a late gradient needs the scratch.
       if (buffer.add_into_partition && buffer.scratch.numel() < lb.shard_numel)
         buffer.scratch = torch::empty({largest_shard_}, buffer.data.options());
-      torch::Tensor owned = buffer.add_into_partition ? buffer.scratch.narrow(0, 0, lb.shard_numel)
-                                                       : grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel);
+      torch::Tensor owned = buffer.add_into_partition || on_disk_
+                                ? buffer.scratch.narrow(0, 0, lb.shard_numel)
+                                : grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel);
       buffer.handle =
           comm_.reduce_scatter(buffer.data.narrow(0, 0, lb.numel), owned, ReduceOp::Sum, label, InputUse::Scratch);
       b.state = BucketState::InFlight;
@@ -155,7 +187,9 @@ void GradientReducer::complete(int k) {
   // The bucket may have moved on to the other buffer since (a late gradient refilled it).
   if (b.state != BucketState::InFlight || b.buffer != k) return;
   buffer.handle.wait();
-  if (buffer.add_into_partition) {
+  if (on_disk_) {
+    store_shard(buffer.bucket, buffer, buffer.add_into_partition);
+  } else if (buffer.add_into_partition) {
     const BucketLayout& lb = layout_.buckets[buffer.bucket];
     grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel).add_(buffer.scratch.narrow(0, 0, lb.shard_numel));
   }
@@ -168,6 +202,90 @@ void GradientReducer::flush_buckets() {
   for (int bucket = 0; bucket < int(progress_.size()); ++bucket)
     if (progress_[bucket].state == BucketState::Filling) launch(bucket);
   for (int k = 0; k < buffer_count_; ++k) complete(k);
+  // The next micro-step may read back what this one wrote.
+  wait_writes();
+}
+
+// Disk tier: the bucket's reduction (in the scratch) plus, after the first micro-step of the
+// window, the sum so far becomes the window's sum; its sum of squares is taken on the boundary
+// micro-step; then it goes to the arena (memory sub-groups) or the swap file.
+void GradientReducer::store_shard(int bucket, BucketBuffer& buffer, bool add) {
+  const BucketLayout& lb = layout_.buckets[size_t(bucket)];
+  torch::Tensor shard = buffer.scratch.narrow(0, 0, lb.shard_numel);
+  const std::vector<SubGroup>& groups = options_.disk->groups;
+  for (auto t : buffer.writes) options_.disk->io->wait(t);  // the staging is about to be reused
+  buffer.writes.clear();
+  char* staging = static_cast<char*>(buffer.staging.data());
+  auto part = [&](int g) { return shard.narrow(0, groups[size_t(g)].begin - lb.partition_offset, groups[size_t(g)].numel); };
+  if (add) {
+    std::vector<io::AioEngine::Ticket> reads;
+    int64_t at = 0;
+    for (int g : bucket_groups_[size_t(bucket)])
+      if (partition_.on_disk(g)) {
+        reads.push_back(partition_.read(g, staging + at));
+        at += partition_.buffer_bytes(g);
+      }
+    for (auto t : reads) options_.disk->io->wait(t);
+    at = 0;
+    for (int g : bucket_groups_[size_t(bucket)]) {
+      // new + old: the same bits as old + new, which the arena in memory computes.
+      if (partition_.on_disk(g)) {
+        part(g).add_(torch::from_blob(staging + at, {groups[size_t(g)].numel}, shard.options()));
+        at += partition_.buffer_bytes(g);
+      } else {
+        part(g).add_(partition_.view(groups[size_t(g)].begin, groups[size_t(g)].numel));
+      }
+    }
+  }
+  if (boundary_) {
+    bucket_square_sum_[size_t(bucket)] = square_sum(shard);
+    square_sum_known_[size_t(bucket)] = 1;
+  }
+  int64_t at = 0;
+  for (int g : bucket_groups_[size_t(bucket)]) {
+    if (partition_.on_disk(g)) {
+      std::memcpy(staging + at, part(g).data_ptr(), size_t(groups[size_t(g)].numel * shard.element_size()));
+      buffer.writes.push_back(partition_.write(g, staging + at));
+      at += partition_.buffer_bytes(g);
+    } else {
+      partition_.view(groups[size_t(g)].begin, groups[size_t(g)].numel).copy_(part(g));
+    }
+  }
+}
+
+void GradientReducer::wait_writes() {
+  if (!on_disk_) return;
+  for (int k = 0; k < buffer_count_; ++k) {
+    for (auto t : buffers_[k].writes) options_.disk->io->wait(t);
+    buffers_[k].writes.clear();
+  }
+}
+
+// Disk tier: the window's sum of a bucket, whole, in the first buffer's scratch.
+at::Tensor GradientReducer::read_shard(int bucket, BucketBuffer& buffer) {
+  const BucketLayout& lb = layout_.buckets[size_t(bucket)];
+  torch::Tensor shard = buffer.scratch.narrow(0, 0, lb.shard_numel);
+  const std::vector<SubGroup>& groups = options_.disk->groups;
+  for (auto t : buffer.writes) options_.disk->io->wait(t);
+  buffer.writes.clear();
+  char* staging = static_cast<char*>(buffer.staging.data());
+  int64_t at = 0;
+  for (int g : bucket_groups_[size_t(bucket)]) {
+    torch::Tensor part = shard.narrow(0, groups[size_t(g)].begin - lb.partition_offset, groups[size_t(g)].numel);
+    if (partition_.on_disk(g)) {
+      options_.disk->io->wait(partition_.read(g, staging + at));
+      part.copy_(torch::from_blob(staging + at, {groups[size_t(g)].numel}, shard.options()));
+      at += partition_.buffer_bytes(g);
+    } else {
+      part.copy_(partition_.view(groups[size_t(g)].begin, groups[size_t(g)].numel));
+    }
+  }
+  return shard;
+}
+
+double GradientReducer::square_sum(const at::Tensor& t) {
+  const double norm = torch::linalg_vector_norm(t, 2, c10::nullopt, false, torch::kFloat32).item<double>();
+  return norm * norm;
 }
 
 void GradientReducer::finish_window() {
@@ -179,19 +297,31 @@ void GradientReducer::finish_window() {
     for (auto& b : progress_) b.handle->wait();
   }
   reducing_ = false;
-  if (sharded())
+  if (sharded() && !on_disk_)
     // A bucket that no gradient reached in this window holds no reduction: its slice is zero.
     for (int b = 0; b < int(progress_.size()); ++b)
       if (!progress_[b].received)
         grad_partition_.narrow(0, layout_.buckets[b].partition_offset, layout_.buckets[b].shard_numel).zero_();
+  if (sharded() && on_disk_)
+    for (int b = 0; b < int(progress_.size()); ++b) {
+      if (!progress_[b].received) {
+        buffers_[0].scratch.narrow(0, 0, layout_.buckets[size_t(b)].shard_numel).zero_();
+        store_shard(b, buffers_[0], false);  // on the boundary: its sum of squares, 0, is known too
+      } else if (!square_sum_known_[size_t(b)]) {
+        // Reduced in an earlier micro-step of the window only.
+        bucket_square_sum_[size_t(b)] = square_sum(read_shard(b, buffers_[0]));
+        square_sum_known_[size_t(b)] = 1;
+      }
+    }
+  wait_writes();
 }
 
 double GradientReducer::owned_square_sum() const {
-  auto square_sum = [](const torch::Tensor& t) {
-    const double norm = torch::linalg_vector_norm(t, 2, c10::nullopt, false, torch::kFloat32).item<double>();
-    return norm * norm;
-  };
   double sum = 0.0;
+  if (on_disk_) {
+    for (double s : bucket_square_sum_) sum += s;
+    return sum;
+  }
   for (int b = 0; b < int(layout_.buckets.size()); ++b) {
     const BucketLayout& lb = layout_.buckets[b];
     sum += square_sum(sharded() ? grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel)
@@ -201,25 +331,27 @@ double GradientReducer::owned_square_sum() const {
 }
 
 at::Tensor GradientReducer::owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t n) const {
-  return sharded() ? grad_partition_.narrow(0, partition_offset, n) : flat_grads_.narrow(0, flat_offset, n);
+  if (!sharded()) return flat_grads_.narrow(0, flat_offset, n);
+  return on_disk_ ? partition_.view(partition_offset, n) : grad_partition_.narrow(0, partition_offset, n);
 }
 
 void GradientReducer::clear() {
   if (sharded()) {
     for (auto& b : progress_) b.received = false;
+    std::fill(square_sum_known_.begin(), square_sum_known_.end(), 0);
   } else {
     flat_grads_.zero_();
   }
 }
 
 int64_t GradientReducer::gradient_bytes() const {
-  return int64_t(sharded() ? grad_partition_.nbytes() : flat_grads_.nbytes());
+  return sharded() ? partition_.memory_bytes() : int64_t(flat_grads_.nbytes());
 }
 
 int64_t GradientReducer::buffer_bytes() const {
   int64_t bytes = 0;
   for (const auto& buffer : buffers_)
-    if (buffer.data.defined()) bytes += int64_t(buffer.data.nbytes() + buffer.scratch.nbytes());
+    if (buffer.data.defined()) bytes += int64_t(buffer.data.nbytes() + buffer.scratch.nbytes()) + buffer.staging.size();
   return bytes;
 }
 

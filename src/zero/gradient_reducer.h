@@ -8,13 +8,22 @@
 //   a backward runs, between begin_backward and end_backward (abort_backward when it throws).
 // - After finish_window() (on the boundary micro-step) owned_gradient() holds, for the owned
 //   region, the sum over ranks of the scaled gradients of the window; clear() starts the next.
+// - Sharded gradients may keep sub-groups of the partition in a swap file (Options::disk;
+//   offload_optimizer.nvme_gradients, docs/offload.md "Gradients on NVMe"): each bucket's
+//   reduction then lands in a staging shard, is added to what the window holds so far (read
+//   back), and is written out as its reduction completes; the step streams those sub-groups in
+//   (partition()), and owned_gradient() serves the memory sub-groups only. The sums of squares
+//   are taken per bucket from the same values as in memory, so the norm is the same bit for bit.
 // - Collectives are issued in bucket order, the same on every rank. Not thread-safe.
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <filesystem>
 #include <optional>
 #include <vector>
 
+#include "io/aio.h"
+#include "zero/partition_store.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/layout.h"
 
@@ -36,6 +45,14 @@ class GradientReducer {
     at::ScalarType working_dtype;
     int64_t accumulation_steps = 1;
     bool overlap_comm = false;
+    // Sharded gradients only: sub-groups of the partition kept in `file` where on_disk.
+    struct Disk {
+      std::vector<SubGroup> groups;
+      std::vector<char> on_disk;
+      io::AioEngine* io = nullptr;
+      std::filesystem::path file;
+    };
+    std::optional<Disk> disk;
   };
   GradientReducer(const FlatLayout& layout, const Options& options, Communicator& comm);
 
@@ -55,11 +72,14 @@ class GradientReducer {
 
   // Sum of squares of the owned region (the whole gradient when optimizer states are not sharded).
   double owned_square_sum() const;
-  // The owned gradient of a fragment, in the working dtype.
+  // The owned gradient of a fragment, in the working dtype (in memory sub-groups only).
   at::Tensor owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t numel) const;
+  // Sharded gradients: the partition by sub-group (the step streams its disk sub-groups).
+  const TieredArray& partition() const { return partition_; }
   void clear();
 
-  int64_t gradient_bytes() const;
+  int64_t gradient_bytes() const;  // in memory
+  int64_t disk_bytes() const { return partition_.disk_bytes(); }
   int64_t buffer_bytes() const;
 
  private:
@@ -75,6 +95,10 @@ class GradientReducer {
     int bucket = -1;
     bool add_into_partition = false;
     CollectiveHandle handle;
+    // Disk tier: the bucket's shard laid out as its sub-groups lie in the file, and the writes
+    // still reading from it.
+    io::AlignedBuffer staging;
+    std::vector<io::AioEngine::Ticket> writes;
   };
   struct BucketProgress {
     int remaining = 0;      // gradients of this bucket still to arrive in this backward
@@ -88,12 +112,23 @@ class GradientReducer {
   void launch(int bucket);
   void complete(int buffer);
   void flush_buckets();
+  // Disk tier.
+  void store_shard(int bucket, BucketBuffer& buffer, bool add);
+  void wait_writes();
+  at::Tensor read_shard(int bucket, BucketBuffer& buffer);  // the window's sum so far, into data
+  static double square_sum(const at::Tensor& t);
 
   const FlatLayout& layout_;
   Options options_;
   Communicator& comm_;
   std::vector<Slot> slots_;  // by placement
-  at::Tensor flat_grads_, grad_partition_;
+  at::Tensor flat_grads_, grad_partition_;  // grad_partition_: partition_'s memory when nothing is on disk
+  TieredArray partition_;
+  bool on_disk_ = false;       // some sub-groups are in a swap file: the staging path
+  bool boundary_ = false;      // this backward ends the window
+  std::vector<std::vector<int>> bucket_groups_;  // disk tier: the sub-groups of each bucket's shard
+  std::vector<double> bucket_square_sum_;        // disk tier: of the window's sum, per bucket
+  std::vector<char> square_sum_known_;
   BucketBuffer buffers_[2];
   int buffer_count_ = 0, next_buffer_ = 0;
   int64_t largest_shard_ = 0;

@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -28,13 +29,14 @@ class OptimizerPartition::Stream {
     const TieredArray* array = nullptr;
     bool read = false, write = false;
   };
+  // `extra_bytes` (per sub-group, or empty): a role not among `arrays` yet (the gradients).
   Stream(io::AioEngine& io, const std::vector<SubGroup>& groups, int buffer_count, bool pipeline_read,
-         bool pipeline_write, const std::vector<const TieredArray*>& arrays)
+         bool pipeline_write, const std::vector<const TieredArray*>& arrays, const std::vector<int64_t>& extra_bytes)
       : io_(io), groups_(groups), pipeline_read_(pipeline_read), pipeline_write_(pipeline_write) {
     // One buffer holds every disk role of the largest sub-group.
     int64_t largest = 0;
     for (int g = 0; g < int(groups.size()); ++g) {
-      int64_t bytes = 0;
+      int64_t bytes = extra_bytes.empty() ? 0 : extra_bytes[size_t(g)];
       for (const TieredArray* a : arrays)
         if (a && a->on_disk(g)) bytes += a->buffer_bytes(g);
       largest = std::max(largest, bytes);
@@ -160,13 +162,20 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   }
   plan_chunks();
   const bool working_on_disk = working_.partition && working_.partition->any_on_disk();
-  if (tiered || working_on_disk) {
+  std::vector<int64_t> gradient_bytes;
+  for (size_t g = 0; g < tiers.gradients_on_disk.size(); ++g)
+    gradient_bytes.push_back(tiers.gradients_on_disk[g]
+                                 ? io::align_up(groups_[g].numel * int64_t(c10::elementSize(options.working_dtype)))
+                                 : 0);
+  const bool gradients_on_disk = std::any_of(gradient_bytes.begin(), gradient_bytes.end(), [](int64_t b) { return b > 0; });
+  if (tiered || working_on_disk || gradients_on_disk) {
     ZT_CHECK_STATE(tiers.io != nullptr, "an offload tier without an I/O engine");
     stream_ = std::make_unique<Stream>(*tiers.io, groups_, tiers.buffer_count, tiers.pipeline_read,
                                        tiers.pipeline_write,
                                        // The next working copy has the working partition's tiers and is never in the same
                                        // pass: one of the two sizes the buffers.
-                                       std::vector<const TieredArray*>{&master_, &exp_avg_, &exp_avg_sq_, working_.partition});
+                                       std::vector<const TieredArray*>{&master_, &exp_avg_, &exp_avg_sq_, working_.partition},
+                                       gradient_bytes);
   }
 }
 
@@ -210,12 +219,17 @@ void OptimizerPartition::store_master(int64_t begin, const at::Tensor& values) {
 // disk are streamed (read before, written after). With separate fp32 masters (the delayed update
 // in fp32) the updated masters are copied to the working values after the kernel.
 template <class Kernel>
-void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, Kernel&& kernel) {
+void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, bool reads_gradients, Kernel&& kernel) {
   TieredArray* const params = separate_master_ ? &master_ : working_.partition;  // null: the flat buffer
   // The working values the step writes when they are not `params`; null: the flat buffer.
   TieredArray* const out = !separate_master_ ? nullptr : target.to_next ? &next_working_ : working_.partition;
   const bool copy_fp32 = separate_master_ && options_.working_dtype == at::kFloat;
-  enum { kParams, kExpAvg, kExpAvgSq, kOut };
+  // Gradients on disk (nvme_gradients) are streamed in with the state.
+  const TieredArray* const gradient_tier =
+      reads_gradients && target.gradients && target.gradients->sharded() && target.gradients->partition().any_on_disk()
+          ? &target.gradients->partition()
+          : nullptr;
+  enum { kParams, kExpAvg, kExpAvgSq, kOut, kGrad };
   auto address = [&](const TieredArray* a, int role, int g, const Chunk& c, auto& disk_pointer) -> void* {
     if (a == nullptr || !a->defined() || a->numel() == 0) return nullptr;
     if (a->on_disk(g)) return disk_pointer(role, c.partition_offset);
@@ -223,10 +237,19 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, K
   };
   auto body = [&](int g, auto&& disk_pointer) {
     for (const Chunk& c : chunks_[size_t(g)]) {
-      at::Tensor grad = target.gradients ? target.gradients->owned_gradient(c.flat_offset, c.partition_offset, c.numel)
-                                         : grad_snapshot_.narrow(0, c.partition_offset, c.numel);
-      const float* grads;
-      if (options_.working_dtype != at::kFloat) {
+      at::Tensor grad;
+      if (!reads_gradients)
+        ;
+      else if (gradient_tier && gradient_tier->on_disk(g))
+        grad = torch::from_blob(disk_pointer(kGrad, c.partition_offset), {c.numel},
+                                torch::TensorOptions().dtype(options_.working_dtype));
+      else if (target.gradients)
+        grad = target.gradients->owned_gradient(c.flat_offset, c.partition_offset, c.numel);
+      else
+        grad = grad_snapshot_.narrow(0, c.partition_offset, c.numel);
+      const float* grads = nullptr;
+      if (!grad.defined()) {
+      } else if (options_.working_dtype != at::kFloat) {
         at::Tensor converted = grad_scratch_.narrow(0, 0, c.numel);
         converted.copy_(grad);
         grads = converted.data_ptr<float>();
@@ -255,7 +278,8 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, K
   std::vector<Stream::Role> roles = {{params, true, writes_params},
                                      {&exp_avg_, true, true},
                                      {&exp_avg_sq_, true, true},
-                                     {out, false, writes_params}};
+                                     {out, false, writes_params},
+                                     {gradient_tier, true, false}};
   const double stall_before = stream_->stall_seconds();
   stream_->pass(roles, body);
   // The worker's waits for the disk are not the caller's: finish_step() counts what it waits.
@@ -337,13 +361,13 @@ void OptimizerPartition::run_step(double lr, int64_t step, float grad_scale, Pas
   };
   switch (kind_) {
     case Kind::Adam:
-      for_each_chunk(target, true,
+      for_each_chunk(target, true, true,
                      [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t* h) {
                        optim::adam_step(p, g, m, v, c.numel, adam_, step, with_half(h));
                      });
       break;
     case Kind::Sgd:
-      for_each_chunk(target, true,
+      for_each_chunk(target, true, true,
                      [&](const Chunk& c, float* p, const float* g, float* m, float*, uint16_t* h) {
                        optim::sgd_step(p, g, m, c.numel, sgd_, step, with_half(h));
                      });
@@ -353,7 +377,7 @@ void OptimizerPartition::run_step(double lr, int64_t step, float grad_scale, Pas
       // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
       torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
       double* s = sums.data_ptr<double>();
-      for_each_chunk(target, false,
+      for_each_chunk(target, false, true,
                      [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t*) {
                        const int pieces = int(c.placements.size());
                        std::vector<double> w_sq(pieces), u_sq(pieces);
@@ -366,7 +390,7 @@ void OptimizerPartition::run_step(double lr, int64_t step, float grad_scale, Pas
                          }
                      });
       if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
-      for_each_chunk(target, true,
+      for_each_chunk(target, true, false,
                      [&](const Chunk& c, float* p, const float*, float* m, float* v, uint16_t* h) {
                        const int pieces = int(c.placements.size());
                        std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0

@@ -66,6 +66,9 @@ class OptimizerPartition {
     std::filesystem::path directory;  // swap files: <directory>/<role>.swap
     int buffer_count = 4;
     bool pipeline_read = true, pipeline_write = true;
+    // Per sub-group: the gradient partition keeps it on disk (nvme_gradients); the step streams
+    // it in with the state (GradientReducer::partition()).
+    std::vector<char> gradients_on_disk;
   };
   struct Options {
     OptimizerConfig optimizer;
@@ -128,7 +131,7 @@ class OptimizerPartition {
   };
   void run_step(double lr, int64_t step, float grad_scale, PassTarget target, int threads);
   template <class Kernel>
-  void for_each_chunk(PassTarget target, bool writes_params, Kernel&& kernel);
+  void for_each_chunk(PassTarget target, bool writes_params, bool reads_gradients, Kernel&& kernel);
   void install_next_working();
 
   const FlatLayout& layout_;
