@@ -9,7 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
+#include <unistd.h>
 
+#include "support/counting_allocator.h"
 #include "support/multirank.h"
 #include "zero/partition_store.h"
 #include "zerotrain/comm.h"
@@ -52,6 +55,7 @@ struct RunOptions {
   int64_t max_in_cpu = 0;
   int param_buffer_count = 3;
   int steps = 10;
+  int64_t aio_block_size = 0;  // 0: the default
 };
 
 struct RunResult {
@@ -83,6 +87,7 @@ zt::TrainConfig make_config(const RunOptions& o, int world, const fs::path& root
     json += "}";
   }
   json += "}";
+  if (o.aio_block_size > 0) json += R"(, "aio": {"block_size": )" + std::to_string(o.aio_block_size) + "}";
   if (o.precision == "bf16") json += R"(, "bf16": {"enabled": true})";
   return zt::parse_config(json + "}", {}, world);
 }
@@ -333,8 +338,6 @@ TEST(OffloadCheckpoint, ExactResumeAcrossOffloadOnAndOff) {
   expect_ranks_pass("OffloadCheckpoint.ExactResumeAcrossOffloadOnAndOff", {1, 2});
 }
 
-// ---------------------------------------------------------------- faults
-
 namespace {
 
 struct ScopedEnv {
@@ -342,6 +345,70 @@ struct ScopedEnv {
   ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) { setenv(name.c_str(), value.c_str(), 1); }
   ~ScopedEnv() { unsetenv(name.c_str()); }
 };
+
+// The files in this process's swap directories (zerotrain-swap/rank<R>-pid<PID>...).
+std::set<std::string> own_swap_files() {
+  std::set<std::string> names;
+  const fs::path root = swap_root() / "zerotrain-swap";
+  const std::string pid = "-pid" + std::to_string(::getpid());
+  if (!fs::exists(root)) return names;
+  for (const auto& d : fs::directory_iterator(root)) {
+    const std::string name = d.path().filename().string();
+    if (!d.is_directory() || name.find(pid) == std::string::npos) continue;
+    const std::string rest = name.substr(name.find(pid) + pid.size());
+    if (!rest.empty() && rest[0] != '-') continue;  // another process whose pid begins with ours
+    for (const auto& f : fs::directory_iterator(d.path())) names.insert(f.path().filename().string());
+  }
+  return names;
+}
+
+}  // namespace
+
+// With every role of the optimizer on NVMe (bf16: the fp32 masters and both moments, about 1.4 MiB
+// on this rank), a save and a load hold a few checkpoint chunks of host memory (16 KiB chunks
+// here), not the state: measured by the counting allocator, through which every buffer of this
+// path is allocated. The loaded run continues exactly, and the staging swap files of the load
+// are gone, their content under the usual names.
+TEST(OffloadCheckpoint, SaveAndLoadOfNvmeStateHoldChunksNotTheState) {
+  constexpr int64_t kChunk = 16384;
+  ScopedEnv chunk("ZT_CHECKPOINT_CHUNK_BYTES", std::to_string(kChunk));
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const fs::path dir = swap_root() / "bounded";
+  fs::remove_all(dir);
+  const RunOptions o{.stage = 2, .precision = "bf16", .optimizer_device = "nvme", .sub_group_size = 16384};
+  auto& counter = zt::testing::CountingAllocator::instance();
+  Session saver = open_session(comm, o);
+  run_steps(saver, 0, 0, 2);
+  const int64_t state = saver.engine->offload_report().nvme_optimizer_bytes;
+  counter.install();
+  saver.engine->save_checkpoint(dir.string(), "two");
+  counter.uninstall();
+  const int64_t save_peak = counter.peak();
+  const std::vector<double> expected = run_steps(saver, 0, 2, 4);
+
+  Session loader = open_session(comm, o);
+  run_steps(loader, 0, 0, 1);  // another state than the checkpoint's, which the load must replace
+  const std::set<std::string> files_before = own_swap_files();
+  counter.install();
+  loader.engine->load_checkpoint(dir.string(), "two");
+  counter.uninstall();
+  const int64_t load_peak = counter.peak();
+  EXPECT_EQ(own_swap_files(), files_before) << "the staging files replace the swap files under their names";
+  EXPECT_EQ(run_steps(loader, 0, 2, 4), expected);
+
+  // One chunk of state, the transfer scratch (a chunk and two pages), the refresh of the working
+  // copy (a chunk of fp32 and of bf16), and small bookkeeping.
+  const int64_t bound = 4 * kChunk + 16384;
+  EXPECT_LE(save_peak, bound) << "save, state " << state << " bytes";
+  EXPECT_LE(load_peak, bound) << "load, state " << state << " bytes";
+  EXPECT_GT(state, 16 * bound) << "the bound must be far below the state to mean anything";
+  std::printf("state on NVMe %lld bytes; host memory peak: save %lld, load %lld bytes (chunk %lld)\n",
+              (long long)state, (long long)save_peak, (long long)load_peak, (long long)kChunk);
+}
+
+// ---------------------------------------------------------------- faults
+
+namespace {
 
 RunOptions nvme_everything() {
   RunOptions o{.stage = 3, .optimizer_device = "nvme", .param_device = "nvme"};
@@ -422,6 +489,76 @@ TEST(OffloadFaults, DiskErrorDuringASaveKeepsThePreviousCheckpoint) {
   std::getline(latest, name);
   EXPECT_EQ(name, "first");
   EXPECT_FALSE(fs::exists(dir / "second"));
+}
+
+// A streamed load that fails leaves the engine as it was: a checkpoint with a flipped byte in its
+// data (found after most of it went into the staging files), one truncated, and a write error
+// while staging (ZT_IO_FAULT at the load's third write request). After each the run trains on
+// and equals, bitwise (losses and the whole saved state), the run that never tried a load; the
+// staging files are gone. The checkpoint holds an earlier state than the engine, so any part of
+// it committed would show.
+TEST(OffloadFaults, AFailedStreamedLoadLeavesTheEngineUnchanged) {
+  ScopedEnv chunk("ZT_CHECKPOINT_CHUNK_BYTES", "16384");
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const fs::path dir = swap_root() / "faults-load";
+  fs::remove_all(dir);
+  RunOptions o = nvme_everything();
+  o.aio_block_size = 4096;  // one write request per page: the requests are counted from the bytes
+  const std::string file = "rank-00000-of-00001.safetensors";
+  std::vector<double> straight;
+  int64_t writes = 0;  // write requests after construction and four steps
+  {
+    Session s = open_session(comm, o);
+    run_steps(s, 0, 0, 2);
+    s.engine->save_checkpoint(dir.string(), "two");
+    run_steps(s, 0, 2, 4);
+    writes = s.engine->offload_report().bytes_written / 4096;
+    straight = run_steps(s, 0, 4, 6);
+    s.engine->save_checkpoint(dir.string(), "straight");
+  }
+  const std::string original = [&] {
+    std::ifstream in(dir / "two" / file, std::ios::binary);
+    return std::string{std::istreambuf_iterator<char>(in), {}};
+  }();
+  auto damaged_copy = [&](const std::string& tag, const std::string& bytes) {
+    fs::copy(dir / "two", dir / tag, fs::copy_options::recursive);
+    std::ofstream(dir / tag / file, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  std::string flipped = original;
+  flipped[flipped.size() - 100] = char(flipped[flipped.size() - 100] ^ 0x40);
+  damaged_copy("flipped", flipped);
+  damaged_copy("truncated", original.substr(0, original.size() / 2));
+
+  auto expect_unchanged_after = [&](Session& s, const std::string& what, const std::string& after) {
+    for (const std::string& name : own_swap_files())
+      EXPECT_FALSE(name.ends_with(".staging")) << what << ": " << name << " left behind";
+    EXPECT_EQ(run_steps(s, 0, 4, 6), straight) << what;
+    s.engine->save_checkpoint(dir.string(), after);
+    std::ifstream a(dir / "straight" / file, std::ios::binary), b(dir / after / file, std::ios::binary);
+    EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
+        << what << ": the saved state differs from the run that never tried the load";
+  };
+  {
+    Session s = open_session(comm, o);
+    run_steps(s, 0, 0, 4);
+    for (const std::string tag : {"flipped", "truncated"}) {
+      try {
+        s.engine->load_checkpoint(dir.string(), tag);
+        ADD_FAILURE() << tag << " loaded";
+      } catch (const zt::DataError& e) {
+        EXPECT_NE(std::string(e.what()).find(tag + "/" + file), std::string::npos) << e.what();
+      }
+    }
+    expect_unchanged_after(s, "damaged checkpoints", "after-damaged");
+  }
+  {
+    ScopedEnv fault("ZT_IO_FAULT", "write:" + std::to_string(writes + 3));
+    Session s = open_session(comm, o);
+    run_steps(s, 0, 0, 4);
+    const std::string message = error_of([&] { s.engine->load_checkpoint(dir.string(), "two"); });
+    EXPECT_NE(message.find(".swap.staging' at offset "), std::string::npos) << message;
+    expect_unchanged_after(s, "a write error while staging", "after-io-error");
+  }
 }
 
 // ---------------------------------------------------------------- pre-flight
