@@ -745,6 +745,14 @@ TEST(Checkpoint, SourcesAndSinksStreamInBoundedPiecesToTheSameFile) {
     EXPECT_EQ(produced[i].first, int64_t(i % 5) * 1024);
     EXPECT_EQ(produced[i].second, std::min<int64_t>(1024, 5000 - int64_t(i % 5) * 1024));
   }
+  // A write failing in the middle of a streamed tensor (the header is the first write, then one
+  // per piece) publishes nothing.
+  zt::FaultInjectingFileSystem faulty(zt::FileSystem::real(), zt::FaultInjectingFileSystem::Fault::Write, 4);
+  EXPECT_THROW(zt::save_sharded_checkpoint(*comm, dir, "faulty", contents, streamed(), 0, faulty), zt::Error);
+  EXPECT_TRUE(faulty.fault_hit());
+  EXPECT_FALSE(fs::exists(dir / "faulty"));
+  EXPECT_FALSE(fs::exists(dir / ".partial-faulty"));
+  EXPECT_EQ(read_bytes(dir / "latest"), "streamed\n");
 
   // Loading "w" of the "whole" checkpoint (saved as tensors) through sinks, in two fragments
   // that cut a saved piece, as another world size would.

@@ -561,6 +561,7 @@ LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
                                 const std::vector<CheckpointParameter>& parameters,
                                 std::vector<StateFragment>& fragments,
                                 const std::function<void(const LoadedCheckpoint&)>& check) {
+  checkpoint_chunk_bytes();  // a bad ZT_CHECKPOINT_CHUNK_BYTES fails here, on every rank, before anything is read
   OpenCheckpoint checkpoint(resolve_tag(dir, tag_in));
   const std::string& where = checkpoint.where;
   // The same model: the same parameter names with the same shapes.
