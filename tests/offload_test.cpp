@@ -496,74 +496,92 @@ TEST(OffloadFaults, DiskErrorDuringASaveKeepsThePreviousCheckpoint) {
   EXPECT_FALSE(fs::exists(dir / "second"));
 }
 
-// A streamed load that fails leaves the engine as it was: a checkpoint with a flipped byte in its
-// data (found after most of it went into the staging files), one truncated, and a write error
-// while staging (ZT_IO_FAULT at the load's third write request). After each the run trains on
-// and equals, bitwise (losses and the whole saved state), the run that never tried a load; the
-// staging files are gone. The checkpoint holds an earlier state than the engine, so any part of
-// it committed would show.
-TEST(OffloadFaults, AFailedStreamedLoadLeavesTheEngineUnchanged) {
+namespace {
+
+// A streamed load that fails leaves the engine as it was: a checkpoint with a flipped byte in the
+// data of the last rank's file (found after most of it went into the staging files), one with
+// that file truncated, and a write error on the last rank while staging (ZT_IO_FAULT at its
+// load's third write request). With 2 ranks the other rank's own load succeeds and must still be
+// discarded. After each the run trains on and equals, bitwise (losses and the whole saved state),
+// the run that never tried a load, and no staging file is left. The checkpoint holds an earlier
+// state than the engine, so any part of it committed would show.
+void expect_failed_streamed_loads_change_nothing() {
   ScopedEnv chunk("ZT_CHECKPOINT_CHUNK_BYTES", "16384");
-  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
-  const fs::path dir = swap_root() / "faults-load";
-  fs::remove_all(dir);
+  auto comm = rank_communicator();
+  const int rank = comm->rank(), world = comm->world_size();
+  const bool last = rank == world - 1;
+  const fs::path dir = swap_root() / ("faults-load-" + std::to_string(world));
+  if (rank == 0) fs::remove_all(dir);
+  comm->barrier("test.clean");
   RunOptions o = nvme_everything();
   o.aio_block_size = 4096;  // one write request per page: the requests are counted from the bytes
-  const std::string file = "rank-00000-of-00001.safetensors";
+  char name[64];
+  std::snprintf(name, sizeof name, "rank-%05d-of-%05d.safetensors", rank, world);
+  const std::string file = name;
   std::vector<double> straight;
-  int64_t writes = 0;  // write requests after construction and four steps
+  int64_t writes = 0;  // this rank's write requests after construction and four steps
   {
     Session s = open_session(comm, o);
-    run_steps(s, 0, 0, 2);
+    run_steps(s, rank, 0, 2);
     s.engine->save_checkpoint(dir.string(), "two");
-    run_steps(s, 0, 2, 4);
+    run_steps(s, rank, 2, 4);
     writes = s.engine->offload_report().bytes_written / 4096;
-    straight = run_steps(s, 0, 4, 6);
+    straight = run_steps(s, rank, 4, 6);
     s.engine->save_checkpoint(dir.string(), "straight");
   }
-  const std::string original = [&] {
+  if (rank == 0)
+    for (const std::string tag : {"flipped", "truncated"}) fs::copy(dir / "two", dir / tag, fs::copy_options::recursive);
+  comm->barrier("test.copied");
+  if (last) {
     std::ifstream in(dir / "two" / file, std::ios::binary);
-    return std::string{std::istreambuf_iterator<char>(in), {}};
-  }();
-  auto damaged_copy = [&](const std::string& tag, const std::string& bytes) {
-    fs::copy(dir / "two", dir / tag, fs::copy_options::recursive);
-    std::ofstream(dir / tag / file, std::ios::binary | std::ios::trunc) << bytes;
-  };
-  std::string flipped = original;
-  flipped[flipped.size() - 100] = char(flipped[flipped.size() - 100] ^ 0x40);
-  damaged_copy("flipped", flipped);
-  damaged_copy("truncated", original.substr(0, original.size() / 2));
+    const std::string original{std::istreambuf_iterator<char>(in), {}};
+    std::string flipped = original;
+    flipped[flipped.size() - 100] = char(flipped[flipped.size() - 100] ^ 0x40);
+    std::ofstream(dir / "flipped" / file, std::ios::binary | std::ios::trunc) << flipped;
+    std::ofstream(dir / "truncated" / file, std::ios::binary | std::ios::trunc) << original.substr(0, original.size() / 2);
+  }
+  comm->barrier("test.damaged");
 
   auto expect_unchanged_after = [&](Session& s, const std::string& what, const std::string& after) {
-    for (const std::string& name : own_swap_files())
-      EXPECT_FALSE(name.ends_with(".staging")) << what << ": " << name << " left behind";
-    EXPECT_EQ(run_steps(s, 0, 4, 6), straight) << what;
+    for (const std::string& swap_file : own_swap_files())
+      EXPECT_FALSE(swap_file.ends_with(".staging")) << what << ": " << swap_file << " left behind";
+    EXPECT_EQ(run_steps(s, rank, 4, 6), straight) << what;
     s.engine->save_checkpoint(dir.string(), after);
     std::ifstream a(dir / "straight" / file, std::ios::binary), b(dir / after / file, std::ios::binary);
     EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
         << what << ": the saved state differs from the run that never tried the load";
   };
+  std::snprintf(name, sizeof name, "rank-%05d-of-%05d.safetensors", world - 1, world);
+  const std::string damaged = name;
   {
     Session s = open_session(comm, o);
-    run_steps(s, 0, 0, 4);
+    run_steps(s, rank, 0, 4);
     for (const std::string tag : {"flipped", "truncated"}) {
       try {
         s.engine->load_checkpoint(dir.string(), tag);
         ADD_FAILURE() << tag << " loaded";
       } catch (const zt::DataError& e) {
-        EXPECT_NE(std::string(e.what()).find(tag + "/" + file), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(tag + "/" + damaged), std::string::npos) << e.what();
       }
     }
     expect_unchanged_after(s, "damaged checkpoints", "after-damaged");
   }
   {
-    ScopedEnv fault("ZT_IO_FAULT", "write:" + std::to_string(writes + 3));
+    std::optional<ScopedEnv> fault;
+    if (last) fault.emplace("ZT_IO_FAULT", "write:" + std::to_string(writes + 3));
     Session s = open_session(comm, o);
-    run_steps(s, 0, 0, 4);
+    run_steps(s, rank, 0, 4);
     const std::string message = error_of([&] { s.engine->load_checkpoint(dir.string(), "two"); });
     EXPECT_NE(message.find(".swap.staging' at offset "), std::string::npos) << message;
     expect_unchanged_after(s, "a write error while staging", "after-io-error");
   }
+}
+
+}  // namespace
+
+TEST(OffloadFaults, AFailedStreamedLoadLeavesTheEngineUnchanged) {
+  if (is_rank_process()) return expect_failed_streamed_loads_change_nothing();
+  expect_ranks_pass("OffloadFaults.AFailedStreamedLoadLeavesTheEngineUnchanged", {1, 2});
 }
 
 // ---------------------------------------------------------------- pre-flight
