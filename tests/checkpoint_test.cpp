@@ -689,6 +689,127 @@ TEST(CheckpointFaults, AFailureOnOneRankFailsTheSaveOnEveryRank) {
   EXPECT_TRUE(r.all_succeeded()) << r.describe();
 }
 
+namespace {
+
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) { setenv(name.c_str(), value.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+}  // namespace
+
+// Roles given as sources (saving) and sinks (loading) stream in pieces of at most the chunk size
+// (4096 bytes here: 1024 elements), in order, through buffers that never hold a whole role: the
+// file is byte for byte the one written from whole tensors, and a sink receives exactly the
+// saved values. A flipped byte in the data fails the streamed load with the checksum error, after
+// the sink has seen data of that piece (which is why sinks write to staging).
+TEST(Checkpoint, SourcesAndSinksStreamInBoundedPiecesToTheSameFile) {
+  ScopedEnv chunk("ZT_CHECKPOINT_CHUNK_BYTES", "4096");
+  ASSERT_EQ(zt::checkpoint_chunk_bytes(), 4096);
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const std::vector<zt::CheckpointParameter> parameters = {{"w", {50, 100}}, {"b", {7}}};
+  const torch::Tensor w_master = torch::randn({5000}), w_avg = torch::randn({5000}), b_master = torch::randn({7});
+  zt::CheckpointContents contents;
+  contents.parameters = parameters;
+  contents.scalars = {{"global_step", "1"}};
+  auto whole = [&] {
+    return std::vector<zt::StateFragment>{{"w", 0, 5000, {{"master", w_master}, {"exp_avg", w_avg}}},
+                                          {"b", 0, 7, {{"master", b_master}}}};
+  };
+  std::vector<std::pair<int64_t, int64_t>> produced;  // (offset, count) of each source call
+  auto streamed = [&] {
+    auto fragments = whole();
+    for (const char* role : {"master", "exp_avg"}) {
+      const torch::Tensor values = fragments[0].roles.at(role);
+      fragments[0].roles.erase(role);
+      fragments[0].sources[role] = [&produced, values](int64_t offset, int64_t count, float* out) {
+        produced.emplace_back(offset, count);
+        std::memcpy(out, values.data_ptr<float>() + offset, size_t(count) * sizeof(float));
+      };
+    }
+    return fragments;
+  };
+  const fs::path dir = fresh_dir("streamed");
+  zt::save_sharded_checkpoint(*comm, dir, "whole", contents, whole(), 0);
+  zt::save_sharded_checkpoint(*comm, dir, "streamed", contents, streamed(), 0);
+  const std::string file = "rank-00000-of-00001.safetensors";
+  EXPECT_EQ(read_bytes(dir / "streamed" / file), read_bytes(dir / "whole" / file));
+  ASSERT_EQ(produced.size(), 10u) << "5000 elements in pieces of 1024, for each of two roles";
+  for (size_t i = 0; i < produced.size(); ++i) {
+    EXPECT_EQ(produced[i].first, int64_t(i % 5) * 1024);
+    EXPECT_EQ(produced[i].second, std::min<int64_t>(1024, 5000 - int64_t(i % 5) * 1024));
+  }
+  // A write failing in the middle of a streamed tensor (the header is the first write, then one
+  // per piece) publishes nothing.
+  zt::FaultInjectingFileSystem faulty(zt::FileSystem::real(), zt::FaultInjectingFileSystem::Fault::Write, 4);
+  EXPECT_THROW(zt::save_sharded_checkpoint(*comm, dir, "faulty", contents, streamed(), 0, faulty), zt::Error);
+  EXPECT_TRUE(faulty.fault_hit());
+  EXPECT_FALSE(fs::exists(dir / "faulty"));
+  EXPECT_FALSE(fs::exists(dir / ".partial-faulty"));
+  EXPECT_EQ(read_bytes(dir / "latest"), "streamed\n");
+
+  // Loading "w" of the "whole" checkpoint (saved as tensors) through sinks, in two fragments
+  // that cut a saved piece, as another world size would.
+  std::map<std::string, torch::Tensor> received;
+  std::map<std::string, int64_t> next;  // the offset each sink expects next
+  auto sinks = [&] {
+    std::vector<zt::StateFragment> fragments = {{"w", 0, 3000, {}}, {"w", 3000, 2000, {}}, {"b", 0, 7, {{"master", torch::zeros({7})}}}};
+    received.clear();
+    next.clear();
+    for (int i = 0; i < 2; ++i)
+      for (const std::string role : {"master", "exp_avg"}) {
+        const std::string key = role + std::to_string(i);
+        received[key] = torch::full({fragments[size_t(i)].numel}, -1.0f);
+        fragments[size_t(i)].sinks[role] = [&, key](int64_t offset, int64_t count, const float* values) {
+          EXPECT_EQ(offset, next[key]) << key << ": pieces in order, each element once";
+          EXPECT_LE(count, 1024) << key;
+          next[key] = offset + count;
+          std::memcpy(received[key].data_ptr<float>() + offset, values, size_t(count) * sizeof(float));
+        };
+      }
+    return fragments;
+  };
+  auto loaded = sinks();
+  zt::load_sharded_checkpoint(*comm, dir, "whole", parameters, loaded);
+  EXPECT_TRUE(torch::equal(received["master0"], w_master.narrow(0, 0, 3000)));
+  EXPECT_TRUE(torch::equal(received["master1"], w_master.narrow(0, 3000, 2000)));
+  EXPECT_TRUE(torch::equal(received["exp_avg0"], w_avg.narrow(0, 0, 3000)));
+  EXPECT_TRUE(torch::equal(received["exp_avg1"], w_avg.narrow(0, 3000, 2000)));
+  EXPECT_TRUE(torch::equal(loaded[2].roles.at("master"), b_master));
+
+  // The last byte of w's master (the tensors are exp_avg:w, master:w, master:b) flipped: the load
+  // fails naming the file and the checksum, after the sinks received the first pieces of it.
+  {
+    std::fstream f(dir / "whole" / file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-(7 * 4 + 1), std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-(7 * 4 + 1), std::ios::end);
+    f.put(char(c ^ 0x10));
+  }
+  auto damaged = sinks();
+  try {
+    zt::load_sharded_checkpoint(*comm, dir, "whole", parameters, damaged);
+    ADD_FAILURE() << "a flipped byte must fail the load";
+  } catch (const zt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'master:w:0' fails its checksum"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(next["master0"], 3000) << "streamed: the first fragment had its elements before the piece was verified";
+  // A role given twice, or a source to a load, is a programming error, not a silent choice.
+  auto twice = whole();
+  twice[1].sources["master"] = [](int64_t, int64_t, float*) {};
+  EXPECT_THROW(zt::save_sharded_checkpoint(*comm, dir, "twice", contents, twice, 0), zt::Error);
+  auto sourced = streamed();
+  EXPECT_THROW(zt::load_sharded_checkpoint(*comm, dir, "streamed", parameters, sourced), zt::Error);
+}
+
 // Hostile checkpoints, crafted with valid checksums: each refused by load and by export with a
 // zt::DataError (zt::ConfigError for a tag argument) naming the file, without a crash, an
 // allocation by a claimed size, or a file read or written outside the checkpoint's directory.

@@ -9,9 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "support/counting_allocator.h"
 #include "support/multirank.h"
 #include "support/process.h"
 #include "zero/partition_store.h"
@@ -58,6 +61,7 @@ struct RunOptions {
   bool delayed = false;  // offload_optimizer.delayed_update
   int delayed_after = 3;
   bool nvme_gradients = false;
+  int64_t aio_block_size = 0;  // 0: the default
 };
 
 struct RunResult {
@@ -91,6 +95,7 @@ zt::TrainConfig make_config(const RunOptions& o, int world, const fs::path& root
     json += "}";
   }
   json += "}";
+  if (o.aio_block_size > 0) json += R"(, "aio": {"block_size": )" + std::to_string(o.aio_block_size) + "}";
   if (o.precision == "bf16") json += R"(, "bf16": {"enabled": true})";
   return zt::parse_config(json + "}", {}, world);
 }
@@ -326,8 +331,8 @@ std::vector<double> run_steps(Session& s, int rank, int first, int last) {
   return losses;
 }
 
-// A checkpoint saved with NVMe offload resumes without it, and the reverse, exactly: the losses
-// after the resume equal the uninterrupted run's.
+// A checkpoint saved with NVMe offload resumes without it, and the reverse, and into half on NVMe,
+// exactly: the losses after the resume equal the uninterrupted run's.
 void expect_exact_resume_across_tiers(int stage) {
   auto comm = rank_communicator();
   const int rank = comm->rank();
@@ -338,13 +343,18 @@ void expect_exact_resume_across_tiers(int stage) {
   RunOptions nvme = memory;
   nvme.optimizer_device = "nvme";
   if (stage == 3) nvme.param_device = "nvme";
+  // Half the sub-groups on NVMe, several per bucket: a load stages both tiers of one array.
+  RunOptions mixed = nvme;
+  mixed.ratio = 0.5;
+  mixed.sub_group_size = 2048;
   std::vector<double> uninterrupted;
   {
     Session s = open_session(comm, memory);
     uninterrupted = run_steps(s, rank, 0, 6);
   }
-  for (auto [save, load] : {std::pair{nvme, memory}, std::pair{memory, nvme}}) {
-    const std::string tag = save.optimizer_device == "nvme" ? "from-nvme" : "from-memory";
+  int pair = 0;
+  for (auto [save, load] : {std::pair{nvme, memory}, std::pair{memory, nvme}, std::pair{nvme, mixed}}) {
+    const std::string tag = (save.optimizer_device == "nvme" ? "from-nvme-" : "from-memory-") + std::to_string(pair++);
     {
       Session s = open_session(comm, save);
       run_steps(s, rank, 0, 3);
@@ -368,8 +378,6 @@ TEST(OffloadCheckpoint, ExactResumeAcrossOffloadOnAndOff) {
   expect_ranks_pass("OffloadCheckpoint.ExactResumeAcrossOffloadOnAndOff", {1, 2});
 }
 
-// ---------------------------------------------------------------- faults
-
 namespace {
 
 struct ScopedEnv {
@@ -377,6 +385,70 @@ struct ScopedEnv {
   ScopedEnv(std::string n, const std::string& value) : name(std::move(n)) { setenv(name.c_str(), value.c_str(), 1); }
   ~ScopedEnv() { unsetenv(name.c_str()); }
 };
+
+// The files in this process's swap directories (zerotrain-swap/rank<R>-pid<PID>...).
+std::set<std::string> own_swap_files() {
+  std::set<std::string> names;
+  const fs::path root = swap_root() / "zerotrain-swap";
+  const std::string pid = "-pid" + std::to_string(::getpid());
+  if (!fs::exists(root)) return names;
+  for (const auto& d : fs::directory_iterator(root)) {
+    const std::string name = d.path().filename().string();
+    if (!d.is_directory() || name.find(pid) == std::string::npos) continue;
+    const std::string rest = name.substr(name.find(pid) + pid.size());
+    if (!rest.empty() && rest[0] != '-') continue;  // another process whose pid begins with ours
+    for (const auto& f : fs::directory_iterator(d.path())) names.insert(f.path().filename().string());
+  }
+  return names;
+}
+
+}  // namespace
+
+// With every role of the optimizer on NVMe (bf16: the fp32 masters and both moments, about 1.4 MiB
+// on this rank), a save and a load hold a few checkpoint chunks of host memory (16 KiB chunks
+// here), not the state: measured by the counting allocator, through which every buffer of this
+// path is allocated. The loaded run continues exactly, and the staging swap files of the load
+// are gone, their content under the usual names.
+TEST(OffloadCheckpoint, SaveAndLoadOfNvmeStateHoldChunksNotTheState) {
+  constexpr int64_t kChunk = 16384;
+  ScopedEnv chunk("ZT_CHECKPOINT_CHUNK_BYTES", std::to_string(kChunk));
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const fs::path dir = swap_root() / "bounded";
+  fs::remove_all(dir);
+  const RunOptions o{.stage = 2, .precision = "bf16", .optimizer_device = "nvme", .sub_group_size = 16384};
+  auto& counter = zt::testing::CountingAllocator::instance();
+  Session saver = open_session(comm, o);
+  run_steps(saver, 0, 0, 2);
+  const int64_t state = saver.engine->offload_report().nvme_optimizer_bytes;
+  counter.install();
+  saver.engine->save_checkpoint(dir.string(), "two");
+  counter.uninstall();
+  const int64_t save_peak = counter.peak();
+  const std::vector<double> expected = run_steps(saver, 0, 2, 4);
+
+  Session loader = open_session(comm, o);
+  run_steps(loader, 0, 0, 1);  // another state than the checkpoint's, which the load must replace
+  const std::set<std::string> files_before = own_swap_files();
+  counter.install();
+  loader.engine->load_checkpoint(dir.string(), "two");
+  counter.uninstall();
+  const int64_t load_peak = counter.peak();
+  EXPECT_EQ(own_swap_files(), files_before) << "the staging files replace the swap files under their names";
+  EXPECT_EQ(run_steps(loader, 0, 2, 4), expected);
+
+  // One chunk of state, the transfer scratch (a chunk and two pages), the refresh of the working
+  // copy (a chunk of fp32 and of bf16), and small bookkeeping.
+  const int64_t bound = 4 * kChunk + 16384;
+  EXPECT_LE(save_peak, bound) << "save, state " << state << " bytes";
+  EXPECT_LE(load_peak, bound) << "load, state " << state << " bytes";
+  EXPECT_GT(state, 16 * bound) << "the bound must be far below the state to mean anything";
+  std::printf("state on NVMe %lld bytes; host memory peak: save %lld, load %lld bytes (chunk %lld)\n",
+              (long long)state, (long long)save_peak, (long long)load_peak, (long long)kChunk);
+}
+
+// ---------------------------------------------------------------- faults
+
+namespace {
 
 RunOptions nvme_everything() {
   RunOptions o{.stage = 3, .optimizer_device = "nvme", .param_device = "nvme"};
@@ -457,6 +529,94 @@ TEST(OffloadFaults, DiskErrorDuringASaveKeepsThePreviousCheckpoint) {
   std::getline(latest, name);
   EXPECT_EQ(name, "first");
   EXPECT_FALSE(fs::exists(dir / "second"));
+}
+
+namespace {
+
+// A streamed load that fails leaves the engine as it was: a checkpoint with a flipped byte in the
+// data of the last rank's file (found after most of it went into the staging files), one with
+// that file truncated, and a write error on the last rank while staging (ZT_IO_FAULT at its
+// load's third write request). With 2 ranks the other rank's own load succeeds and must still be
+// discarded. After each the run trains on and equals, bitwise (losses and the whole saved state),
+// the run that never tried a load, and no staging file is left. The checkpoint holds an earlier
+// state than the engine, so any part of it committed would show.
+void expect_failed_streamed_loads_change_nothing() {
+  ScopedEnv chunk("ZT_CHECKPOINT_CHUNK_BYTES", "16384");
+  auto comm = rank_communicator();
+  const int rank = comm->rank(), world = comm->world_size();
+  const bool last = rank == world - 1;
+  const fs::path dir = swap_root() / ("faults-load-" + std::to_string(world));
+  if (rank == 0) fs::remove_all(dir);
+  comm->barrier("test.clean");
+  RunOptions o = nvme_everything();
+  o.aio_block_size = 4096;  // one write request per page: the requests are counted from the bytes
+  char name[64];
+  std::snprintf(name, sizeof name, "rank-%05d-of-%05d.safetensors", rank, world);
+  const std::string file = name;
+  std::vector<double> straight;
+  int64_t writes = 0;  // this rank's write requests after construction and four steps
+  {
+    Session s = open_session(comm, o);
+    run_steps(s, rank, 0, 2);
+    s.engine->save_checkpoint(dir.string(), "two");
+    run_steps(s, rank, 2, 4);
+    writes = s.engine->offload_report().bytes_written / 4096;
+    straight = run_steps(s, rank, 4, 6);
+    s.engine->save_checkpoint(dir.string(), "straight");
+  }
+  if (rank == 0)
+    for (const std::string tag : {"flipped", "truncated"}) fs::copy(dir / "two", dir / tag, fs::copy_options::recursive);
+  comm->barrier("test.copied");
+  if (last) {
+    std::ifstream in(dir / "two" / file, std::ios::binary);
+    const std::string original{std::istreambuf_iterator<char>(in), {}};
+    std::string flipped = original;
+    flipped[flipped.size() - 100] = char(flipped[flipped.size() - 100] ^ 0x40);
+    std::ofstream(dir / "flipped" / file, std::ios::binary | std::ios::trunc) << flipped;
+    std::ofstream(dir / "truncated" / file, std::ios::binary | std::ios::trunc) << original.substr(0, original.size() / 2);
+  }
+  comm->barrier("test.damaged");
+
+  auto expect_unchanged_after = [&](Session& s, const std::string& what, const std::string& after) {
+    for (const std::string& swap_file : own_swap_files())
+      EXPECT_FALSE(swap_file.ends_with(".staging")) << what << ": " << swap_file << " left behind";
+    EXPECT_EQ(run_steps(s, rank, 4, 6), straight) << what;
+    s.engine->save_checkpoint(dir.string(), after);
+    std::ifstream a(dir / "straight" / file, std::ios::binary), b(dir / after / file, std::ios::binary);
+    EXPECT_TRUE(std::equal(std::istreambuf_iterator<char>(a), {}, std::istreambuf_iterator<char>(b), {}))
+        << what << ": the saved state differs from the run that never tried the load";
+  };
+  std::snprintf(name, sizeof name, "rank-%05d-of-%05d.safetensors", world - 1, world);
+  const std::string damaged = name;
+  {
+    Session s = open_session(comm, o);
+    run_steps(s, rank, 0, 4);
+    for (const std::string tag : {"flipped", "truncated"}) {
+      try {
+        s.engine->load_checkpoint(dir.string(), tag);
+        ADD_FAILURE() << tag << " loaded";
+      } catch (const zt::DataError& e) {
+        EXPECT_NE(std::string(e.what()).find(tag + "/" + damaged), std::string::npos) << e.what();
+      }
+    }
+    expect_unchanged_after(s, "damaged checkpoints", "after-damaged");
+  }
+  {
+    std::optional<ScopedEnv> fault;
+    if (last) fault.emplace("ZT_IO_FAULT", "write:" + std::to_string(writes + 3));
+    Session s = open_session(comm, o);
+    run_steps(s, rank, 0, 4);
+    const std::string message = error_of([&] { s.engine->load_checkpoint(dir.string(), "two"); });
+    EXPECT_NE(message.find(".swap.staging' at offset "), std::string::npos) << message;
+    expect_unchanged_after(s, "a write error while staging", "after-io-error");
+  }
+}
+
+}  // namespace
+
+TEST(OffloadFaults, AFailedStreamedLoadLeavesTheEngineUnchanged) {
+  if (is_rank_process()) return expect_failed_streamed_loads_change_nothing();
+  expect_ranks_pass("OffloadFaults.AFailedStreamedLoadLeavesTheEngineUnchanged", {1, 2});
 }
 
 // ---------------------------------------------------------------- pre-flight

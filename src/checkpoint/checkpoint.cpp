@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <optional>
 #include <cerrno>
 #include <cstring>
@@ -52,6 +53,28 @@ std::string rank_file_name(int rank, int world) {
 // Tensor names inside a rank file: "<role>:<parameter>:<first element>".
 std::string fragment_name(const std::string& role, const std::string& parameter, int64_t begin) {
   return role + ":" + parameter + ":" + std::to_string(begin);
+}
+
+// "<digits>" as a non-negative int64, or -1.
+int64_t parse_count(std::string_view text) {
+  int64_t value = -1;
+  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string_view::npos) return -1;
+  std::from_chars(text.data(), text.data() + text.size(), value);
+  return value;
+}
+
+// The roles of a fragment, however given, in name order (the order of its tensors in a file).
+std::vector<std::string> role_names(const StateFragment& f) {
+  std::set<std::string> names;
+  auto add = [&](const std::string& role) {
+    if (!names.insert(role).second)
+      throw Error("checkpoint: role '" + role + "' of fragment '" + f.parameter + ":" + std::to_string(f.begin) +
+                  "' is given twice (as a tensor, a source or a sink)");
+  };
+  for (const auto& entry : f.roles) add(entry.first);
+  for (const auto& entry : f.sources) add(entry.first);
+  for (const auto& entry : f.sinks) add(entry.first);
+  return {names.begin(), names.end()};
 }
 
 // Writes `text` to `path` durably and atomically (temporary file, fsync, rename, fsync of the
@@ -155,6 +178,17 @@ LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
 
 }  // namespace
 
+int64_t checkpoint_chunk_bytes() {
+  constexpr int64_t kDefault = int64_t(64) << 20, kGranule = 4096, kMax = int64_t(1) << 30;
+  const char* value = std::getenv("ZT_CHECKPOINT_CHUNK_BYTES");
+  if (value == nullptr || *value == '\0') return kDefault;
+  const int64_t bytes = parse_count(value);
+  if (bytes < kGranule || bytes > kMax || bytes % kGranule != 0)
+    throw ConfigError("ZT_CHECKPOINT_CHUNK_BYTES='" + std::string(value) + "': expected a multiple of " +
+                      std::to_string(kGranule) + " from " + std::to_string(kGranule) + " to " + std::to_string(kMax));
+  return bytes;
+}
+
 void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std::string& tag,
                              const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
                              int keep_last) {
@@ -231,12 +265,32 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
     on_every_rank(comm, "save (writing '" + (staging / rank_file_name(rank, world)).string() + "')", [&] {
       if (fragments.empty()) return;
       std::vector<TensorRecord> records;
-      for (const StateFragment& f : fragments)
-        for (const auto& [role, tensor] : f.roles)
+      int64_t largest_source = 0;
+      for (const StateFragment& f : fragments) {
+        for (const std::string& role : role_names(f))
           records.push_back({fragment_name(role, f.parameter, f.begin), at::kFloat, {f.numel}});
+        if (!f.sources.empty()) largest_source = std::max(largest_source, f.numel);
+      }
       SafetensorsWriter writer(files, staging / rank_file_name(rank, world), records, {{"format", kFormat}});
+      // Roles given as sources pass through one buffer of at most a chunk.
+      at::Tensor buffer;
+      if (largest_source > 0)
+        buffer = at::empty({std::min(largest_source, checkpoint_chunk_bytes() / int64_t(sizeof(float)))}, at::kFloat);
       for (const StateFragment& f : fragments)
-        for (const auto& [role, tensor] : f.roles) writer.write(tensor.reshape({-1}).to(at::kFloat));
+        for (const std::string& role : role_names(f)) {
+          if (auto tensor = f.roles.find(role); tensor != f.roles.end()) {
+            writer.write(tensor->second.reshape({-1}).to(at::kFloat));
+            continue;
+          }
+          const FragmentSource& source = f.sources.at(role);
+          if (f.numel == 0) writer.append(nullptr, 0);
+          for (int64_t done = 0; done < f.numel;) {
+            const int64_t n = std::min(f.numel - done, buffer.numel());
+            source(done, n, buffer.data_ptr<float>());
+            writer.append(buffer.data_ptr(), n * int64_t(sizeof(float)));
+            done += n;
+          }
+        }
       writer.finish();
     });
   } catch (...) {
@@ -334,14 +388,6 @@ fs::path resolve_tag(const fs::path& dir, const std::string& tag_in) {
     }
   }
   return dir / tag;
-}
-
-// "<digits>" as a non-negative int64, or -1.
-int64_t parse_count(std::string_view text) {
-  int64_t value = -1;
-  if (text.empty() || text.size() > 19 || text.find_first_not_of("0123456789") != std::string_view::npos) return -1;
-  std::from_chars(text.data(), text.data() + text.size(), value);
-  return value;
 }
 
 // A checkpoint's manifest and files, every part validated before any tensor is read: the
@@ -463,16 +509,31 @@ struct OpenCheckpoint {
     return total;
   }
 
-  // Copies elements [begin, begin + destination.numel()) of `role` of `parameter` into
-  // `destination` (flat), reading whole saved pieces (checksums verified); all must be found.
-  void read_range(const std::string& role, const std::string& parameter, int64_t begin, at::Tensor destination) {
-    const int64_t numel = destination.numel();
+  // Hands elements [begin, begin + numel) of `role` of `parameter` to consume(offset from begin,
+  // count, values) in increasing order, each once, reading whole saved pieces in reads of at most a
+  // chunk (checksums verified after each piece); all must be found. `buffer` is the read buffer,
+  // allocated on first use.
+  void read_range(const std::string& role, const std::string& parameter, int64_t begin, int64_t numel,
+                  const FragmentSink& consume, at::Tensor& buffer) {
     int64_t covered = 0;
     for (const Piece& piece : pieces[{role, parameter}]) {
       const int64_t lo = std::max(piece.begin, begin), hi = std::min(piece.begin + piece.numel, begin + numel);
       if (lo >= hi) continue;
-      const at::Tensor saved = files[piece.file]->read(piece.tensor);
-      destination.narrow(0, lo - begin, hi - lo).copy_(saved.narrow(0, lo - piece.begin, hi - lo));
+      const int64_t element = int64_t(sizeof(float));
+      // Grown to the largest piece read so far, at most a chunk.
+      const int64_t wanted = std::min(piece.numel, checkpoint_chunk_bytes() / element);
+      if (!buffer.defined() || buffer.numel() < wanted) {
+        buffer = at::Tensor();
+        buffer = at::empty({wanted}, at::kFloat);
+      }
+      files[piece.file]->read_pieces(piece.tensor, buffer.data_ptr(), std::min(buffer.numel(), piece.numel) * element,
+                                     [&](int64_t offset, const void* data, int64_t bytes) {
+                                       const int64_t first = piece.begin + offset / element;
+                                       const int64_t from = std::max(first, lo);
+                                       const int64_t to = std::min(first + bytes / element, hi);
+                                       if (from < to)
+                                         consume(from - begin, to - from, static_cast<const float*>(data) + (from - first));
+                                     });
       covered += hi - lo;
     }
     if (covered != numel)
@@ -482,12 +543,25 @@ struct OpenCheckpoint {
                       " found; a shard is missing, or it was saved with an optimizer without this state: loading "
                       "with reset_optimizer (--reset-optimizer) starts the moments afresh)");
   }
+
+  // The same into a flat fp32 tensor of numel elements.
+  void read_range(const std::string& role, const std::string& parameter, int64_t begin, at::Tensor destination,
+                  at::Tensor& buffer) {
+    destination = destination.view({-1});
+    read_range(role, parameter, begin, destination.numel(),
+               [&](int64_t offset, int64_t count, const float* values) {
+                 destination.narrow(0, offset, count)
+                     .copy_(at::from_blob(const_cast<float*>(values), {count}, at::kFloat));
+               },
+               buffer);
+  }
 };
 
 LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
                                 const std::vector<CheckpointParameter>& parameters,
                                 std::vector<StateFragment>& fragments,
                                 const std::function<void(const LoadedCheckpoint&)>& check) {
+  checkpoint_chunk_bytes();  // a bad ZT_CHECKPOINT_CHUNK_BYTES fails here, on every rank, before anything is read
   OpenCheckpoint checkpoint(resolve_tag(dir, tag_in));
   const std::string& where = checkpoint.where;
   // The same model: the same parameter names with the same shapes.
@@ -506,8 +580,17 @@ LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
                     " parameters there, " + std::to_string(parameters.size()) + " here");
   LoadedCheckpoint loaded{checkpoint.scalars, checkpoint.configuration, where};
   if (check) check(loaded);
+  at::Tensor buffer;  // one read buffer of at most a chunk for the whole load
   for (StateFragment& f : fragments)
-    for (auto& [role, destination] : f.roles) checkpoint.read_range(role, f.parameter, f.begin, destination.reshape({-1}));
+    for (const std::string& role : role_names(f)) {
+      if (auto tensor = f.roles.find(role); tensor != f.roles.end()) {
+        checkpoint.read_range(role, f.parameter, f.begin, tensor->second, buffer);
+      } else if (auto sink = f.sinks.find(role); sink != f.sinks.end()) {
+        checkpoint.read_range(role, f.parameter, f.begin, f.numel, sink->second, buffer);
+      } else {
+        throw Error("checkpoint: role '" + role + "' of fragment '" + f.parameter + "' is given as a source to a load");
+      }
+    }
   return loaded;
 }
 }  // namespace
@@ -531,6 +614,7 @@ int64_t export_checkpoint(const fs::path& dir, const std::string& tag, const fs:
   if (records.empty()) throw DataError(checkpoint.where + ": no parameters to export");
   const fs::path partial = out.string() + ".partial";
   int64_t bytes = 0;
+  at::Tensor buffer;
   try {
     SafetensorsWriter writer(partial, records,
                              {{"format", "pt"}, {"zerotrain.checkpoint", checkpoint.root.string()},
@@ -538,7 +622,7 @@ int64_t export_checkpoint(const fs::path& dir, const std::string& tag, const fs:
     for (const TensorRecord& r : records) {
       const int64_t numel = checkpoint.numels.at(r.name);
       at::Tensor full = at::empty({numel}, at::kFloat);
-      checkpoint.read_range("master", r.name, 0, full);
+      checkpoint.read_range("master", r.name, 0, full, buffer);
       writer.write(full.view(r.shape).to(dtype));
     }
     writer.finish();

@@ -4,14 +4,17 @@
 //
 // Contract
 // - Both functions are collectives: every rank calls them with the same dir and tag.
-// - save: ranks with fragments write them (their own file, in parallel) into a temporary
+// - save: ranks with fragments write them (their own file, in parallel, streaming roles given as
+//   sources piece by piece) into a temporary
 //   directory; rank 0 adds the manifest, makes everything durable and renames the directory to
 //   dir/tag, then replaces dir/latest; only then does any rank return. A failure on any rank throws
 //   on every rank and leaves the previous checkpoints and `latest` untouched.
 // - load: each rank reads only the saved fragments that overlap the ranges it owns now, verifying
 //   checksums, and fails with zt::DataError naming the file and the problem for a missing
 //   `latest` target, a missing or damaged file, a checkpoint of another model, or a range no file
-//   holds. Every part of a checkpoint is validated before it is used, whatever the files hold
+//   holds. A saved piece is read whole (so that its checksum is verified), in reads of at most
+//   checkpoint_chunk_bytes(); a sink may have received data of a piece whose checksum then fails.
+//   Every part of a checkpoint is validated before it is used, whatever the files hold
 //   (docs/checkpoint.md "Hostile files"): a manifest's file names must be its own rank file
 //   names, so no name leads outside the checkpoint's directory.
 #pragma once
@@ -34,15 +37,36 @@ struct CheckpointParameter {
   std::vector<int64_t> shape;
 };
 
-// A contiguous range of one parameter's flattened elements, with one fp32 tensor of `numel`
-// elements per role ("master", "exp_avg", "exp_avg_sq"): the source when saving, the destination
-// when loading.
+// Elements [offset, offset + count) of one role of a fragment, counted from the fragment's
+// `begin`, as fp32: produced into `out` when saving (a role that is not in memory, e.g. on NVMe,
+// read piece by piece), consumed from `values` when loading.
+using FragmentSource = std::function<void(int64_t offset, int64_t count, float* out)>;
+using FragmentSink = std::function<void(int64_t offset, int64_t count, const float* values)>;
+
+// A contiguous range of one parameter's flattened elements with its state per role ("master",
+// "exp_avg", "exp_avg_sq"). Each role is given one way:
+// - roles: an fp32 tensor of `numel` elements, the source when saving (written as is, no copy)
+//   and the destination when loading;
+// - sources (saving): called for consecutive pieces of at most checkpoint_chunk_bytes(), in
+//   order, each into one reused buffer, so a role that lives on disk is never whole in memory;
+// - sinks (loading): called with consecutive pieces of at most checkpoint_chunk_bytes(), in
+//   increasing offset order, each element once. What a sink received is verified only when the
+//   load returns: a sink must write to staging that a failed load discards.
+// The file holds the same tensors whichever way a role was given.
 struct StateFragment {
   std::string parameter;
   int64_t begin = 0;
   int64_t numel = 0;
   std::map<std::string, at::Tensor> roles;
+  std::map<std::string, FragmentSource> sources;
+  std::map<std::string, FragmentSink> sinks;
 };
+
+// The bytes of state a checkpoint moves at a time: the pieces of sources and sinks and the read
+// buffer, so that the host memory a save or load uses for state beyond the roles given as
+// tensors is a small multiple of it. 64 MiB, or the environment variable
+// ZT_CHECKPOINT_CHUNK_BYTES (a multiple of 4096 from 4096 to 1 GiB; zt::ConfigError otherwise).
+int64_t checkpoint_chunk_bytes();
 
 struct CheckpointContents {
   std::vector<CheckpointParameter> parameters;     // every trainable parameter: the model's identity
@@ -62,8 +86,8 @@ void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& di
                              int keep_last, FileSystem& files);
 
 // tag empty: the one dir/latest names (a tag given must be a plain name: zt::ConfigError if not).
-// Checks `parameters` against the checkpoint's, fills every role of every fragment, and returns
-// the saved scalars.
+// Checks `parameters` against the checkpoint's, fills every role of every fragment (tensors and
+// sinks), and returns the saved scalars.
 std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir,
                                                            const std::string& tag,
                                                            const std::vector<CheckpointParameter>& parameters,

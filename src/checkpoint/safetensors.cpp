@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -151,6 +152,7 @@ struct SafetensorsWriter::State {
   std::vector<SafetensorsEntry> entries;
   std::map<std::string, std::string> metadata;
   size_t next = 0;
+  int64_t appended = 0;  // bytes of record `next` written by append()
   int64_t header_bytes = 0, file_bytes = 0;
   bool finished = false;
 };
@@ -206,6 +208,9 @@ void SafetensorsWriter::write(const at::Tensor& tensor) {
   if (s.finished || s.next >= s.entries.size())
     throw Error("safetensors: more tensors written than planned for '" + s.path.string() + "'");
   SafetensorsEntry& e = s.entries[s.next];
+  if (s.appended > 0)
+    throw Error("safetensors: tensor '" + e.name + "' written whole after " + std::to_string(s.appended) +
+                " bytes were appended ('" + s.path.string() + "')");
   if (tensor.scalar_type() != e.dtype || tensor.sizes().vec() != e.shape)
     throw Error("safetensors: tensor '" + e.name + "' planned as " + safetensors_dtype(e.dtype) + " " +
                 c10::str(at::IntArrayRef(e.shape)) + ", written as " + c10::toString(tensor.scalar_type()) + " " +
@@ -216,10 +221,28 @@ void SafetensorsWriter::write(const at::Tensor& tensor) {
   ++s.next;
 }
 
+void SafetensorsWriter::append(const void* data, int64_t bytes) {
+  State& s = *state_;
+  if (s.finished || s.next >= s.entries.size())
+    throw Error("safetensors: more data appended than planned for '" + s.path.string() + "'");
+  SafetensorsEntry& e = s.entries[s.next];
+  if (bytes < 0 || bytes > e.nbytes - s.appended)
+    throw Error("safetensors: " + std::to_string(bytes) + " bytes appended to tensor '" + e.name + "', which has " +
+                std::to_string(e.nbytes - s.appended) + " bytes left ('" + s.path.string() + "')");
+  if (s.appended == 0) e.crc32 = 0;
+  e.crc32 = crc_of(data, bytes, e.crc32);
+  s.file->write_at(data, bytes, e.offset + s.appended);
+  s.appended += bytes;
+  if (s.appended == e.nbytes) {
+    ++s.next;
+    s.appended = 0;
+  }
+}
+
 void SafetensorsWriter::finish() {
   State& s = *state_;
   if (s.finished) return;
-  if (s.next != s.entries.size())
+  if (s.next != s.entries.size() || s.appended > 0)
     throw Error("safetensors: " + std::to_string(s.next) + " of " + std::to_string(s.entries.size()) +
                 " tensors written to '" + s.path.string() + "' before finish()");
   std::string header = render_header(s.entries, s.metadata, kZeroCrc);
@@ -383,6 +406,27 @@ at::Tensor SafetensorsReader::read(const std::string& name) const {
     throw DataError("'" + state_->path.string() + "': tensor '" + name + "' fails its checksum (stored " + hex32(e.crc32) +
                     ", computed " + hex32(crc) + ")");
   return out;
+}
+
+void SafetensorsReader::read_pieces(const std::string& name, void* buffer, int64_t buffer_bytes,
+                                    const std::function<void(int64_t, const void*, int64_t)>& consume) const {
+  const SafetensorsEntry& e = entry(name);
+  const int64_t element = int64_t(c10::elementSize(e.dtype));
+  const int64_t step = buffer_bytes / element * element;
+  if (step <= 0 && e.nbytes > 0)
+    throw Error("safetensors: a buffer of " + std::to_string(buffer_bytes) + " bytes cannot hold one element of '" +
+                name + "'");
+  uint32_t crc = 0;
+  for (int64_t done = 0; done < e.nbytes;) {
+    const int64_t n = std::min(step, e.nbytes - done);
+    read_all(state_->fd.get(), buffer, n, e.offset + done, state_->path);
+    crc = crc_of(buffer, n, crc);
+    consume(done, buffer, n);
+    done += n;
+  }
+  if (crc != e.crc32)
+    throw DataError("'" + state_->path.string() + "': tensor '" + name + "' fails its checksum (stored " + hex32(e.crc32) +
+                    ", computed " + hex32(crc) + ")");
 }
 
 }  // namespace zt

@@ -8,14 +8,14 @@
 // - SafetensorsWriter streams: the header is planned from the records before any data (the format
 //   puts every offset first), tensors are then written one by one in record order, and finish()
 //   fills in the checksums (fixed-width, so the header keeps its size), flushes and fsyncs. Memory
-//   stays at the tensor being written. A writer destroyed before finish() leaves an incomplete file
+//   stays at the tensor being written, or with append() at the piece being written. A writer destroyed before finish() leaves an incomplete file
 //   that every reader rejects (its checksums are zeros).
 // - SafetensorsReader validates on open: the length prefix (at most the file's size and 100 MB),
 //   the JSON (at most 1,000,000 tensors, nesting at most 3 levels deep), every entry (valid name,
 //   known dtype, non-negative shape whose element and byte counts do not overflow, byte range of
 //   exactly numel × element size), that the ranges tile the data section (no overlap, no gap,
 //   nothing past the end), that the file has exactly that many bytes, and the header checksum.
-//   read() checks the tensor's checksum. Every failure is a zt::DataError naming the file and the
+//   read() checks the tensor's checksum; read_pieces() checks it after the last piece. Every failure is a zt::DataError naming the file and the
 //   problem, whatever the file holds: no crash, no allocation beyond a small multiple of the
 //   header before the checks, and no tensor allocated before its byte range is known to be in
 //   the file.
@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
@@ -67,6 +68,10 @@ class SafetensorsWriter {
   // Appends the data of the next record; `tensor` must have its dtype and shape (any device
   // layout: it is made contiguous on the CPU first).
   void write(const at::Tensor& tensor);
+  // Appends the next `bytes` of the data of the current record (its raw bytes in order; the
+  // checksum runs on): a record is written when all its bytes are, by one write() or any number
+  // of append() calls, not both.
+  void append(const void* data, int64_t bytes);
   // Writes the checksums and makes the file durable (fsync). Every record must have been written.
   void finish();
 
@@ -100,6 +105,12 @@ class SafetensorsReader {
   const SafetensorsEntry& entry(const std::string& name) const;  // zt::DataError if absent
   // The whole tensor, checksum verified.
   at::Tensor read(const std::string& name) const;
+  // The tensor's bytes in order, in reads of at most `buffer_bytes` (rounded down to whole
+  // elements) into `buffer`: consume(byte offset in the tensor, data, bytes) for each. The checksum
+  // is verified after the last piece: what consume received is trusted only if this returns
+  // (zt::DataError otherwise). Memory: the caller's buffer.
+  void read_pieces(const std::string& name, void* buffer, int64_t buffer_bytes,
+                   const std::function<void(int64_t offset, const void* data, int64_t bytes)>& consume) const;
 
  private:
   struct State;

@@ -270,6 +270,8 @@ struct AioEngine::Impl {
         throw zt::Error(fmt::format("AioEngine: {} file handle {}: no such file (open() returned 0 to {})", verb(op),
                                     file, int64_t(d.files.size()) - 1));
       const auto& f = d.files[size_t(file)];
+      if (f.fd < 0)
+        throw zt::Error(fmt::format("AioEngine: {} '{}': the file was closed", verb(op), f.path.string()));
       const auto address = reinterpret_cast<uintptr_t>(data);
       if (offset < 0 || bytes < 0 || offset % kAlignment != 0 || bytes % kAlignment != 0 || address % kAlignment != 0)
         throw zt::Error(fmt::format(
@@ -529,7 +531,8 @@ AioEngine::~AioEngine() {
 #ifdef ZT_HAVE_IO_URING
   for (io_uring& ring : d.rings) io_uring_queue_exit(&ring);
 #endif
-  for (const Impl::File& f : d.files) ::close(f.fd);
+  for (const Impl::File& f : d.files)
+    if (f.fd >= 0) ::close(f.fd);
 }
 
 int AioEngine::open(const std::filesystem::path& path, int64_t bytes) {
@@ -571,6 +574,32 @@ int AioEngine::open(const std::filesystem::path& path, int64_t bytes) {
   std::lock_guard lock(d.mu);
   d.files.push_back({path, fd, size});
   return int(d.files.size() - 1);
+}
+
+void AioEngine::close(int file) {
+  Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  if (file < 0 || size_t(file) >= d.files.size() || d.files[size_t(file)].fd < 0)
+    throw zt::Error(fmt::format("AioEngine::close: file handle {} is not open", file));
+  for (int64_t id = d.head; id < d.tail; ++id)
+    if (d.at(id).file == file && !d.at(id).done)
+      throw zt::Error(fmt::format("AioEngine::close: '{}' has a transfer in flight (ticket {})",
+                                  d.files[size_t(file)].path.string(), id));
+  ::close(d.files[size_t(file)].fd);
+  d.files[size_t(file)].fd = -1;
+}
+
+void AioEngine::rename(int file, const std::filesystem::path& to) {
+  Impl& d = *impl_;
+  std::lock_guard lock(d.mu);
+  if (file < 0 || size_t(file) >= d.files.size())
+    throw zt::Error(fmt::format("AioEngine::rename: no file handle {}", file));
+  Impl::File& f = d.files[size_t(file)];
+  if (::rename(f.path.c_str(), to.c_str()) != 0) {
+    const int error = errno;
+    throw IoError(fmt::format("renaming '{}' to '{}': {}", f.path.string(), to.string(), describe_errno(error)), error);
+  }
+  f.path = to;
 }
 
 AioEngine::Ticket AioEngine::read(int file, int64_t offset, void* destination, int64_t bytes) {

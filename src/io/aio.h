@@ -119,6 +119,12 @@ class AioEngine {
   // full disk is an IoError here naming the file, not in the middle of a step) and opens it for
   // reading and writing, with O_DIRECT when options.direct. Returns its handle for read/write.
   int open(const std::filesystem::path& path, int64_t bytes);
+  // Closes a file opened here, leaving it on disk; its handle is refused from then on. No transfer
+  // of it may be in flight (zt::Error otherwise).
+  void close(int file);
+  // Renames a file opened here to `to` (rename(2): `to` is replaced atomically), so that its
+  // errors name it by its new path. IoError naming both paths on failure (nothing changed).
+  void rename(int file, const std::filesystem::path& to);
 
   using Ticket = int64_t;
   // Asynchronous. Split into block_size requests. bytes == 0 gives a ticket that is done at once.

@@ -700,11 +700,11 @@ struct Engine::Impl {
       throw Error("load_checkpoint: expected a call between optimizer steps, found micro-step " +
                   std::to_string(micro_step));
     apply_pending_update();
-    // Read into copies first, so that a failure leaves this engine as it was. Resetting the
-    // optimizer reads the masters only.
-    std::vector<StateFragment> staged = owned_state(false, !options.reset_optimizer);
-    for (StateFragment& f : staged)
-      for (auto& [role, tensor] : f.roles) tensor = torch::empty({f.numel}, torch::kFloat32);
+    // Read into staging first (host tensors for what is in memory, staging swap files for what is
+    // on NVMe), so that a failure leaves this engine as it was. Resetting the optimizer reads the
+    // masters only.
+    OptimizerPartition::Staged staged = optimizer->staged_fragments(
+        !options.reset_optimizer, [this](int placement) { return specs[layout.placements[placement].index].name; });
     std::vector<std::string> changes;
     LossScaler::State saved_scaler;
     int64_t step = 0, skipped_steps = 0, saved_moments_from = 0;
@@ -756,7 +756,7 @@ struct Engine::Impl {
         if (old_value != new_value) changes.push_back(key + ": " + old_value + " -> " + new_value);
       }
     };
-    const LoadedCheckpoint loaded = load_sharded_checkpoint(*comm, dir, tag, registered, staged, check);
+    const LoadedCheckpoint loaded = load_sharded_checkpoint(*comm, dir, tag, registered, staged.fragments, check);
     const auto& scalars = loaded.scalars;
     const LossScaler::State s = saved_scaler;
     torch::NoGradGuard no_grad;

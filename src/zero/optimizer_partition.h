@@ -101,11 +101,22 @@ class OptimizerPartition {
   void refresh_working_from_masters();
   void zero_moments();
 
-  // This rank's state by parameter name and range, as fp32 tensors (checkpoints). Saving: views
-  // of the state (or, for what is on NVMe, copies read from it); loading: tensors that
-  // commit_fragments() writes back.
+  // This rank's state by parameter name and range, for saving a checkpoint: views of the state
+  // where a range is in memory (no copy), sources that read it piece by piece where it touches
+  // sub-groups on NVMe (host memory: one piece, checkpoint_chunk_bytes()).
   std::vector<StateFragment> fragments(bool with_moments, const std::function<std::string(int)>& name_of) const;
-  void commit_fragments(const std::vector<StateFragment>& fragments);
+  // Loading: the same fragments as destinations. A role kept wholly in memory gets fp32 tensors
+  // (host memory: its size); a role with sub-groups on NVMe gets sinks into a TieredStaging of its
+  // array (a second swap file, zero host memory beyond one piece). Nothing of the state changes
+  // until commit_fragments(), which must follow a load that succeeded on every rank; destroying
+  // the Staged instead discards it (its staging files removed).
+  struct Staged {
+    std::vector<StateFragment> fragments;
+    std::vector<std::shared_ptr<TieredStaging>> arrays;
+    std::shared_ptr<TransferScratch> scratch;
+  };
+  Staged staged_fragments(bool with_moments, const std::function<std::string(int)>& name_of);
+  void commit_fragments(Staged& staged);
 
   int64_t memory_bytes() const;   // masters and moments in host memory
   int64_t disk_bytes() const;     // masters and moments in swap files

@@ -147,3 +147,137 @@ void TieredArray::fill_zero() {
 }
 
 }  // namespace zt
+
+namespace zt {
+
+void* TransferScratch::get(int64_t bytes) {
+  if (bytes > capacity_) {
+    storage_ = at::Tensor();  // the old one goes first: the peak stays at the new size
+    const int64_t capacity = io::align_up(bytes);
+    storage_ = torch::empty({capacity + io::kAlignment}, torch::kUInt8);
+    const auto address = reinterpret_cast<uintptr_t>(storage_.data_ptr());
+    aligned_ = reinterpret_cast<void*>((address + io::kAlignment - 1) / io::kAlignment * io::kAlignment);
+    capacity_ = capacity;
+  }
+  return aligned_;
+}
+
+bool TieredArray::in_memory(int64_t begin, int64_t n) const {
+  if (disk_count_ == 0 || n <= 0) return true;
+  for (int g = group_of(begin); g < int(groups_.size()) && groups_[size_t(g)].begin < begin + n; ++g)
+    if (disk_[size_t(g)]) return false;
+  return true;
+}
+
+void TieredArray::page_span(int g, int64_t from, int64_t to, int64_t* first, int64_t* last) const {
+  const SubGroup& sg = groups_[size_t(g)];
+  *first = (from - sg.begin) * element_size() / io::kAlignment * io::kAlignment;
+  *last = io::align_up((to - sg.begin) * element_size());
+}
+
+void TieredArray::read_elements(int64_t begin, int64_t count, void* data, TransferScratch& scratch) const {
+  ZT_CHECK_STATE(begin >= 0 && count >= 0 && begin + count <= numel_, role_ + ": elements out of range");
+  if (count == 0) return;
+  const int64_t es = element_size(), end = begin + count;
+  char* out = static_cast<char*>(data);
+  const char* memory = memory_.defined() ? static_cast<const char*>(memory_.data_ptr()) : nullptr;
+  if (disk_.empty()) {
+    std::memcpy(out, memory + begin * es, size_t(count * es));
+    return;
+  }
+  for (int g = group_of(begin); g < int(groups_.size()) && groups_[size_t(g)].begin < end; ++g) {
+    const SubGroup& sg = groups_[size_t(g)];
+    const int64_t from = std::max(begin, sg.begin), to = std::min(end, sg.begin + sg.numel);
+    char* destination = out + (from - begin) * es;
+    if (!disk_[size_t(g)]) {
+      std::memcpy(destination, memory + (place_[size_t(g)] + from - sg.begin) * es, size_t((to - from) * es));
+      continue;
+    }
+    int64_t first, last;
+    page_span(g, from, to, &first, &last);
+    char* pages = static_cast<char*>(scratch.get(last - first));
+    io_->wait(io_->read(file_id_, place_[size_t(g)] + first, pages, last - first));
+    std::memcpy(destination, pages + ((from - sg.begin) * es - first), size_t((to - from) * es));
+  }
+}
+
+void TieredArray::write_elements(int64_t begin, int64_t count, const void* data, TransferScratch& scratch) {
+  ZT_CHECK_STATE(begin >= 0 && count >= 0 && begin + count <= numel_, role_ + ": elements out of range");
+  if (count == 0) return;
+  const int64_t es = element_size(), end = begin + count;
+  const char* in = static_cast<const char*>(data);
+  char* memory = memory_.defined() ? static_cast<char*>(memory_.data_ptr()) : nullptr;
+  if (disk_.empty()) {
+    std::memcpy(memory + begin * es, in, size_t(count * es));
+    return;
+  }
+  for (int g = group_of(begin); g < int(groups_.size()) && groups_[size_t(g)].begin < end; ++g) {
+    const SubGroup& sg = groups_[size_t(g)];
+    const int64_t from = std::max(begin, sg.begin), to = std::min(end, sg.begin + sg.numel);
+    const char* source = in + (from - begin) * es;
+    if (!disk_[size_t(g)]) {
+      std::memcpy(memory + (place_[size_t(g)] + from - sg.begin) * es, source, size_t((to - from) * es));
+      continue;
+    }
+    int64_t first, last;
+    page_span(g, from, to, &first, &last);
+    const int64_t head = (from - sg.begin) * es, tail = (to - sg.begin) * es;
+    char* pages = static_cast<char*>(scratch.get(last - first));
+    const int64_t at = place_[size_t(g)];
+    // Partly covered first and last pages keep the bytes outside the range.
+    if (head != first) io_->wait(io_->read(file_id_, at + first, pages, io::kAlignment));
+    if (tail != last && (last - io::kAlignment != first || head == first))
+      io_->wait(io_->read(file_id_, at + last - io::kAlignment, pages + (last - first - io::kAlignment), io::kAlignment));
+    std::memcpy(pages + (head - first), source, size_t(tail - head));
+    io_->wait(io_->write(file_id_, at + first, pages, last - first));
+  }
+}
+
+TieredStaging::TieredStaging(TieredArray& live) : live_(live) {
+  ZT_CHECK_STATE(live.any_on_disk() && live.io_ != nullptr, live.role_ + ": staging is for arrays with sub-groups on disk");
+}
+
+TieredStaging::~TieredStaging() {
+  if (!created_ || committed_) return;
+  try {
+    live_.io_->close(staged_.file_id_);
+  } catch (...) {
+  }
+  std::error_code ignored;
+  std::filesystem::remove(staged_.path_, ignored);
+}
+
+void TieredStaging::write(int64_t begin, int64_t count, const void* values, TransferScratch& scratch) {
+  ZT_CHECK_STATE(!committed_, live_.role_ + ": staging written after its commit");
+  if (!created_) {
+    staged_ = TieredArray(live_.role_, live_.dtype_, live_.groups_, live_.disk_, *live_.io_,
+                          live_.path_.string() + ".staging");
+    created_ = true;
+  }
+  staged_.write_elements(begin, count, values, scratch);
+}
+
+void TieredStaging::commit() {
+  ZT_CHECK_STATE(!committed_, live_.role_ + ": staging committed twice");
+  committed_ = true;
+  if (!created_) return;  // nothing was loaded into this array on this rank
+  if (live_.memory_.defined() && live_.memory_.numel() > 0) live_.memory_.copy_(staged_.memory_);
+  io::AioEngine& io = *live_.io_;
+  // The staging file takes the live file's name (the old one's data goes with its descriptor);
+  // should the rename fail, the staging file stays under its own name and the old one is removed.
+  bool renamed = true;
+  try {
+    io.rename(staged_.file_id_, live_.path_);
+  } catch (const std::exception&) {
+    renamed = false;
+  }
+  io.close(live_.file_id_);
+  if (!renamed) {
+    std::error_code ignored;
+    std::filesystem::remove(live_.path_, ignored);
+    live_.path_ = staged_.path_;
+  }
+  live_.file_id_ = staged_.file_id_;
+}
+
+}  // namespace zt

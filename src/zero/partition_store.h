@@ -9,8 +9,13 @@
 // - A TieredArray keeps the sub-groups it was told to keep in memory in one exact-size tensor, in
 //   partition order (all in memory: that tensor is the partition's arena, with no copy or
 //   indirection anywhere), and the others in its swap file, each sub-group at an aligned offset.
-// - Disk sub-groups are only reachable by read()/write() into caller-owned aligned buffers;
-//   memory sub-groups by view(). Not thread-safe; the I/O itself runs on the AioEngine's threads.
+// - Disk sub-groups are reachable by read()/write() of whole sub-groups into caller-owned aligned
+//   buffers (the step), and by read_elements()/write_elements() of any element range through a
+//   TransferScratch (checkpoints: memory bounded by the range, not the sub-group); memory
+//   sub-groups by view(). Not thread-safe; the I/O itself runs on the AioEngine's threads.
+// - TieredStaging is a checkpoint load's copy of an array with sub-groups on disk: filled piece by
+//   piece into a fresh swap file beside the live one, it replaces the live content only by
+//   commit(), and is removed if never committed (docs/offload.md "Checkpoints").
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -36,6 +41,23 @@ struct SubGroup {
 // elements within a shard, sub_group_size rounded up to a multiple of kSubGroupGranule.
 constexpr int64_t kSubGroupGranule = 2048;
 std::vector<SubGroup> plan_sub_groups(const FlatLayout& layout, int64_t sub_group_size);
+
+// Aligned host memory for element-range transfers, grown to the largest request. Allocated
+// through LibTorch's CPU allocator like the state's own tensors, so that memory accounting
+// (tests included) sees it.
+class TransferScratch {
+ public:
+  // At least `bytes`, aligned for O_DIRECT; valid until the next call.
+  void* get(int64_t bytes);
+  int64_t capacity() const { return capacity_; }
+
+ private:
+  at::Tensor storage_;
+  void* aligned_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
+class TieredStaging;
 
 class TieredArray {
  public:
@@ -68,6 +90,15 @@ class TieredArray {
   void load(int64_t begin, at::Tensor& out) const;
   void fill_zero();
 
+  // Whether [begin, begin + n) lies in memory sub-groups only (so that view() reaches it).
+  bool in_memory(int64_t begin, int64_t n) const;
+  // Synchronous copies of elements [begin, begin + count) to or from `data` (in this array's
+  // dtype), across sub-groups and tiers. A disk sub-group is transferred only in the pages the
+  // range touches, through `scratch` (at most the range's bytes plus two pages); a write reads the
+  // partly covered first and last pages first. For checkpoints, in pieces of bounded size.
+  void read_elements(int64_t begin, int64_t count, void* data, TransferScratch& scratch) const;
+  void write_elements(int64_t begin, int64_t count, const void* data, TransferScratch& scratch);
+
   // Disk sub-groups: bytes a buffer must hold (aligned), and asynchronous transfers of the whole
   // sub-group; the returned ticket is waited on the AioEngine.
   int64_t buffer_bytes(int g) const;
@@ -76,6 +107,10 @@ class TieredArray {
   const std::filesystem::path& file() const { return path_; }
 
  private:
+  friend class TieredStaging;
+  // Element range [from, to) of disk sub-group g: its pages' byte range in the file, relative to
+  // the sub-group's place, [*first, *last).
+  void page_span(int g, int64_t from, int64_t to, int64_t* first, int64_t* last) const;
   int group_of(int64_t begin) const;
   std::string role_;
   at::ScalarType dtype_ = at::kFloat;
@@ -89,6 +124,36 @@ class TieredArray {
   io::AioEngine* io_ = nullptr;
   int file_id_ = -1;
   std::filesystem::path path_;
+};
+
+// A checkpoint load's copy of a TieredArray that has sub-groups on disk: the same dtype,
+// sub-groups and tiers, zeros until written, its disk sub-groups in a swap file beside the live
+// one, "<live file>.staging", created (and allocated, so that a full disk fails here) by the first
+// write. Elements not written stay zero (the padding between fragments, zero in the live array
+// too).
+// - commit() makes the staged values the live array's: the memory part is copied into the
+//   live tensor (which others may view), and the staging file takes the live file's place
+//   (renamed over it; the live descriptor is closed). No transfer: it cannot fail half-way. No
+//   transfer of the live file may be in flight.
+// - Destroyed uncommitted (a failed load), it closes and removes its file; the live array is
+//   untouched. Never throws from the destructor.
+// Transient disk space: one more copy of the live array's swap file while a load runs.
+class TieredStaging {
+ public:
+  explicit TieredStaging(TieredArray& live);
+  ~TieredStaging();
+  TieredStaging(const TieredStaging&) = delete;
+  TieredStaging& operator=(const TieredStaging&) = delete;
+
+  // Elements [begin, begin + count) of the partition, in the array's dtype, in any order.
+  void write(int64_t begin, int64_t count, const void* values, TransferScratch& scratch);
+  void commit();
+  const TieredArray& live() const { return live_; }
+
+ private:
+  TieredArray& live_;
+  TieredArray staged_;
+  bool created_ = false, committed_ = false;
 };
 
 }  // namespace zt
