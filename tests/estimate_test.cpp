@@ -265,6 +265,26 @@ TEST(EstimateOffload, DelayedUpdateAddsMastersASnapshotAndASecondWorkingCopy) {
   EXPECT_EQ(on_disk_delayed.per_device.buffers - on_disk.per_device.buffers, 4 * P * 4 + 4 * P);
 }
 
+// nvme_gradients (docs/offload.md "Gradients on NVMe"): the gradient partition of the state on
+// NVMe moves there; the stream buffers carry it; each bucket buffer gets a staging shard.
+TEST(EstimateOffload, NvmeGradientsMoveTheGradientPartition) {
+  const NvmeCase k;
+  const int64_t P = 524288;
+  const auto base = k.with(kOptimizerOnNvme);
+  const auto e = k.with(kOptimizerOnNvme + std::vector<std::string>{"zero_optimization.offload_optimizer.nvme_gradients=true"});
+  EXPECT_EQ(e.nvme_per_rank.gradients, 4 * P);
+  EXPECT_EQ(base.per_device.gradients, 4 * P);
+  EXPECT_EQ(e.per_device.gradients, 0);
+  // 4 stream buffers of the whole partition, 4 B more per element; the largest bucket is the
+  // largest block (65536), whose shard (32768 fp32 elements) is staged and copied aligned.
+  const int64_t buffers = config_for(2, {"zero_optimization.stage=3"}).zero.overlap_comm ? 2 : 1;
+  EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 4 * P * 4 + buffers * 2 * 32768 * 4);
+  // Refused at stage 1, whose gradients are whole until reduced.
+  EXPECT_THROW(config_for(2, kOptimizerOnNvme + std::vector<std::string>{"zero_optimization.stage=1",
+                                                                        "zero_optimization.offload_optimizer.nvme_gradients=true"}),
+               zt::ConfigError);
+}
+
 TEST(EstimateOffload, RatioKeepsThePartOfTheStateInHostMemory) {
   const NvmeCase k;
   const int64_t P = 524288, on_nvme = P / 4, in_memory = P - on_nvme;

@@ -236,6 +236,13 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // memory is then the device's memory, and everything placed in it is counted on the device.
   RoleBytes host_per_rank;
   RoleBytes& nvme = est.nvme_per_rank;
+  // Elements of the optimizer partition whose state is on NVMe (offload_optimizer.ratio).
+  const int64_t state_on_nvme =
+      offload_optimizer == OffloadTarget::Nvme
+          ? std::min(optimizer_partition, static_cast<int64_t>(std::floor(zero.offload_optimizer.ratio *
+                                                                          double(optimizer_partition))))
+          : 0;
+  const bool gradients_on_nvme = state_on_nvme > 0 && zero.offload_optimizer.nvme_gradients && zero.shard_gradients;
   if (offload_optimizer == OffloadTarget::Cpu && !cpu_device) {
     // ZeRO-Offload: fp32 masters and moments leave the device.
     host_per_rank.master_weights += master;
@@ -251,7 +258,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     // partition is the master) or the 16-bit result written back to it (mixed precision).
     const OffloadOptimizerConfig& o = zero.offload_optimizer;
     const int64_t P = optimizer_partition;
-    const int64_t on_nvme = std::min(P, static_cast<int64_t>(std::floor(o.ratio * double(P))));
+    const int64_t on_nvme = state_on_nvme;
     const int64_t in_memory = P - on_nvme;
     nvme.master_weights = master_per_parameter * on_nvme;
     nvme.optimizer_moments = moments_per_parameter * on_nvme;
@@ -263,6 +270,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
                     : 0;
     int64_t buffer_element = master_per_parameter + moments_per_parameter;
     if (offload_param == OffloadTarget::Nvme) buffer_element += mixed ? e : 4;
+    if (gradients_on_nvme) buffer_element += e;  // the gradients stream in with the state
     host_per_rank.buffers += int64_t{o.buffer_count} * group * buffer_element;
     device.master_weights = 0;
     device.optimizer_moments = 0;
@@ -278,6 +286,19 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     // Sharded gradients are reduced in the buckets and copied out; stage 1 still all-reduces
     // the full gradients on the device before copying its partition out.
     if (zero.shard_gradients) device.gradients = 0;
+  }
+  if (gradients_on_nvme) {
+    // docs/offload.md "Gradients on NVMe": the sub-groups whose state is on NVMe keep their
+    // gradients there too; each gradient bucket buffer gets a staging shard and an aligned copy.
+    const int64_t moved = e * state_on_nvme;
+    nvme.gradients += moved;
+    if (cpu_device) device.gradients = std::max<int64_t>(0, device.gradients - moved);
+    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - 4 * state_on_nvme);
+    const int64_t buffers = zero.overlap_comm ? 2 : 1;
+    const int64_t shard_bytes = ceil_div(largest_bucket, N) * e;
+    const int64_t page = 4096;
+    host_per_rank.buffers += buffers * ceil_div(shard_bytes, page) * page +
+                             (config.gradient_accumulation_steps > 1 ? buffers - 1 : buffers) * shard_bytes;
   }
   const int64_t shard = working_params - persistent * e;  // persistent parameters stay where they are
   if (offload_param == OffloadTarget::Cpu && !cpu_device) {
