@@ -325,6 +325,9 @@ struct Engine::Impl {
     OffloadPlan plan;
     const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
     const OffloadParamConfig& op = config.zero.offload_param;
+    if (oo.delayed_update && oo.nvme_gradients && oo.device == OffloadDevice::Nvme && config.zero.shard_gradients)
+      throw ConfigError("zero_optimization.offload_optimizer.nvme_gradients: true cannot be combined with "
+                        "delayed_update (the delayed step keeps a snapshot of the gradients in memory)");
     if (oo.delayed_update && config.optimizer.type == "Lamb" && shard_world > 1)
       throw ConfigError("zero_optimization.offload_optimizer.delayed_update: expected an optimizer whose step needs no "
                         "collective, found Lamb on " + std::to_string(shard_world) +
