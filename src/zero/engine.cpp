@@ -271,8 +271,13 @@ struct Engine::Impl {
     const GradientReduction reduction = config.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
                                         : config.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
                                                                              : GradientReduction::AllReduce;
-    GradientReducer::Options reducer_options{reduction, shard_rank, world, working_dtype,
-                                             config.gradient_accumulation_steps, config.zero.overlap_comm};
+    GradientReducer::Options reducer_options;
+    reducer_options.reduction = reduction;
+    reducer_options.shard_rank = shard_rank;
+    reducer_options.world = world;
+    reducer_options.working_dtype = working_dtype;
+    reducer_options.accumulation_steps = config.gradient_accumulation_steps;
+    reducer_options.overlap_comm = config.zero.overlap_comm;
     if (!plan.gradients_on_disk.empty())
       reducer_options.disk = GradientReducer::Options::Disk{groups, plan.gradients_on_disk, io.get(),
                                                             plan.optimizer_directory->file("grads")};

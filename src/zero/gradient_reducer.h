@@ -42,7 +42,7 @@ class GradientReducer {
     GradientReduction reduction = GradientReduction::AllReduce;
     int shard_rank = 0;
     int world = 1;
-    at::ScalarType working_dtype;
+    at::ScalarType working_dtype = at::kFloat;
     int64_t accumulation_steps = 1;
     bool overlap_comm = false;
     // Sharded gradients only: sub-groups of the partition kept in `file` where on_disk.
