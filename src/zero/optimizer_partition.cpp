@@ -186,9 +186,10 @@ OptimizerPartition::~OptimizerPartition() {
 }
 
 // Pieces of the owned fragments, contiguous in the flat buffer and the partition, cut at
-// sub-group boundaries and (16-bit) every kConversionChunk elements.
+// sub-group boundaries and (16-bit gradients, converted through the scratch) every
+// kConversionChunk elements.
 void OptimizerPartition::plan_chunks() {
-  const int64_t limit = separate_master_ ? kConversionChunk : std::numeric_limits<int64_t>::max();
+  const int64_t limit = grad_scratch_.defined() ? kConversionChunk : std::numeric_limits<int64_t>::max();
   chunks_.assign(groups_.size(), {});
   size_t g = 0;
   for (const OwnedFragment& f : layout_.owned_fragments(options_.shard_rank)) {
@@ -211,7 +212,7 @@ void OptimizerPartition::plan_chunks() {
 }
 
 void OptimizerPartition::store_master(int64_t begin, const at::Tensor& values) {
-  ZT_CHECK_STATE(separate_master_, "masters are stored only in 16-bit training");
+  ZT_CHECK_STATE(separate_master_, "masters are stored only where they are a role of their own");
   master_.store(begin, values);
 }
 
@@ -237,24 +238,22 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, b
   };
   auto body = [&](int g, auto&& disk_pointer) {
     for (const Chunk& c : chunks_[size_t(g)]) {
-      at::Tensor grad;
-      if (!reads_gradients)
-        ;
-      else if (gradient_tier && gradient_tier->on_disk(g))
-        grad = torch::from_blob(disk_pointer(kGrad, c.partition_offset), {c.numel},
-                                torch::TensorOptions().dtype(options_.working_dtype));
-      else if (target.gradients)
-        grad = target.gradients->owned_gradient(c.flat_offset, c.partition_offset, c.numel);
-      else
-        grad = grad_snapshot_.narrow(0, c.partition_offset, c.numel);
+      // This chunk's gradients: streamed in (on disk), the reducer's arena, or the delayed
+      // update's snapshot; 16-bit ones converted to fp32 through the scratch.
       const float* grads = nullptr;
-      if (!grad.defined()) {
-      } else if (options_.working_dtype != at::kFloat) {
-        at::Tensor converted = grad_scratch_.narrow(0, 0, c.numel);
-        converted.copy_(grad);
-        grads = converted.data_ptr<float>();
-      } else {
-        grads = grad.data_ptr<float>();
+      if (reads_gradients) {
+        at::Tensor grad = gradient_tier && gradient_tier->on_disk(g)
+                              ? torch::from_blob(disk_pointer(kGrad, c.partition_offset), {c.numel},
+                                                 torch::TensorOptions().dtype(options_.working_dtype))
+                          : target.gradients ? target.gradients->owned_gradient(c.flat_offset, c.partition_offset, c.numel)
+                                             : grad_snapshot_.narrow(0, c.partition_offset, c.numel);
+        if (grad_scratch_.defined()) {
+          at::Tensor converted = grad_scratch_.narrow(0, 0, c.numel);
+          converted.copy_(grad);
+          grads = converted.data_ptr<float>();
+        } else {
+          grads = grad.data_ptr<float>();
+        }
       }
       float* p = params ? static_cast<float*>(address(params, kParams, g, c, disk_pointer))
                         : working_.flat.data_ptr<float>() + c.flat_offset;
