@@ -95,10 +95,13 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
   // LibTorch 2.x dispatches this to a fused (flash / memory-efficient) kernel where available and
   // never materialises the [T,T] mask; is_causal applies the lower-triangular mask.
-  auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                            /*attn_mask=*/std::nullopt,
-                                            /*dropout_p=*/is_training() ? dropout_ : 0.0,
-                                            /*is_causal=*/true);
+  const double dropout_p = is_training() ? dropout_ : 0.0;
+  auto attend = [dropout_p](const std::vector<torch::Tensor>& qkv_heads) {
+    return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/std::nullopt,
+                                            dropout_p, /*is_causal=*/true);
+  };
+  std::vector<torch::Tensor> qkv_heads = {heads(qkv[0]), heads(qkv[1]), heads(qkv[2])};
+  auto y = recompute_scores_ ? checkpoint(attend, qkv_heads, checkpoint_options_) : attend(qkv_heads);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
   return resid_drop_(c_proj(y));
 }
@@ -111,7 +114,11 @@ MLPImpl::MLPImpl(const GPTConfig& config) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // GPT-2 uses the tanh approximation of GELU.
-  return drop_(c_proj(torch::gelu(c_fc(x), "tanh")));
+  auto h = c_fc(x);
+  auto a = torch::gelu(h, "tanh");
+  auto y = c_proj(a);
+  if (recompute_activation_) y = recompute_in_backward(y, a, [h](torch::Tensor& into) { at::gelu_out(into, h, "tanh"); });
+  return drop_(y);
 }
 
 BlockImpl::BlockImpl(const GPTConfig& config) {
@@ -145,6 +152,7 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   }
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
   finish_block(ln_f.ptr(), true);
+  checkpointed_.assign(size_t(config.n_layer), 0);
 }
 
 void GPTImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module, bool is_norm) {
@@ -203,16 +211,70 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   auto x = drop_(tok + run_block(*wpe, pos, [this](const torch::Tensor& in) { return wpe(in); }));  // [B,T,C] + [T,C]
 
   for (int64_t i = 0; i < static_cast<int64_t>(blocks.size()); ++i) {
-    Block& b = blocks[i];
-    x = run_block(*b, x, [&](const torch::Tensor& in) {
-      if (block_wrapper_) return block_wrapper_(i, [&b](const torch::Tensor& t) { return b->forward(t); }, in);
+    // Owns what it captures: a checkpointed block runs it again in backward.
+    BlockFn run = [b = blocks[i].ptr(), wrapper = block_wrapper_, i](const torch::Tensor& in) {
+      if (wrapper) return wrapper(i, [b](const torch::Tensor& t) { return b->forward(t); }, in);
       return b->forward(in);
-    });
+    };
+    if (checkpointing_.recompute == Recompute::Full && checkpointed_[size_t(i)]) {
+      CheckpointOptions options;
+      options.keep_inputs_on_host = checkpointing_.keep_inputs_on_host;
+      options.synchronize_boundary = checkpointing_.synchronize_boundary;
+      options.arena = arena_;
+      if (!timings_.empty()) options.timings = timings_[size_t(i)];
+      x = run_checkpointed_block(*blocks[i], x, std::move(run), options);
+    } else {
+      x = run_block(*blocks[i], x, run);
+    }
   }
   x = run_block(*ln_f, x, [this](const torch::Tensor& in) { return ln_f(in); });
   // Tied head: the same tensor as the token embedding, used transposed; the embedding's block
   // runs a second time (stage 3 gathers it again).
   return run_block(*wte, x, [this](const torch::Tensor& in) { return torch::nn::functional::linear(in, wte->weight); });
+}
+
+void GPTImpl::set_checkpointing(const Checkpointing& settings) {
+  const int64_t L = config_.n_layer;
+  if (settings.number_checkpoints < 0 || settings.number_checkpoints > L)
+    bad_input("activation_checkpointing.number_checkpoints: expected 0 (every block) to n_layer=" + std::to_string(L) +
+              ", found " + std::to_string(settings.number_checkpoints));
+  checkpointing_ = settings;
+  const int64_t n = settings.number_checkpoints == 0 ? L : settings.number_checkpoints;
+  // n of the L blocks, spread evenly: block i is chosen when the running quota i·n/L crosses an
+  // integer (every k-th block when n divides L as L/k).
+  checkpointed_.assign(size_t(L), 0);
+  for (int64_t i = 0; i < L; ++i) checkpointed_[size_t(i)] = ((i + 1) * n) / L > (i * n) / L ? 1 : 0;
+  timings_.clear();
+  if (settings.profile && settings.recompute != Recompute::None)
+    for (int64_t i = 0; i < L; ++i) timings_.push_back(std::make_shared<CheckpointTimings>());
+  arena_.reset();
+  if (settings.contiguous_memory && settings.recompute == Recompute::Full) arena_ = std::make_shared<CheckpointArena>(int(n));
+  for (int64_t i = 0; i < L; ++i) {
+    const bool selective = settings.recompute == Recompute::Selective && checkpointed_[size_t(i)];
+    auto& attn = *blocks[size_t(i)]->attn;
+    attn.recompute_scores_ = selective;
+    attn.checkpoint_options_ = CheckpointOptions{};
+    attn.checkpoint_options_.keep_inputs_on_host = settings.keep_inputs_on_host;
+    attn.checkpoint_options_.synchronize_boundary = settings.synchronize_boundary;
+    if (selective && !timings_.empty()) attn.checkpoint_options_.timings = timings_[size_t(i)];
+    blocks[size_t(i)]->mlp->recompute_activation_ = selective;
+  }
+}
+
+bool GPTImpl::is_checkpointed(int64_t block) const {
+  return checkpointing_.recompute != Recompute::None && block >= 0 && block < int64_t(checkpointed_.size()) &&
+         checkpointed_[size_t(block)] != 0;
+}
+
+std::vector<CheckpointTimings> GPTImpl::checkpoint_timings() const {
+  std::vector<CheckpointTimings> out;
+  for (const auto& t : timings_) out.push_back(*t);
+  return out;
+}
+
+std::optional<CheckpointArena::Stats> GPTImpl::checkpoint_arena_stats() const {
+  if (!arena_) return std::nullopt;
+  return arena_->stats();
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {

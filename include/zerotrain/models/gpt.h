@@ -23,6 +23,8 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
+
+#include "zerotrain/blocks.h"
 
 namespace zt {
 
@@ -72,6 +76,11 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   double dropout_;
+  friend class GPTImpl;
+  // Selective recomputation: the attention core (scores, softmax, dropout, weighted sum) is
+  // checkpointed, keeping q, k and v.
+  bool recompute_scores_ = false;
+  CheckpointOptions checkpoint_options_;
   torch::nn::Dropout resid_drop_{nullptr};
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -86,6 +95,10 @@ class MLPImpl : public torch::nn::Module {
 
  private:
   torch::nn::Dropout drop_{nullptr};
+  friend class GPTImpl;
+  // Selective recomputation: GELU's output is freed after the projection reads it and recomputed
+  // from c_fc's output (kept anyway by GELU's backward) when backward reaches the projection.
+  bool recompute_activation_ = false;
 };
 TORCH_MODULE(MLP);
 
@@ -122,6 +135,25 @@ class GPTImpl : public torch::nn::Module {
 
   const GPTConfig& config() const { return config_; }
 
+  // Activation checkpointing (docs/activation_checkpointing.md): which blocks recompute what in
+  // backward. Gradients are bitwise those of the plain model (dropout masks are drawn again from
+  // the saved generator states). Throws ConfigError on a count outside [0, n_layer].
+  struct Checkpointing {
+    Recompute recompute = Recompute::None;
+    int64_t number_checkpoints = 0;  // 0: every block; else this many, spread evenly
+    bool keep_inputs_on_host = false;     // cpu_checkpointing
+    bool contiguous_memory = false;       // contiguous_memory_optimization (full recomputation)
+    bool synchronize_boundary = false;    // synchronize_checkpoint_boundary
+    bool profile = false;                 // per-block timings, checkpoint_timings()
+  };
+  void set_checkpointing(const Checkpointing& settings);
+  const Checkpointing& checkpointing() const { return checkpointing_; }
+  bool is_checkpointed(int64_t block) const;
+  // With profile: the forward and recomputation times of each block (empty otherwise).
+  std::vector<CheckpointTimings> checkpoint_timings() const;
+  // With contiguous_memory: the arena's figures.
+  std::optional<CheckpointArena::Stats> checkpoint_arena_stats() const;
+
   torch::nn::Embedding wte{nullptr};  // token embedding, also the (tied) output head
   torch::nn::Embedding wpe{nullptr};  // learned positions
   std::vector<Block> blocks;          // the same modules as the registered ModuleList "blocks"
@@ -137,6 +169,10 @@ class GPTImpl : public torch::nn::Module {
   torch::nn::Dropout drop_{nullptr};
   torch::nn::ModuleList block_list_{nullptr};
   BlockWrapper block_wrapper_;
+  Checkpointing checkpointing_;
+  std::vector<char> checkpointed_;  // per block
+  std::vector<std::shared_ptr<CheckpointTimings>> timings_;
+  std::shared_ptr<CheckpointArena> arena_;
 };
 TORCH_MODULE(GPT);
 
