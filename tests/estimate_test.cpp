@@ -418,34 +418,41 @@ TEST(CountingAllocator, RawAllocateAndDeallocateKeepTheAllocatorContract) {
 TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
   for (const ActivationCase& c : {ActivationCase{"fp32", 0.0, false}, ActivationCase{"bf16", 0.0, true},
                                   ActivationCase{"fp32 dropout", 0.1, false}}) {
-    SCOPED_TRACE(c.name);
-    const zt::GPTConfig gpt = gpt_shape(256, 64, 3, 128, c.dropout);
-    torch::manual_seed(1);
-    zt::GPT model(gpt);
-    if (c.bf16) model->to(torch::kBFloat16);
-    model->train();
-    const int64_t batch = 4;
-    auto idx = torch::randint(0, gpt.vocab_size, {batch, gpt.context_length}, torch::kLong);
-    // Gradients exist before backward, as the engine's arenas do: autograd adds into them.
-    for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
-    auto& counter = zt::testing::CountingAllocator::instance();
-    counter.install();
-    int64_t saved = 0, peak = 0;
-    {
-      auto loss = model->loss(idx, idx);
-      saved = counter.live();
-      loss.backward();
-      peak = counter.peak();
+    for (zt::Recompute recompute : {zt::Recompute::None, zt::Recompute::Selective, zt::Recompute::Full}) {
+      const std::string what = std::string(c.name) + ", recompute " + zt::to_string(recompute);
+      SCOPED_TRACE(what);
+      const zt::GPTConfig gpt = gpt_shape(256, 64, 3, 128, c.dropout);
+      torch::manual_seed(1);
+      zt::GPT model(gpt);
+      if (c.bf16) model->to(torch::kBFloat16);
+      zt::GPTImpl::Checkpointing settings;
+      settings.recompute = recompute;
+      model->set_checkpointing(settings);
+      model->train();
+      const int64_t batch = 4;
+      auto idx = torch::randint(0, gpt.vocab_size, {batch, gpt.context_length}, torch::kLong);
+      // Gradients exist before backward, as the engine's arenas do: autograd adds into them.
+      for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+      auto& counter = zt::testing::CountingAllocator::instance();
+      counter.install();
+      int64_t saved = 0, peak = 0;
+      {
+        auto loss = model->loss(idx, idx);
+        saved = counter.live();
+        loss.backward();
+        peak = counter.peak();
+      }
+      counter.uninstall();
+      const zt::ModelFigures f = zt::gpt_model_figures(gpt, gpt.context_length, 0);
+      const zt::ActivationBytes a = zt::transformer_activation_bytes(f, batch, c.bf16 ? 2 : 4, recompute);
+      // Within 3% (the bound for recomputation is 5%).
+      EXPECT_NEAR(double(saved), double(a.saved), 0.03 * double(a.saved)) << "saved " << saved << " formula " << a.saved;
+      // The peak of forward and backward: saved tensors and backward's working set.
+      const double expected = double(a.total());
+      EXPECT_NEAR(double(peak), expected, 0.10 * expected) << "peak " << peak << " saved " << saved;
+      std::cout << what << ": saved " << saved << " (formula " << a.saved << "), peak " << peak << " (formula "
+                << expected << ")\n";
     }
-    counter.uninstall();
-    const zt::ModelFigures f = zt::gpt_model_figures(gpt, gpt.context_length, 0);
-    const zt::ActivationBytes a = zt::transformer_activation_bytes(f, batch, c.bf16 ? 2 : 4, false);
-    EXPECT_NEAR(double(saved), double(a.saved), 0.03 * double(a.saved)) << "saved " << saved << " formula " << a.saved;
-    // The peak of forward and backward: saved tensors and backward's working set.
-    const double expected = double(a.total());
-    EXPECT_NEAR(double(peak), expected, 0.10 * expected) << "peak " << peak << " saved " << saved;
-    std::cout << c.name << ": saved " << saved << " (formula " << a.saved << "), peak " << peak << " (formula "
-              << expected << ")\n";
   }
 }
 
@@ -457,17 +464,23 @@ TEST(EstimateActivations, CheckpointingKeepsLayerInputsAndOneLayer) {
   f.heads = 16;
   f.sequence_length = 1024;
   f.vocabulary = 50257;
-  const auto full = zt::transformer_activation_bytes(f, 8, 2, false);
-  const auto ckpt = zt::transformer_activation_bytes(f, 8, 2, true);
+  const auto full = zt::transformer_activation_bytes(f, 8, 2, zt::Recompute::None);
+  const auto ckpt = zt::transformer_activation_bytes(f, 8, 2, zt::Recompute::Full);
   const int64_t sbh = 1024LL * 8 * 1024;
   const int64_t outside = 8 * 1024 * 8 + 2 * 2 * sbh + 4LL * 1024 * 8 * 50257;
   const int64_t per_layer = (full.saved - outside) / 24;
   // Korthikanti et al.: 34sbh per layer less the two 1-byte dropout masks (no dropout, fused attention).
   EXPECT_NEAR(double(per_layer), double(32 * sbh), 0.01 * double(32 * sbh));
-  EXPECT_EQ(ckpt.saved, 24 * 2 * sbh + per_layer + outside);
-  EXPECT_EQ(ckpt.transient, full.transient);
+  EXPECT_EQ(ckpt.saved, 24 * (2 * sbh + 5056) + outside);  // layer inputs and generator states
+  EXPECT_EQ(ckpt.transient, full.transient + per_layer);  // one layer recomputed at a time
+  const auto selective = zt::transformer_activation_bytes(f, 8, 2, zt::Recompute::Selective);
+  // Korthikanti et al.'s selective recomputation drops the attention internals; ours drops the
+  // GELU output too: 12·2·sbh of the 16·2·sbh the fused kernel keeps per layer.
+  EXPECT_EQ(selective.saved, 24 * (12 * 2 * sbh + 16 * 1024 * 8 + 5056) + outside);
+  EXPECT_LT(selective.saved, full.saved);
+  EXPECT_GT(selective.saved, ckpt.saved);
   f.layers = 0;  // shape unknown: nothing is claimed
-  EXPECT_EQ(zt::transformer_activation_bytes(f, 8, 2, false).total(), 0);
+  EXPECT_EQ(zt::transformer_activation_bytes(f, 8, 2, zt::Recompute::None).total(), 0);
 }
 
 // --- the estimate against measured runs --------------------------------------------------------
@@ -599,7 +612,7 @@ zt::ModelFigures gpt_figures(const std::string& preset, int64_t sequence_length)
 
 bool no_offload(const zt::PlanCandidate& c) {
   return c.options.offload_optimizer == zt::OffloadTarget::None && c.options.offload_param == zt::OffloadTarget::None &&
-         !c.options.activation_checkpointing;
+         c.options.recompute.value_or(zt::Recompute::None) == zt::Recompute::None;
 }
 
 TEST(EstimatePlan, NoShardingWhenEverythingFits) {

@@ -158,6 +158,20 @@ struct MonitorConfig {  // DeepSpeed's "csv_monitor"
   std::string job_name = "zerotrain";
 };
 
+// DeepSpeed's "activation_checkpointing" block, plus zerotrain's `policy`
+// (docs/activation_checkpointing.md). The block given without a policy means "full", the
+// recomputation DeepSpeed's checkpointing does; "auto" lets the run choose the cheapest policy
+// whose estimated memory fits this machine.
+struct ActivationCheckpointingConfig {
+  std::string policy = "none";  // "none", "selective", "full", "auto"
+  bool partition_activations = false;  // needs model parallelism: refused when true
+  bool cpu_checkpointing = false;
+  bool contiguous_memory_optimization = false;
+  bool synchronize_checkpoint_boundary = false;
+  bool profile = false;
+  int64_t number_checkpoints = 0;  // 0 (or null): every block
+};
+
 struct TrainConfig {
   int world_size = 1;
   int64_t train_batch_size = 0;
@@ -177,6 +191,7 @@ struct TrainConfig {
   CommConfig comm;
   MonitorConfig csv_monitor;
   AioConfig aio;
+  ActivationCheckpointingConfig activation_checkpointing;
   // Dotted key ("zero_optimization.stage") -> where its value came from, for every known key.
   std::map<std::string, ValueSource> sources;
   // Dotted key -> value as JSON text, for printing the resolved configuration.

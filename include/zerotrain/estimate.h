@@ -17,6 +17,7 @@
 //   Activation checkpointing is modelled although the engine does not implement it yet (the
 //   configuration rejects it); estimates that use it say so in notes.
 #pragma once
+#include "zerotrain/blocks.h"
 #include "zerotrain/config.h"
 #include <cstdint>
 #include <optional>
@@ -74,7 +75,9 @@ struct EstimateOptions {
   // come from the configuration.
   std::optional<OffloadTarget> offload_optimizer;
   std::optional<OffloadTarget> offload_param;
-  bool activation_checkpointing = false;
+  // nullopt: the configuration's activation_checkpointing.policy ("auto" resolved by the caller
+  // counts as none).
+  std::optional<Recompute> recompute;
   int64_t runtime_bytes = -1;  // framework memory per process; -1: the default for the device kind
 };
 
@@ -103,10 +106,13 @@ struct ActivationBytes {
 };
 
 // Activation bytes per rank for one micro-batch of `micro_batch` sequences with `element_bytes`
-// per activation (2 or 4); zero when the shape is unknown. With checkpointing, each layer keeps
-// only its input and one layer is recomputed at a time.
+// per activation (2 or 4); zero when the shape is unknown. Full recomputation keeps each layer's
+// input and recomputes one layer at a time; selective keeps a layer's matrix-multiply outputs but
+// not its attention internals and GELU output (docs/activation_checkpointing.md).
 ActivationBytes transformer_activation_bytes(const ModelFigures& model, int64_t micro_batch, int element_bytes,
-                                             bool activation_checkpointing);
+                                             Recompute recompute);
+// The policy a configuration asks for ("auto" counts as none: the caller resolves it).
+Recompute recompute_of(const TrainConfig& config);
 
 struct MemoryEstimate {
   RoleBytes per_device;

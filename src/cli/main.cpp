@@ -132,7 +132,7 @@ struct EstimateArgs {
   int stage = -1;
   std::string precision;
   int64_t micro_batch = 0;
-  bool activation_checkpointing = false;
+  std::string activation_checkpointing;  // "": the configuration's policy
   std::string offload_optimizer, offload_param;  // "": the configuration's devices
   std::vector<std::string> overrides;
   bool json = false, plan = false;
@@ -254,7 +254,10 @@ int run_estimate(const EstimateArgs& args) {
     options.offload_optimizer = zt::parse_offload_target(args.offload_optimizer, "--offload-optimizer");
   if (!args.offload_param.empty())
     options.offload_param = zt::parse_offload_target(args.offload_param, "--offload-param");
-  options.activation_checkpointing = args.activation_checkpointing;
+  if (!args.activation_checkpointing.empty())
+    options.recompute = args.activation_checkpointing == "full"        ? zt::Recompute::Full
+                        : args.activation_checkpointing == "selective" ? zt::Recompute::Selective
+                                                                       : zt::Recompute::None;
   if (!args.runtime_bytes.empty()) options.runtime_bytes = parse_bytes(args.runtime_bytes, "--runtime-bytes");
   const char* precision = zt::to_string(config.precision);
   const std::string inputs_text =
@@ -294,14 +297,15 @@ int run_estimate(const EstimateArgs& args) {
     inputs["stage"] = config.zero.stage;
     inputs["offload_optimizer"] = zt::to_string(estimate.offload_optimizer);
     inputs["offload_param"] = zt::to_string(estimate.offload_param);
-    inputs["activation_checkpointing"] = options.activation_checkpointing;
+    inputs["activation_checkpointing"] = zt::to_string(options.recompute.value_or(zt::recompute_of(config)));
     out["inputs"] = inputs;
     std::cout << out.dump(2) << "\n";
   } else {
     std::cout << inputs_text
               << fmt::format("zero stage {}, optimizer offload {}, parameter offload {}, activation checkpointing {}\n",
                              config.zero.stage, zt::to_string(estimate.offload_optimizer),
-                             zt::to_string(estimate.offload_param), options.activation_checkpointing ? "on" : "off")
+                             zt::to_string(estimate.offload_param),
+                             zt::to_string(options.recompute.value_or(zt::recompute_of(config))))
               << zt::format_estimate(estimate, cluster);
   }
   return 0;
@@ -383,8 +387,10 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   estimate->add_option("--micro-batch", estimate_args.micro_batch, "sequences per device per micro-step")
       ->check(CLI::PositiveNumber);
-  estimate->add_flag("--activation-checkpointing", estimate_args.activation_checkpointing,
-                     "recompute each layer in backward (modelled; not implemented by zerotrain yet)");
+  estimate->add_option("--activation-checkpointing", estimate_args.activation_checkpointing,
+                       "none, selective or full recomputation in backward (default: the configuration's "
+                       "activation_checkpointing.policy)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
   estimate->add_option("--offload-optimizer", estimate_args.offload_optimizer,
                        "none, cpu or nvme (default: the configuration's zero_optimization.offload_optimizer.device)");
   estimate->add_option("--offload-param", estimate_args.offload_param,

@@ -321,6 +321,11 @@ void add_notes(TrainConfig& c) {
   if (!c.csv_monitor.enabled)
     note_if_given({"csv_monitor.output_path", "csv_monitor.job_name"}, "csv_monitor.enabled is false");
   add_offload_notes(c, note_if_given);
+  const std::string A = "activation_checkpointing.";
+  if (c.activation_checkpointing.policy == "none")
+    note_if_given({A + "cpu_checkpointing", A + "contiguous_memory_optimization", A + "synchronize_checkpoint_boundary",
+                   A + "profile", A + "number_checkpoints"},
+                  "activation_checkpointing.policy is \"none\" (nothing is recomputed)");
 }
 
 TrainConfig build(json doc, const std::vector<std::string>& overrides, int world_size, const std::string& origin) {

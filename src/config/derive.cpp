@@ -202,6 +202,18 @@ void derive(TrainConfig& c, Values& values) {
     throw ConfigError("fp16.enabled and bf16.enabled are both true: enable at most one of them");
   c.precision = c.fp16.enabled ? Precision::FP16 : bf16 ? Precision::BF16 : Precision::FP32;
 
+  // The activation_checkpointing block given without a policy asks for DeepSpeed's
+  // checkpointing: full recomputation of every checkpointed block.
+  if (!given(c, "activation_checkpointing.policy")) {
+    bool block_given = false;
+    for (const Leaf& leaf : leaves())
+      if (leaf.path.starts_with("activation_checkpointing.") && given(c, leaf.path)) block_given = true;
+    if (block_given) {
+      c.activation_checkpointing.policy = "full";
+      set_derived(c, values, "activation_checkpointing.policy", "full");
+    }
+  }
+
   // The stage only sets the switches the engine composes (design §3).
   c.zero.shard_optimizer_states = c.zero.stage >= 1;
   c.zero.shard_gradients = c.zero.stage >= 2;
@@ -254,6 +266,17 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
   }
 
   validate_offload(c, values);
+
+  const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
+  if (ac.partition_activations)
+    throw ConfigError(
+        "activation_checkpointing.partition_activations: true splits checkpointed activations across "
+        "model-parallel ranks, and zerotrain has no model parallelism yet (every rank holds whole activations); "
+        "set it to false");
+  if (ac.contiguous_memory_optimization && ac.policy == "selective")
+    throw ConfigError(
+        "activation_checkpointing.contiguous_memory_optimization: holds the inputs of fully recomputed blocks; "
+        "selective recomputation keeps no block inputs (use policy \"full\" or \"auto\", or set it to false)");
 
   if ((c.data.source == "bin" || c.data.source == "text") && c.data.path.empty())
     throw ConfigError(fmt::format("data.path: required when data.source is \"{}\"", c.data.source));

@@ -94,8 +94,13 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
   return f;
 }
 
+Recompute recompute_of(const TrainConfig& config) {
+  const std::string& policy = config.activation_checkpointing.policy;
+  return policy == "full" ? Recompute::Full : policy == "selective" ? Recompute::Selective : Recompute::None;
+}
+
 ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micro_batch, int element_bytes,
-                                             bool activation_checkpointing) {
+                                             Recompute recompute) {
   ActivationBytes bytes;
   if (!m.has_shape() || micro_batch <= 0) return bytes;
   const int64_t e = element_bytes, s = m.sequence_length, b = micro_batch, h = m.hidden, V = m.vocabulary;
@@ -116,10 +121,17 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   // Outside the layers: token ids (int64) for the embedding's backward, ln_f's input and output,
   // the embedding dropout's mask, and the fp32 log-softmax of the logits (the loss is fp32).
   const int64_t outside = 8 * s * b + 2 * e * sbh + (dropout ? e * sbh : 0) + 4 * s * b * V;
-  if (activation_checkpointing) {
-    // Full recomputation: each layer keeps its input (2sbh in the paper's 16-bit terms); backward
-    // recomputes one layer at a time, whose activations then live beside the kept inputs.
-    bytes.saved = m.layers * e * sbh + per_layer + outside;
+  // Selective recomputation (src/models/gpt.cpp) keeps q, k, v and the attention output but not
+  // the kernel's internals (fused: the log-sum-exp; unfused: the scaled q, k and v copies, the
+  // scores, softmax, mask and dropped scores), nor GELU's 4h-wide output.
+  const int64_t selective_layer = dropout ? per_layer - 3 * e * a * s * s * b - 4 * e * sbh
+                                          : 12 * e * sbh + layer_norm_stats;
+  // Each checkpoint keeps the CPU generator's state (5056 bytes) for its recomputation.
+  const int64_t generator_state = 5056;
+  if (recompute == Recompute::Full) {
+    bytes.saved = m.layers * (e * sbh + generator_state) + outside;
+  } else if (recompute == Recompute::Selective) {
+    bytes.saved = m.layers * (selective_layer + generator_state) + outside;
   } else {
     bytes.saved = m.layers * per_layer + outside;
   }
@@ -139,6 +151,12 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   // summed: three V·h tensors (measured on GPT-2 124M at micro-batch 1, docs/memory.md).
   const int64_t at_embedding = 3 * e * V * h - bytes.saved;
   bytes.transient = std::max({at_loss, at_head, in_layer, at_embedding});
+  // Recomputation adds, in one layer's backward, what that layer did not keep: all of it (full),
+  // or its attention internals and GELU output (selective); measured in tests/estimate_test.cpp.
+  if (recompute == Recompute::Full) bytes.transient += per_layer;
+  // Unfused (dropout), backward frees the recomputed scores while it makes their gradients: half
+  // of them are live at once (measured).
+  if (recompute == Recompute::Selective) bytes.transient += (per_layer - selective_layer) / (dropout ? 2 : 1);
   return bytes;
 }
 
@@ -155,6 +173,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const ZeroConfig& zero = config.zero;
   const OffloadTarget offload_optimizer = options.offload_optimizer.value_or(target_of(zero.offload_optimizer.device));
   const OffloadTarget offload_param = options.offload_param.value_or(target_of(zero.offload_param.device));
+  const Recompute recompute = options.recompute.value_or(recompute_of(config));
   if (offload_param != OffloadTarget::None && !zero.shard_parameters)
     throw ConfigError(fmt::format("--offload-param {}: parameters can be offloaded only when they are sharded "
                                   "(stage 3), found stage {}",
@@ -216,7 +235,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   }
 
   const ActivationBytes acts =
-      transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, e, options.activation_checkpointing);
+      transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, e, recompute);
   const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
                           : cpu_device                ? kCpuRuntimeBytes
                                                       : kCudaRuntimeBytes;
@@ -337,9 +356,6 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     device.buffers += host_per_rank.buffers;
     host_per_rank = RoleBytes{};
   }
-  if (options.activation_checkpointing)
-    est.notes.push_back("activation checkpointing is modelled (full recomputation per layer); zerotrain does not "
-                        "implement it yet");
   if (cpu_device && (offload_optimizer == OffloadTarget::Cpu || offload_param == OffloadTarget::Cpu))
     est.notes.push_back("on a CPU device, offloading to cpu moves nothing: it is the memory already in use");
   const std::string& retain = config.train.retain_freed_memory;
@@ -410,7 +426,8 @@ namespace {
 // the arithmetic of recomputation (one more forward: about a third of a step's compute).
 double relative_step_time(int stage, const EstimateOptions& o) {
   double t = stage == 3 ? 1.2 : 1.0;
-  if (o.activation_checkpointing) t *= 4.0 / 3.0;
+  if (o.recompute == Recompute::Full) t *= 4.0 / 3.0;
+  if (o.recompute == Recompute::Selective) t *= 1.05;
   if (o.offload_optimizer == OffloadTarget::Cpu) t *= 1.15;
   if (o.offload_optimizer == OffloadTarget::Nvme) t *= 1.5;
   if (o.offload_param == OffloadTarget::Cpu) t *= 1.5;
@@ -424,7 +441,8 @@ std::string describe_candidate(const PlanCandidate& c) {
     text += fmt::format(", optimizer offloaded to {}", to_string(c.estimate.offload_optimizer));
   if (c.estimate.offload_param != OffloadTarget::None)
     text += fmt::format(", parameters offloaded to {}", to_string(c.estimate.offload_param));
-  if (c.options.activation_checkpointing) text += ", activation checkpointing";
+  if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
+    text += fmt::format(", {} activation recomputation", to_string(*c.options.recompute));
   return text;
 }
 
@@ -439,10 +457,10 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, 
   for (int stage = 0; stage <= 3; ++stage)
     for (OffloadTarget opt : targets)
       for (OffloadTarget param : targets)
-        for (bool checkpointing : {false, true}) {
+        for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
           if (opt != OffloadTarget::None && stage < 1) continue;
           if (param != OffloadTarget::None && stage < 3) continue;
-          if (checkpointing && !model.has_shape()) continue;
+          if (recompute != Recompute::None && !model.has_shape()) continue;
           // On CPU devices offloading to "cpu" changes nothing: skip the duplicate.
           if (cluster.device == DeviceKind::Cpu && (opt == OffloadTarget::Cpu || param == OffloadTarget::Cpu)) continue;
           TrainConfig c = config;
@@ -454,7 +472,7 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, 
           candidate.stage = stage;
           candidate.options.offload_optimizer = opt;
           candidate.options.offload_param = param;
-          candidate.options.activation_checkpointing = checkpointing;
+          candidate.options.recompute = recompute;
           candidate.relative_step_time = relative_step_time(stage, candidate.options);
           try {
             candidate.estimate = estimate_memory(model, cluster, c, candidate.options);
@@ -497,7 +515,7 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, 
     why = "the whole model, its gradients and optimizer states fit on every device, so no sharding is needed and "
           "plain data parallelism communicates least";
   else if (best.options.offload_optimizer == OffloadTarget::None && best.options.offload_param == OffloadTarget::None &&
-           !best.options.activation_checkpointing)
+           best.options.recompute == Recompute::None)
     why = best.stage < 3 ? "plain data parallelism does not fit; stages 1 and 2 communicate as much as it does, "
                            "and this one leaves the most memory free"
                          : "only sharding the parameters too fits without offload; stage 3 communicates 1.5x as "

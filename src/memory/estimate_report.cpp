@@ -25,7 +25,8 @@ std::string options_text(const PlanCandidate& c) {
   const MemoryEstimate& e = c.estimate;
   if (e.offload_optimizer != OffloadTarget::None) text += fmt::format(" +opt->{}", to_string(e.offload_optimizer));
   if (e.offload_param != OffloadTarget::None) text += fmt::format(" +param->{}", to_string(e.offload_param));
-  if (c.options.activation_checkpointing) text += " +ckpt";
+  if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
+    text += fmt::format(" +ckpt:{}", to_string(*c.options.recompute));
   return text;
 }
 
@@ -64,7 +65,7 @@ nlohmann::json plan_to_json(const Plan& plan) {
     fitting.push_back({{"stage", c.stage},
                        {"offload_optimizer", to_string(c.estimate.offload_optimizer)},
                        {"offload_param", to_string(c.estimate.offload_param)},
-                       {"activation_checkpointing", c.options.activation_checkpointing},
+                       {"activation_checkpointing", to_string(c.options.recompute.value_or(Recompute::None))},
                        {"relative_step_time", c.relative_step_time},
                        {"estimate", estimate_to_json(c.estimate)}});
   return {{"fitting", fitting},

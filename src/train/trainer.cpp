@@ -8,6 +8,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/check.h"
 #include "memory/estimate_report.h"
 #include "train/runtime.h"
@@ -166,6 +168,37 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                                   gpt_config.context_length, seq_len));
   Splits data = load_data(config, gpt_config.vocab_size);
 
+  // activation_checkpointing.policy "auto": the cheapest recomputation whose estimated peak fits
+  // this machine's memory shared by its ranks (docs/activation_checkpointing.md).
+  std::string policy_note;
+  if (config.activation_checkpointing.policy == "auto") {
+    ClusterSpec machine;
+    machine.device = DeviceKind::Cpu;
+    machine.devices_per_node = rendezvous.local_world_size;
+    machine.nodes = world / std::max(1, rendezvous.local_world_size);
+    machine.device_memory = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE)) /
+                            std::max(1, rendezvous.local_world_size);
+    const ModelFigures figures = gpt_model_figures(gpt_config, seq_len, config.zero.stage3_param_persistence_threshold);
+    Recompute chosen = Recompute::Full;
+    int64_t need = 0;
+    for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+      EstimateOptions o;
+      o.recompute = r;
+      const MemoryEstimate e = estimate_memory(figures, machine, config, o);
+      need = e.per_device.total();
+      chosen = r;
+      if (e.fits_device) break;
+    }
+    config.activation_checkpointing.policy = to_string(chosen);
+    policy_note = fmt::format("activation_checkpointing.policy \"auto\" chose \"{}\": estimated peak {} per rank of {} "
+                              "(this machine's memory over {} local rank(s), keeping {:.0f}% free){}",
+                              to_string(chosen), human_bytes(need), human_bytes(machine.device_memory),
+                              rendezvous.local_world_size, 100 * machine.headroom,
+                              need > int64_t(double(machine.device_memory) * (1 - machine.headroom))
+                                  ? "; even full recomputation does not fit, the run may run out of memory"
+                                  : "");
+  }
+
   if (leader) {
     fmt::print("zerotrain: {} rank(s), {} intra-op thread(s) per rank, rendezvous from {}\n", world,
                runtime.intra_op_threads, rendezvous.source);
@@ -182,6 +215,28 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   GPT model(gpt_config);
   sharded.reset();
   const int64_t n_params = gpt_parameter_count(gpt_config);
+  {
+    const ActivationCheckpointingConfig& ac = config.activation_checkpointing;
+    GPTImpl::Checkpointing settings;
+    settings.recompute = recompute_of(config);
+    settings.number_checkpoints = ac.number_checkpoints;
+    settings.keep_inputs_on_host = ac.cpu_checkpointing;
+    settings.contiguous_memory = ac.contiguous_memory_optimization;
+    settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
+    settings.profile = ac.profile;
+    model->set_checkpointing(settings);
+    if (leader && settings.recompute != Recompute::None) {
+      int64_t checkpointed = 0;
+      for (int64_t i = 0; i < gpt_config.n_layer; ++i) checkpointed += model->is_checkpointed(i) ? 1 : 0;
+      if (!policy_note.empty()) fmt::print("{}\n", policy_note);
+      fmt::print("activation checkpointing: {} recomputation in {} of {} blocks{}{}\n", to_string(settings.recompute),
+                 checkpointed, gpt_config.n_layer, ac.contiguous_memory_optimization ? ", inputs in one contiguous buffer" : "",
+                 ac.profile ? ", profiled (summary: activation_checkpointing.blocks)" : "");
+      if (ac.cpu_checkpointing || ac.synchronize_checkpoint_boundary)
+        fmt::print("note: activation_checkpointing.cpu_checkpointing and synchronize_checkpoint_boundary act on CUDA "
+                   "devices; on the CPU the kept inputs are in host memory already and every kernel is synchronous\n");
+    }
+  }
   Engine engine(model.ptr(), config, comm);
   // Resuming: the checkpoint holds the engine's state; the sampler position is the step (batches
   // are a function of seed, step and micro-step) and so are the dropout masks (reseeded every step
@@ -414,6 +469,26 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                           {"read_seconds", offload.read_seconds},
                           {"write_seconds", offload.write_seconds},
                           {"stall_seconds", offload.stall_seconds}};
+    {
+      nlohmann::json ac = {{"policy", config.activation_checkpointing.policy}};
+      nlohmann::json blocks = nlohmann::json::array();
+      const auto timings = model->checkpoint_timings();
+      for (size_t i = 0; i < timings.size(); ++i)
+        blocks.push_back({{"block", i},
+                          {"checkpointed", model->is_checkpointed(int64_t(i))},
+                          {"forward_calls", timings[i].forward_calls},
+                          {"recomputations", timings[i].recomputations},
+                          {"forward_seconds", timings[i].forward_seconds},
+                          {"recompute_seconds", timings[i].recompute_seconds}});
+      if (!timings.empty()) ac["blocks"] = blocks;
+      if (auto arena = model->checkpoint_arena_stats())
+        ac["contiguous_buffer"] = {{"slots", arena->slots},
+                                   {"slot_bytes", arena->slot_bytes},
+                                   {"buffer_allocations", arena->buffer_allocations},
+                                   {"stores", arena->stores},
+                                   {"overflows", arena->overflows}};
+      summary["activation_checkpointing"] = ac;
+    }
     summary["world_size"] = world;
     summary["steps"] = steps;
     summary["first_step"] = first_step;  // losses[i] is the loss of step first_step + i + 1
