@@ -18,9 +18,10 @@ using zt::Recompute;
 using zt::testing::is_rank_process;
 using zt::testing::run_ranks;
 
-zt::GPTConfig tiny_with_dropout() {
+zt::GPTConfig tiny_with_dropout(int64_t loss_chunk_tokens = 0) {
   auto c = zt::gpt_preset("tiny");
   c.dropout = 0.1;
+  c.loss_chunk_tokens = loss_chunk_tokens;
   return c;
 }
 
@@ -64,9 +65,9 @@ struct PlainRun {
   GradientLog log;
 };
 
-PlainRun plain_run(const zt::GPTImpl::Checkpointing& settings) {
+PlainRun plain_run(const zt::GPTImpl::Checkpointing& settings, int64_t loss_chunk_tokens = 0) {
   torch::manual_seed(3);
-  zt::GPT model(tiny_with_dropout());
+  zt::GPT model(tiny_with_dropout(loss_chunk_tokens));
   model->set_checkpointing(settings);
   model->train();
   PlainRun run;
@@ -85,13 +86,16 @@ PlainRun plain_run(const zt::GPTImpl::Checkpointing& settings) {
 }  // namespace
 
 TEST(ActivationCheckpointing, PlainGradientsEqualBitwiseWithDropout) {
-  const PlainRun reference = plain_run(policy(Recompute::None));
+  // Whole and in chunks of 16 of the 64 tokens (full recomputation checkpoints each chunk).
+  for (int64_t chunk : {0, 16}) {
+  const PlainRun reference = plain_run(policy(Recompute::None), chunk);
   for (Recompute r : {Recompute::Full, Recompute::Selective}) {
     for (int64_t n : {0, 1}) {
       auto settings = policy(r);
       settings.number_checkpoints = n;
-      const std::string what = std::string(zt::to_string(r)) + " number_checkpoints " + std::to_string(n);
-      const PlainRun run = plain_run(settings);
+      const std::string what = std::string(zt::to_string(r)) + " number_checkpoints " + std::to_string(n) +
+                               " loss chunk " + std::to_string(chunk);
+      const PlainRun run = plain_run(settings, chunk);
       EXPECT_EQ(run.losses, reference.losses) << what;
       ASSERT_EQ(run.grads.size(), reference.grads.size());
       for (size_t i = 0; i < run.grads.size(); ++i)
@@ -99,6 +103,33 @@ TEST(ActivationCheckpointing, PlainGradientsEqualBitwiseWithDropout) {
       expect_same_gradients(reference.log, run.log, what);
     }
   }
+  }
+}
+
+TEST(ActivationCheckpointing, ChunkedLossEqualsTheWholeOneUpToRounding) {
+  const PlainRun whole = plain_run(policy(Recompute::None), 0);
+  for (int64_t chunk : {7, 16, 64, 1000}) {
+    const PlainRun chunked = plain_run(policy(Recompute::Full), chunk);
+    for (size_t i = 0; i < whole.losses.size(); ++i)
+      EXPECT_NEAR(chunked.losses[i], whole.losses[i], 1e-6 * whole.losses[i]) << "chunk " << chunk;
+    for (size_t i = 0; i < whole.grads.size(); ++i)
+      EXPECT_LE((chunked.grads[i] - whole.grads[i]).abs().max().item<double>(),
+                1e-5 * whole.grads[i].abs().max().item<double>() + 1e-9)
+          << "chunk " << chunk << " parameter " << i;
+  }
+  // Ignored targets (-100) are left out of the mean, as cross_entropy's default does.
+  torch::manual_seed(3);
+  zt::GPT a(tiny_with_dropout(0));
+  torch::manual_seed(3);
+  zt::GPT b(tiny_with_dropout(5));
+  a->eval();
+  b->eval();
+  torch::NoGradGuard no_grad;
+  auto idx = torch::randint(0, 256, {2, 12}, torch::kLong);
+  auto targets = idx.clone();
+  targets.index_put_({0, torch::indexing::Slice(0, 4)}, -100);
+  const double whole_loss = a->loss(idx, targets).item<double>();
+  EXPECT_NEAR(b->loss(idx, targets).item<double>(), whole_loss, 1e-6 * whole_loss);
 }
 
 TEST(ActivationCheckpointing, DropoutMakesGradientsDependOnTheGenerator) {
@@ -291,7 +322,7 @@ EngineRun engine_run(std::shared_ptr<zt::Communicator> comm, int stage, Recomput
   torch::manual_seed(7);
   std::optional<zt::ShardedConstruction> sharded;
   if (stage == 3) sharded.emplace(rank, world);
-  zt::GPT model(tiny_with_dropout());
+  zt::GPT model(tiny_with_dropout(/*loss_chunk_tokens=*/16));  // two chunks of the 32 tokens
   sharded.reset();
   model->set_checkpointing(policy(recompute));
   model->train();

@@ -744,6 +744,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"model.vocab_size", {Used, "300", [](C c) { return c.model.vocab_size == 300; }, "gpt_config_of"}},
       {"model.context_length", {Used, "64", [](C c) { return c.model.context_length == 64; }, "gpt_config_of"}},
       {"model.dropout", {Used, "0.5", [](C c) { return c.model.dropout == 0.5; }, "gpt_config_of"}},
+      {"model.loss_chunk_tokens", {Used, "512", [](C c) { return c.model.loss_chunk_tokens == 512; }, "gpt_config_of, estimate"}},
       {"data.source", {Used, "\"text\"", [](C c) { return c.data.source == "text"; }, "trainer (load_data)"}},
       {"data.path", {Used, "\"p\"", [](C c) { return c.data.path == "p"; }, "trainer (text, bin; refused for embedded)"}},
       {"data.val_path", {Used, "\"v\"", [](C c) { return c.data.val_path == "v"; }, "trainer (bin only; refused otherwise)"}},

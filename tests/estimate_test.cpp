@@ -387,6 +387,7 @@ struct ActivationCase {
   const char* name;
   double dropout;
   bool bf16;
+  int64_t loss_chunk_tokens = 0;
 };
 
 // The counting allocator keeps c10's contract for the raw interface, which oneDNN's bf16 matrix
@@ -417,11 +418,13 @@ TEST(CountingAllocator, RawAllocateAndDeallocateKeepTheAllocatorContract) {
 
 TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
   for (const ActivationCase& c : {ActivationCase{"fp32", 0.0, false}, ActivationCase{"bf16", 0.0, true},
-                                  ActivationCase{"fp32 dropout", 0.1, false}}) {
+                                  ActivationCase{"fp32 dropout", 0.1, false}, ActivationCase{"fp32 chunked", 0.0, false, 64},
+                                  ActivationCase{"bf16 chunked", 0.0, true, 100}}) {
     for (zt::Recompute recompute : {zt::Recompute::None, zt::Recompute::Selective, zt::Recompute::Full}) {
       const std::string what = std::string(c.name) + ", recompute " + zt::to_string(recompute);
       SCOPED_TRACE(what);
-      const zt::GPTConfig gpt = gpt_shape(256, 64, 3, 128, c.dropout);
+      zt::GPTConfig gpt = gpt_shape(256, 64, 3, 128, c.dropout);
+      gpt.loss_chunk_tokens = c.loss_chunk_tokens;
       torch::manual_seed(1);
       zt::GPT model(gpt);
       if (c.bf16) model->to(torch::kBFloat16);
@@ -448,8 +451,13 @@ TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
       // Within 3% (the bound for recomputation is 5%).
       EXPECT_NEAR(double(saved), double(a.saved), 0.03 * double(a.saved)) << "saved " << saved << " formula " << a.saved;
       // The peak of forward and backward: saved tensors and backward's working set.
+      // Chunked, backward's working set on a model this small is set by terms the estimate models
+      // only by their largest (the narrowed gradients of each chunk's input, the head's weight
+      // gradient per chunk): 30%. At GPT-2's vocabulary the chunk's logits dominate
+      // (docs/benchmarks.md "Activation checkpointing").
       const double expected = double(a.total());
-      EXPECT_NEAR(double(peak), expected, 0.10 * expected) << "peak " << peak << " saved " << saved;
+      const double tolerance = c.loss_chunk_tokens > 0 ? 0.30 : 0.10;
+      EXPECT_NEAR(double(peak), expected, tolerance * expected) << "peak " << peak << " saved " << saved;
       std::cout << what << ": saved " << saved << " (formula " << a.saved << "), peak " << peak << " (formula "
                 << expected << ")\n";
     }

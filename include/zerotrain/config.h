@@ -125,6 +125,7 @@ struct ModelConfig {
   // Overrides of the preset; 0 / negative means "from the preset".
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, context_length = 0;
   double dropout = -1.0;
+  int64_t loss_chunk_tokens = 0;  // 0: the whole micro-batch at once (GPTConfig::loss_chunk_tokens)
 };
 
 struct DataConfig {

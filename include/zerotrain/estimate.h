@@ -46,6 +46,7 @@ struct ModelFigures {
   // hidden, sequence_length and vocabulary are known.
   int64_t layers = 0, hidden = 0, heads = 0, sequence_length = 0, vocabulary = 0;
   double dropout = 0.0;
+  int64_t loss_chunk_tokens = 0;  // the head and loss over at most this many tokens at a time (0: all)
   bool has_shape() const { return layers > 0 && hidden > 0 && sequence_length > 0 && vocabulary > 0; }
 };
 

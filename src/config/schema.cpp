@@ -274,6 +274,7 @@ std::vector<Leaf> build_table() {
   }
   // -1 (the default) keeps the preset's dropout; a given value must be a probability.
   t.push_back(number("model.dropout", -1.0, 0.0, false, 1.0, true, ZT_FIELD(model.dropout)));
+  t.push_back(integer("model.loss_chunk_tokens", 0, 0, 1LL << 40, ZT_FIELD(model.loss_chunk_tokens)));
   t.push_back(string("data.source", "embedded", ZT_FIELD(data.source), {"embedded", "bin", "text"}));
   t.push_back(string("data.path", "", ZT_FIELD(data.path)));
   t.push_back(string("data.val_path", "", ZT_FIELD(data.val_path)));

@@ -62,6 +62,7 @@ GPTConfig gpt_config_of(const TrainConfig& config) {
   if (m.vocab_size > 0) gpt.vocab_size = m.vocab_size;
   if (m.context_length > 0) gpt.context_length = m.context_length;
   if (m.dropout >= 0) gpt.dropout = m.dropout;
+  gpt.loss_chunk_tokens = m.loss_chunk_tokens;
   if (gpt.n_embd % gpt.n_head != 0)
     throw ConfigError(fmt::format("model.n_embd: expected a multiple of model.n_head ({}), found {}", gpt.n_head,
                                   gpt.n_embd));
@@ -91,6 +92,7 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
   f.sequence_length = sequence_length > 0 ? sequence_length : T;
   f.vocabulary = V;
   f.dropout = gpt.dropout;
+  f.loss_chunk_tokens = gpt.loss_chunk_tokens;
   return f;
 }
 
@@ -118,16 +120,24 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   const int64_t layer_norm_stats = 16 * s * b;
   const int64_t per_layer = dropout ? 18 * e * sbh + 3 * e * a * s * s * b + layer_norm_stats
                                     : 16 * e * sbh + 4 * a * s * b + layer_norm_stats;
+  // The head and loss run over chunks of c tokens (model.loss_chunk_tokens); with full
+  // recomputation each chunk is checkpointed and keeps only its slice of ln_f's output and a
+  // generator state.
+  const int64_t tokens = s * b;
+  const bool chunked = m.loss_chunk_tokens > 0 && tokens > m.loss_chunk_tokens;
+  const int64_t c = chunked ? m.loss_chunk_tokens : tokens;
+  const int64_t chunks = (tokens + c - 1) / c;
+  const bool head_recomputed = chunked && recompute == Recompute::Full;
+  const int64_t generator_state = 5056;  // the CPU generator's state, kept by each checkpoint
+  const int64_t log_softmax = head_recomputed ? chunks * generator_state : 4 * tokens * V;
   // Outside the layers: token ids (int64) for the embedding's backward, ln_f's input and output,
   // the embedding dropout's mask, and the fp32 log-softmax of the logits (the loss is fp32).
-  const int64_t outside = 8 * s * b + 2 * e * sbh + (dropout ? e * sbh : 0) + 4 * s * b * V;
+  const int64_t outside = 8 * s * b + 2 * e * sbh + (dropout ? e * sbh : 0) + log_softmax;
   // Selective recomputation (src/models/gpt.cpp) keeps q, k, v and the attention output but not
   // the kernel's internals (fused: the log-sum-exp; unfused: the scaled q, k and v copies, the
   // scores, softmax, mask and dropped scores), nor GELU's 4h-wide output.
   const int64_t selective_layer = dropout ? per_layer - 3 * e * a * s * s * b - 4 * e * sbh
                                           : 12 * e * sbh + layer_norm_stats;
-  // Each checkpoint keeps the CPU generator's state (5056 bytes) for its recomputation.
-  const int64_t generator_state = 5056;
   if (recompute == Recompute::Full) {
     bytes.saved = m.layers * (e * sbh + generator_state) + outside;
   } else if (recompute == Recompute::Selective) {
@@ -142,10 +152,11 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   // gradient has replaced the freed log-softmax output). Inside the last layer, the incoming
   // h-wide gradient, the 4h-wide gradients around GELU and the MLP's fresh 4h² weight gradient
   // (and two as²b score gradients unfused), by when the tensors saved outside the layers are freed.
-  const int64_t at_loss = 8 * s * b * V + (e < 4 ? e * s * b * V : 0);
-  const int64_t at_head = e * V * h + (e < 4 ? e * s * b * V : 0);
+  // Chunked, these are one chunk's (a recomputed chunk's log-softmax is live with its gradients).
+  const int64_t at_loss = (head_recomputed ? 12 : 8) * c * V + (e < 4 ? e * c * V : 0);
+  const int64_t at_head = e * V * h + (e < 4 ? e * c * V : 0);
   const int64_t in_layer =
-      5 * e * sbh + 4 * e * h * h + (dropout ? 2 * e * a * s * s * b : 0) - (2 * e * sbh + 4 * s * b * V);
+      5 * e * sbh + 4 * e * h * h + (dropout ? 2 * e * a * s * s * b : 0) - (2 * e * sbh + log_softmax);
   // At the end of backward, with the saved tensors freed: the tied embedding's gradient from the
   // head waits in autograd's input buffer for the embedding's own (dense, V·h) and the two are
   // summed: three V·h tensors (measured on GPT-2 124M at micro-batch 1, docs/memory.md).

@@ -55,6 +55,9 @@ void GPTConfig::validate() const {
   if (n_embd % n_head != 0)
     bad_input("config.n_embd (" + std::to_string(n_embd) + ") must be divisible by config.n_head (" +
               std::to_string(n_head) + ")");
+  if (loss_chunk_tokens < 0)
+    bad_input("config.loss_chunk_tokens must be >= 0 (0: the whole batch at once), found " +
+              std::to_string(loss_chunk_tokens));
   if (!(dropout >= 0.0 && dropout < 1.0))
     bad_input("config.dropout must be in [0, 1), found " + std::to_string(dropout));
 }
@@ -185,7 +188,15 @@ void GPTImpl::init_parameters(torch::nn::Module& module, bool is_norm_module) {
   }
 }
 
-torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
+torch::Tensor GPTImpl::forward(const torch::Tensor& idx) { return head(hidden(idx)); }
+
+torch::Tensor GPTImpl::head(const torch::Tensor& x) {
+  // Tied head: the same tensor as the token embedding, used transposed; the embedding's block
+  // runs a second time (stage 3 gathers it again).
+  return run_block(*wte, x, [this](const torch::Tensor& in) { return torch::nn::functional::linear(in, wte->weight); });
+}
+
+torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
   if (!idx.defined() || idx.dim() != 2)
     bad_input("forward expects token ids of shape [B, T], found " +
               (idx.defined() ? std::to_string(idx.dim()) + "-D tensor " + c10::str(idx.sizes())
@@ -227,10 +238,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
       x = run_block(*blocks[i], x, run);
     }
   }
-  x = run_block(*ln_f, x, [this](const torch::Tensor& in) { return ln_f(in); });
-  // Tied head: the same tensor as the token embedding, used transposed; the embedding's block
-  // runs a second time (stage 3 gathers it again).
-  return run_block(*wte, x, [this](const torch::Tensor& in) { return torch::nn::functional::linear(in, wte->weight); });
+  return run_block(*ln_f, x, [this](const torch::Tensor& in) { return ln_f(in); });
 }
 
 void GPTImpl::set_checkpointing(const Checkpointing& settings) {
@@ -281,7 +289,43 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targe
   if (!targets.defined() || targets.sizes() != idx.sizes())
     bad_input("loss expects targets with the shape of the inputs " + c10::str(idx.sizes()) + ", found " +
               (targets.defined() ? c10::str(targets.sizes()) : std::string("an undefined tensor")));
-  auto logits = forward(idx);
+  auto x = hidden(idx);
+  const int64_t tokens = x.size(0) * x.size(1), chunk = config_.loss_chunk_tokens;
+  if (chunk > 0 && tokens > chunk) {
+    // Chunks of the flattened tokens, each with its summed cross-entropy (fp32: log-softmax and
+    // NLL, cross_entropy's own decomposition). With full recomputation a chunk's log-softmax is
+    // freed after forward and recomputed (head matrix multiply included) when backward reaches
+    // the chunk, so that no [tokens, vocab] tensor outlives its chunk; the gradients are those of
+    // the chunked loss without recomputation, bitwise.
+    auto flat_x = x.reshape({tokens, x.size(2)});
+    auto flat_targets = targets.reshape({-1}).to(torch::kLong);
+    const bool recompute = checkpointing_.recompute == Recompute::Full;
+    torch::Tensor total;
+    for (int64_t start = 0; start < tokens; start += chunk) {
+      const int64_t n = std::min(chunk, tokens - start);
+      BlockFn part = [embedding = wte.ptr(), t = flat_targets.narrow(0, start, n), recompute](const torch::Tensor& in) {
+        auto logits_of = [](const torch::Tensor& input, const torch::Tensor& weight) {
+          auto logits = torch::nn::functional::linear(input, weight);
+          if (logits.scalar_type() != torch::kFloat && logits.scalar_type() != torch::kDouble)
+            logits = logits.to(torch::kFloat);
+          return logits;
+        };
+        auto log_probabilities = at::log_softmax(logits_of(in, embedding->weight), 1);
+        auto sum = at::nll_loss_nd(log_probabilities, t, {}, at::Reduction::Sum, -100);
+        if (recompute)
+          sum = recompute_in_backward(sum, log_probabilities,
+                                      [logits_of, in = in.detach(), weight = embedding->weight](torch::Tensor& into) {
+                                        at::_log_softmax_out(into, logits_of(in, weight.detach()), 1, false);
+                                      });
+        return sum;
+      };
+      auto sum = run_block(*wte, flat_x.narrow(0, start, n), part);
+      total = total.defined() ? total + sum : sum;
+    }
+    // The mean over the targets that count, as cross_entropy's default reduction (ignore_index -100).
+    return total / (flat_targets != -100).sum().to(total.scalar_type());
+  }
+  auto logits = head(x);
   const int64_t V = logits.size(-1);
   auto flat = logits.reshape({-1, V});
   // Softmax over a 50k vocabulary in bf16/fp16 loses too much; the loss is always computed in fp32.

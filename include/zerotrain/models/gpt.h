@@ -47,6 +47,11 @@ struct GPTConfig {
   int64_t n_head = 2;
   int64_t n_embd = 64;
   double dropout = 0.0;  // embedding, attention-probability and residual dropout (training only)
+  // loss(): the output head and cross-entropy run over at most this many tokens at a time (0: all
+  // at once), so that the [tokens, vocab] logits and their gradient exist one chunk at a time;
+  // with full recomputation each chunk is checkpointed too (docs/activation_checkpointing.md).
+  // The loss is then a sum of chunk sums: equal to the unchunked one up to rounding.
+  int64_t loss_chunk_tokens = 0;
 
   // Throws zt::ConfigError naming the field when a value is out of range or n_embd % n_head != 0.
   void validate() const;
@@ -122,6 +127,9 @@ class GPTImpl : public torch::nn::Module {
 
   // idx: integer tensor [B,T] with 1 <= T <= context_length -> logits [B,T,vocab_size].
   torch::Tensor forward(const torch::Tensor& idx);
+  // forward() in two parts: the final LayerNorm's output [B,T,C], and the tied head on it.
+  torch::Tensor hidden(const torch::Tensor& idx);
+  torch::Tensor head(const torch::Tensor& x);
   // Mean cross-entropy of forward(idx) against targets [B,T] (computed in fp32 whatever the
   // model's dtype). Targets equal to -100 are ignored (torch's default ignore_index).
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
