@@ -781,3 +781,32 @@ TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {
 }
 
 }  // namespace
+
+// The planner chooses the recomputation from the memory: GPT-2 124M at context 1024 on two CPU
+// ranks of 11 GiB each (this machine kind's RAM over two ranks, docs/benchmarks.md).
+TEST(EstimatePlan, RecomputationIsChosenOnlyWhenNothingLighterFits) {
+  auto model = zt::gpt_model_figures(zt::gpt_preset("gpt2-124m"), 1024, 100'000);
+  model.loss_chunk_tokens = 1024;
+  zt::ClusterSpec cluster = cluster_of(1, 2, 11 * kGiB);
+  cluster.device = zt::DeviceKind::Cpu;
+  auto best = [&](int micro) {
+    auto config = config_for(2, {"train_micro_batch_size_per_gpu=" + std::to_string(micro)});
+    const zt::Plan plan = zt::plan_configurations(model, cluster, config);
+    EXPECT_FALSE(plan.fitting.empty()) << plan.advice;
+    return plan.fitting.empty() ? zt::Recompute::None
+                                : plan.fitting.front().options.recompute.value_or(zt::Recompute::None);
+  };
+  EXPECT_EQ(best(4), zt::Recompute::None);        // everything fits: no recomputation
+  EXPECT_EQ(best(12), zt::Recompute::Selective);  // only selective and full fit: the cheaper
+  EXPECT_EQ(best(32), zt::Recompute::Full);       // only full fits
+  // The estimates behind it: each policy keeps less than the one before.
+  auto config = config_for(2, {"train_micro_batch_size_per_gpu=8"});
+  int64_t previous = INT64_MAX;
+  for (zt::Recompute r : {zt::Recompute::None, zt::Recompute::Selective, zt::Recompute::Full}) {
+    zt::EstimateOptions o;
+    o.recompute = r;
+    const int64_t a = zt::estimate_memory(model, cluster, config, o).per_device.activations;
+    EXPECT_LT(a, previous) << zt::to_string(r);
+    previous = a;
+  }
+}

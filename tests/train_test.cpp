@@ -571,3 +571,17 @@ TEST(TrainActivationCheckpointing, ComposesWithOffloadAndResumesExactly) {
     }
   }
 }
+
+// activation_checkpointing.policy "auto" picks the cheapest policy whose estimate fits this
+// machine (the tiny GPT fits without recomputation) and says so.
+TEST(TrainActivationCheckpointing, AutoPolicyChoosesAndSaysWhy) {
+  const auto dir = make_temp_dir("recompute-auto");
+  parity_config(dir);
+  const std::string summary = dir + "/auto.json";
+  auto r = run_process({cli_path(), "train", dir + "/config.json", "--nproc", "2", "--steps", "1", "--summary", summary,
+                        "--set", "activation_checkpointing.policy=\"auto\""},
+                       {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("activation_checkpointing.policy \"auto\" chose \"none\""), std::string::npos) << r.output;
+  EXPECT_EQ(read_json(summary)["activation_checkpointing"]["policy"].get<std::string>(), "none");
+}

@@ -225,10 +225,10 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
     settings.profile = ac.profile;
     model->set_checkpointing(settings);
+    if (leader && !policy_note.empty()) fmt::print("{}\n", policy_note);
     if (leader && settings.recompute != Recompute::None) {
       int64_t checkpointed = 0;
       for (int64_t i = 0; i < gpt_config.n_layer; ++i) checkpointed += model->is_checkpointed(i) ? 1 : 0;
-      if (!policy_note.empty()) fmt::print("{}\n", policy_note);
       fmt::print("activation checkpointing: {} recomputation in {} of {} blocks{}{}\n", to_string(settings.recompute),
                  checkpointed, gpt_config.n_layer, ac.contiguous_memory_optimization ? ", inputs in one contiguous buffer" : "",
                  ac.profile ? ", profiled (summary: activation_checkpointing.blocks)" : "");
