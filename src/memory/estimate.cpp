@@ -121,15 +121,13 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   const int64_t per_layer = dropout ? 18 * e * sbh + 3 * e * a * s * s * b + layer_norm_stats
                                     : 16 * e * sbh + 4 * a * s * b + layer_norm_stats;
   // The head and loss run over chunks of c tokens (model.loss_chunk_tokens); with full
-  // recomputation each chunk is checkpointed and keeps only its slice of ln_f's output and a
-  // generator state.
+  // recomputation each chunk's log-softmax is freed after forward and recomputed in backward.
   const int64_t tokens = s * b;
   const bool chunked = m.loss_chunk_tokens > 0 && tokens > m.loss_chunk_tokens;
   const int64_t c = chunked ? m.loss_chunk_tokens : tokens;
-  const int64_t chunks = (tokens + c - 1) / c;
   const bool head_recomputed = chunked && recompute == Recompute::Full;
   const int64_t generator_state = 5056;  // the CPU generator's state, kept by each checkpoint
-  const int64_t log_softmax = head_recomputed ? chunks * generator_state : 4 * tokens * V;
+  const int64_t log_softmax = head_recomputed ? 0 : 4 * tokens * V;
   // Outside the layers: token ids (int64) for the embedding's backward, ln_f's input and output,
   // the embedding dropout's mask, and the fp32 log-softmax of the logits (the loss is fp32).
   const int64_t outside = 8 * s * b + 2 * e * sbh + (dropout ? e * sbh : 0) + log_softmax;

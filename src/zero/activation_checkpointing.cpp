@@ -184,7 +184,12 @@ struct Rematerialize : public torch::autograd::Function<Rematerialize> {
       at::NoGradGuard no_grad;
       state->recompute(into);
     }
+    // The saved tensors that read the values hold the storage from here on and free it when
+    // their nodes have run; this node lives until the whole graph is freed and must not keep
+    // it (a chunked loss would otherwise hold every chunk's log-softmax to the end of backward).
     state->recompute = nullptr;
+    state->storage = c10::Storage();
+    ctx->saved_data.erase("state");
     return {grads[0], at::Tensor()};
   }
 };
