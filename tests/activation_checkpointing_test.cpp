@@ -232,6 +232,29 @@ TEST(ActivationCheckpointing, RecomputeInBackwardFreesTheTensorAndRestoresIt) {
   EXPECT_TRUE(torch::equal(w.grad(), gw));
 }
 
+// The refilled memory lives only as long as the saved tensors that read it: freed when their
+// nodes have run, not at the end of backward (a chunked loss would otherwise hold every chunk's
+// log-softmax at once).
+TEST(ActivationCheckpointing, RecomputedMemoryIsFreedOnceItsReadersHaveRun) {
+  torch::manual_seed(1);
+  auto h = torch::randn({16, 32}, torch::requires_grad());
+  auto w = torch::randn({8, 32}, torch::requires_grad());
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak = c10::weak_intrusive_ptr<c10::StorageImpl>::reclaim(nullptr);
+  torch::Tensor y;
+  {
+    auto a = torch::gelu(h, "tanh");
+    weak = a.storage().getWeakStorageImpl();
+    y = zt::recompute_in_backward(torch::nn::functional::linear(a, w), a,
+                                  [h](torch::Tensor& into) { at::gelu_out(into, h.detach(), "tanh"); });
+  }
+  // h's gradient is computed after the projection's backward (which read the refilled tensor)
+  // while the graph, and the node that refilled it, are still alive.
+  bool freed_during_backward = false;
+  h.register_hook([&](const torch::Tensor&) { freed_during_backward = weak.expired(); });
+  y.sum().backward();
+  EXPECT_TRUE(freed_during_backward);
+}
+
 TEST(ActivationCheckpointing, ContiguousArenaAllocatesOnceAndCpuCheckpointingIsTheIdentityOnCpu) {
   const PlainRun reference = plain_run(policy(Recompute::Full));
   auto settings = policy(Recompute::Full);
