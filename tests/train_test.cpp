@@ -525,7 +525,8 @@ TEST(TrainActivationCheckpointing, ComposesWithOffloadAndResumesExactly) {
        {"--set", "activation_checkpointing.policy=\"selective\"", "--set",
         "zero_optimization.offload_optimizer.device=\"cpu\""}},
       {"full-nvme", 3,
-       {"--set", "activation_checkpointing.number_checkpoints=1", "--set",
+       {"--set", "activation_checkpointing.number_checkpoints=1", "--set", "activation_checkpointing.profile=true",
+        "--set",
         "zero_optimization.offload_optimizer.device=\"nvme\"", "--set",
         "zero_optimization.offload_optimizer.nvme_path=\"" + dir + "/swap\"", "--set",
         "zero_optimization.offload_param.device=\"nvme\"", "--set",
@@ -569,6 +570,15 @@ TEST(TrainActivationCheckpointing, ComposesWithOffloadAndResumesExactly) {
       EXPECT_EQ(ac["contiguous_buffer"]["buffer_allocations"].get<int64_t>(), 1) << ac.dump();
       EXPECT_EQ(ac["contiguous_buffer"]["overflows"].get<int64_t>(), 0) << ac.dump();
     }
+    if (c.name == "full-nvme") {
+      // number_checkpoints 1 of the tiny GPT's 2 blocks: the second is checkpointed, the first not.
+      const auto& blocks = second["activation_checkpointing"]["blocks"];
+      ASSERT_EQ(blocks.size(), 2u) << blocks.dump();
+      EXPECT_FALSE(blocks[0]["checkpointed"].get<bool>());
+      EXPECT_EQ(blocks[0]["forward_calls"].get<int64_t>(), 0);
+      EXPECT_TRUE(blocks[1]["checkpointed"].get<bool>());
+      EXPECT_EQ(blocks[1]["recomputations"].get<int64_t>(), 6);
+    }
   }
 }
 
@@ -584,4 +594,14 @@ TEST(TrainActivationCheckpointing, AutoPolicyChoosesAndSaysWhy) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("activation_checkpointing.policy \"auto\" chose \"none\""), std::string::npos) << r.output;
   EXPECT_EQ(read_json(summary)["activation_checkpointing"]["policy"].get<std::string>(), "none");
+  // cpu_checkpointing and synchronize_checkpoint_boundary act on CUDA tensors: on the CPU the run
+  // says so once.
+  r = run_process({cli_path(), "train", dir + "/config.json", "--nproc", "2", "--steps", "1", "--set",
+                   "activation_checkpointing.cpu_checkpointing=true", "--set",
+                   "activation_checkpointing.synchronize_checkpoint_boundary=true"},
+                  {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("activation checkpointing: full recomputation in 2 of 2 blocks"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("act on CUDA devices; on the CPU the kept inputs are in host memory already"), std::string::npos)
+      << r.output;
 }

@@ -112,6 +112,8 @@ struct ActivationBytes {
 // not its attention internals and GELU output (docs/activation_checkpointing.md).
 ActivationBytes transformer_activation_bytes(const ModelFigures& model, int64_t micro_batch, int element_bytes,
                                              Recompute recompute);
+// "none", "selective" or "full" (ConfigError naming `what` otherwise).
+Recompute parse_recompute(const std::string& name, const std::string& what);
 // The policy a configuration asks for ("auto" counts as none: the caller resolves it).
 Recompute recompute_of(const TrainConfig& config);
 

@@ -255,9 +255,7 @@ int run_estimate(const EstimateArgs& args) {
   if (!args.offload_param.empty())
     options.offload_param = zt::parse_offload_target(args.offload_param, "--offload-param");
   if (!args.activation_checkpointing.empty())
-    options.recompute = args.activation_checkpointing == "full"        ? zt::Recompute::Full
-                        : args.activation_checkpointing == "selective" ? zt::Recompute::Selective
-                                                                       : zt::Recompute::None;
+    options.recompute = zt::parse_recompute(args.activation_checkpointing, "--activation-checkpointing");
   if (!args.runtime_bytes.empty()) options.runtime_bytes = parse_bytes(args.runtime_bytes, "--runtime-bytes");
   const char* precision = zt::to_string(config.precision);
   const std::string inputs_text =

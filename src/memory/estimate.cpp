@@ -96,9 +96,15 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
   return f;
 }
 
+Recompute parse_recompute(const std::string& name, const std::string& what) {
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full})
+    if (name == to_string(r)) return r;
+  throw ConfigError(fmt::format("{}: expected none, selective or full, found \"{}\"", what, name));
+}
+
 Recompute recompute_of(const TrainConfig& config) {
   const std::string& policy = config.activation_checkpointing.policy;
-  return policy == "full" ? Recompute::Full : policy == "selective" ? Recompute::Selective : Recompute::None;
+  return policy == "auto" ? Recompute::None : parse_recompute(policy, "activation_checkpointing.policy");
 }
 
 ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micro_batch, int element_bytes,

@@ -47,20 +47,21 @@ struct GeneratorStates {
         if (std::none_of(s.generators.begin(), s.generators.end(), [&](const auto& h) { return h == g; }))
           s.generators.push_back(g);
       }
-    for (auto& g : s.generators) {
-      std::lock_guard lock(g.mutex());
-      s.states.push_back(g.get_state());
-    }
+    s.read_states();
     return s;
   }
+  // The same generators' states now.
   GeneratorStates current() const {
     GeneratorStates s;
     s.generators = generators;
-    for (auto& g : s.generators) {
-      std::lock_guard lock(g.mutex());
-      s.states.push_back(g.get_state());
-    }
+    s.read_states();
     return s;
+  }
+  void read_states() {
+    for (auto& g : generators) {
+      std::lock_guard lock(g.mutex());
+      states.push_back(g.get_state());
+    }
   }
   void restore() const {
     for (size_t i = 0; i < generators.size(); ++i) {
