@@ -647,6 +647,14 @@ void AioEngine::wait_all() {
   throw error;
 }
 
+void AioEngine::drain() noexcept {
+  Impl& d = *impl_;
+  std::unique_lock lock(d.mu);
+  d.done_cv.wait(lock, [&] { return d.pending == 0; });
+  d.head = d.tail;
+  d.advance_head();
+}
+
 bool AioEngine::done(Ticket ticket) const {
   const Impl& d = *impl_;
   std::lock_guard lock(d.mu);

@@ -136,6 +136,10 @@ class AioEngine {
   // Waits for every ticket issued so far; throws the first (lowest ticket) failure not reported
   // yet, and marks every failure as reported.
   void wait_all();
+  // Waits for every ticket issued so far and discards their failures without reporting them;
+  // afterwards no transfer touches any caller's buffer. For a caller unwinding from an IoError
+  // (the other tickets of the failed step are still in flight into buffers about to be freed).
+  void drain() noexcept;
   // Whether the ticket has finished (successfully or not), without waiting or reporting.
   bool done(Ticket ticket) const;
 

@@ -110,6 +110,16 @@ struct Engine::Impl {
   std::unique_ptr<ParameterGatherer> gatherer;
   std::vector<ParameterGatherer::Block> planned_blocks;  // stage 3, until the gatherer exists
 
+  // Declared after every member that owns an I/O buffer, so destroyed before them (also when
+  // construction throws): after an IoError the failed step's other transfers are still in flight
+  // into those buffers, and the buffers must outlive them.
+  struct DrainIoFirst {
+    std::unique_ptr<io::AioEngine>* io;
+    ~DrainIoFirst() {
+      if (*io) (*io)->drain();
+    }
+  } drain_io_first{&io};
+
   int64_t micro_step = 0;   // micro-steps done in the current accumulation window
   int64_t global_step = 0;  // optimizer steps taken
   int64_t skipped = 0;

@@ -1,5 +1,6 @@
 #include "zero/partition_store.h"
 
+#include <exception>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -143,7 +144,17 @@ void TieredArray::fill_zero() {
   std::vector<int64_t> tickets;
   for (size_t g = 0; g < groups_.size(); ++g)
     if (disk_[g]) tickets.push_back(write(int(g), zeros.data()));
-  for (int64_t t : tickets) io_->wait(t);
+  // Every write is waited for before `zeros` goes, also when one fails; the first failure is
+  // rethrown.
+  std::exception_ptr failure;
+  for (int64_t t : tickets) {
+    try {
+      io_->wait(t);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace zt
