@@ -14,7 +14,8 @@
 
 namespace zt {
 
-enum class ValueSource { Default, File, CommandLine, Derived };
+// Auto: the file said "auto" (the Hugging Face convention) and a rule of docs/config.md chose the value.
+enum class ValueSource { Default, File, CommandLine, Derived, Auto };
 const char* to_string(ValueSource source);
 
 enum class Precision { FP32, BF16, FP16 };
@@ -31,17 +32,40 @@ struct OptimizerConfig {
   double min_coeff = 0.01, max_coeff = 10.0;  // Lamb: trust-ratio clamp (DeepSpeed defaults)
   double momentum = 0.0, dampening = 0.0;     // SGD (torch.optim.SGD semantics)
   bool nesterov = false;                      // SGD
+  // Lamb: DeepSpeed's FusedLamb clipping; accepted only where DeepSpeed zeroes it (outside fp16).
+  double lamb_max_grad_norm = 0.0;
 };
 
+// DeepSpeed's learning-rate schedulers (deepspeed/runtime/lr_schedules.py) with their parameter
+// names and defaults; which parameters a type takes: src/config/derive.cpp. Formulas:
+// zerotrain/lr_schedule.h.
 struct SchedulerConfig {
-  std::string type;  // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"
+  // "" (constant lr), "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"
+  std::string type;
+  // WarmupLR, WarmupDecayLR (warmup_num_steps and warmup_type also WarmupCosineLR)
   double warmup_min_lr = 0.0;
-  double warmup_max_lr = 1e-3;
+  double warmup_max_lr = 1e-3;      // WarmupLR: the optimizer's lr when not given (derived)
   int64_t warmup_num_steps = 1000;
-  std::string warmup_type = "log";  // "log" or "linear"
-  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (required there)
+  std::string warmup_type = "log";  // "log" or "linear"; anything else runs "log" (noted), as DeepSpeed
+  int64_t total_num_steps = 0;      // WarmupDecayLR, WarmupCosineLR (derived from train.steps when not given)
   double cos_min_ratio = 1e-4;      // WarmupCosineLR
   double warmup_min_ratio = 0.0;    // WarmupCosineLR
+  // OneCycle. cycle_min_lr and cycle_max_lr have no default (required, as in DeepSpeed).
+  std::optional<double> cycle_min_lr, cycle_max_lr;
+  double decay_lr_rate = 0.0;
+  double cycle_first_step_size = 2000;
+  std::optional<double> cycle_second_step_size;      // unset: cycle_first_step_size
+  int64_t cycle_first_stair_count = 0;               // <= 0: continuous
+  std::optional<int64_t> cycle_second_stair_count;   // unset: cycle_first_stair_count
+  int64_t decay_step_size = 0;                       // 0: no decay after the cycle
+  bool cycle_momentum = true;  // cycles beta1 (Adam, AdamW, Lamb); SGD has no betas: off, noted
+  double cycle_min_mom = 0.8, cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
+  // LRRangeTest
+  double lr_range_test_min_lr = 1e-3;
+  int64_t lr_range_test_step_size = 2000;
+  double lr_range_test_step_rate = 1.0;
+  bool lr_range_test_staircase = false;
 };
 
 // Where a ZeRO-Offload / ZeRO-Infinity tier keeps its data (design §2, docs/offload.md).
@@ -126,6 +150,10 @@ struct ModelConfig {
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, context_length = 0;
   double dropout = -1.0;
   int64_t loss_chunk_tokens = 0;  // 0: the whole micro-batch at once (GPTConfig::loss_chunk_tokens)
+  // A Hugging Face GPT-2 directory (config.json + model.safetensors, or sharded with
+  // model.safetensors.index.json) whose weights start the run instead of the preset's random
+  // initialisation; its config.json must match the model's shape. "": none.
+  std::string init_from;
 };
 
 struct DataConfig {
@@ -173,6 +201,36 @@ struct ActivationCheckpointingConfig {
   int64_t number_checkpoints = 0;  // 0 (or null): every block
 };
 
+// DeepSpeed's "flops_profiler" block (docs/config.md "Reporting"): at `profile_step` the run reports
+// the model's FLOPs per step, the achieved FLOP/s per rank and the model FLOPs utilisation.
+struct FlopsProfilerConfig {
+  bool enabled = false;
+  double recompute_fwd_factor = 0.0;  // extra forward passes counted for recomputation (0: none)
+  int64_t profile_step = 1;           // the optimizer step profiled (1-based)
+  int64_t module_depth = -1;          // depth of the per-module breakdown (-1: every level)
+  int64_t top_modules = 1;            // modules listed per depth
+  bool detailed = true;               // the per-module breakdown printed
+  std::string output_file;            // "" (null): standard output
+};
+
+// DeepSpeed's "comms_logger" block: every collective counted, with its bytes and time, per
+// operation; a table at the end of the run and a CSV beside the run's log.
+struct CommsLoggerConfig {
+  bool enabled = false;
+  bool verbose = false;                 // one line per collective as it completes
+  bool prof_all = true;                 // every operation; false: only those in prof_ops
+  bool debug = false;                   // the calling site's label in each verbose line
+  std::vector<std::string> prof_ops;    // operation names ("all_reduce", ...) when prof_all is false
+};
+
+// Gradient averaging across data-parallel ranks (DeepSpeed's top-level keys of the same names):
+// the reduced gradient is the mean either way; these choose where the division happens, which
+// matters for fp16 range.
+struct GradientAveragingConfig {
+  bool prescale_gradients = false;        // divide by the world size before the reduction
+  double gradient_predivide_factor = 1.0; // else divide by this before, and by world/this after
+};
+
 struct TrainConfig {
   int world_size = 1;
   int64_t train_batch_size = 0;
@@ -193,6 +251,9 @@ struct TrainConfig {
   MonitorConfig csv_monitor;
   AioConfig aio;
   ActivationCheckpointingConfig activation_checkpointing;
+  FlopsProfilerConfig flops_profiler;
+  CommsLoggerConfig comms_logger;
+  GradientAveragingConfig averaging;
   // Dotted key ("zero_optimization.stage") -> where its value came from, for every known key.
   std::map<std::string, ValueSource> sources;
   // Dotted key -> value as JSON text, for printing the resolved configuration.
@@ -201,6 +262,14 @@ struct TrainConfig {
   // each: "fp16.loss_scale_window has no effect: fp16.enabled is false". DeepSpeed configs spell
   // such keys out routinely, so they are accepted, and the CLI says so once before training.
   std::vector<std::string> notes;
+  // Dotted key -> how the file spelled it when not by its canonical name ("bfloat16.enabled",
+  // "zero_optimization.cpu_offload", "null"): shown beside the source by describe().
+  std::map<std::string, std::string> spellings;
+  // What zerotrain ignores, as DeepSpeed's reports it does not produce and keys DeepSpeed itself
+  // ignores (unknown at the top level or in a block DeepSpeed reads leniently): at most two lines,
+  // printed once by the CLI, and the dotted keys they name.
+  std::vector<std::string> warnings;
+  std::vector<std::string> ignored_keys;
 };
 
 // Parses JSON text (an empty string means "{}"), applies overrides of the form

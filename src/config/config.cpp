@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -43,6 +44,7 @@ const char* to_string(ValueSource source) {
     case ValueSource::File: return "file";
     case ValueSource::CommandLine: return "command line";
     case ValueSource::Derived: return "derived";
+    case ValueSource::Auto: return "auto";
   }
   return "?";
 }
@@ -155,27 +157,102 @@ json parse_json(const std::string& text, const std::string& origin) {
   return *parse_json_text(text, origin, false);
 }
 
+// An unknown top-level key this close to a known one is a typo, not a key of some other tool.
+bool near_miss_of_top_level(const std::string& key) {
+  if (key.size() > 64) return false;
+  for (const std::string& known : cd::children("")) {
+    // At most two edits and one per four characters: "comment" is not a misspelt "comet".
+    const size_t d = cd::edit_distance(key, known);
+    if (d > 0 && d <= std::min<size_t>(2, std::max<size_t>(1, std::max(key.size(), known.size()) / 4))) return true;
+  }
+  return false;
+}
+
 // Records the source of every leaf present under `node` (the block at `block`) and rejects
-// unknown keys and blocks given as non-objects.
+// blocks given as non-objects. An unknown key follows DeepSpeed (docs/config.md "Unknown keys"):
+// inside a block it validates, an error with a suggestion; at the top level or in a block it reads
+// leniently, DeepSpeed ignores it, so it goes to `ignored` (a near miss of a known top-level key is
+// an error all the same).
 void walk(const json& node, const std::string& block, ValueSource source,
-          std::map<std::string, ValueSource>& sources) {
+          std::map<std::string, ValueSource>& sources, std::vector<std::string>& ignored) {
   for (const auto& [key, value] : node.items()) {
     const std::string path = cd::join_path(block, key);
     if (cd::find_leaf(path)) {
       sources[path] = source;
     } else if (cd::is_block(path)) {
+      if (value.is_null()) continue;  // DeepSpeed's None: the block's defaults
       if (!value.is_object())
         throw ConfigError(fmt::format("{}: expected an object (a block of settings), found {}", path, cd::show(value)));
-      walk(value, path, source, sources);
+      walk(value, path, source, sources, ignored);
+    } else if (block.empty() ? !near_miss_of_top_level(key) : cd::strictness(block) == cd::Strictness::Lenient) {
+      ignored.push_back(path);
     } else {
       cd::throw_unknown_key(block, key);
     }
   }
 }
 
+// DeepSpeed's other spellings (docs/config.md "Spellings") rewritten to the canonical keys before
+// anything else reads the document; `spelled` maps a canonical path (a leaf or a block) to the
+// file's spelling of it.
+void rename_key(json& block, const std::string& block_path, const std::string& from, const std::string& to,
+                std::map<std::string, std::string>& spelled) {
+  if (!block.contains(from)) return;
+  const std::string from_path = cd::join_path(block_path, from), to_path = cd::join_path(block_path, to);
+  if (block.contains(to))
+    throw ConfigError(fmt::format("{} and {} are two spellings of one key: give one of them", from_path, to_path));
+  block[to] = std::move(block[from]);
+  block.erase(from);
+  spelled[to_path] = from_path;
+}
+
+void normalise_spellings(json& doc, std::map<std::string, std::string>& spelled) {
+  // DeepSpeed reads "bfloat16" when "bf16" is absent (precision_config.py).
+  rename_key(doc, "", "bfloat16", "bf16", spelled);
+  if (doc.contains("zero_optimization") && doc["zero_optimization"].is_boolean()) {
+    // read_zero_config_deprecated: true is stage 1 with the top-level allgather_size; false is off.
+    const bool on = doc["zero_optimization"].get<bool>();
+    json zero = {{"stage", on ? 1 : 0}};
+    spelled["zero_optimization.stage"] = on ? "zero_optimization: true" : "zero_optimization: false";
+    if (on && doc.contains("allgather_size")) {
+      zero["allgather_bucket_size"] = std::move(doc["allgather_size"]);
+      doc.erase("allgather_size");
+      spelled["zero_optimization.allgather_bucket_size"] = "allgather_size";
+    }
+    doc["zero_optimization"] = std::move(zero);
+  }
+  if (!doc.contains("zero_optimization") || !doc["zero_optimization"].is_object()) return;
+  json& zero = doc["zero_optimization"];
+  const std::string Z = "zero_optimization";
+  // The pydantic field names of zero/config.py, whose aliases are zerotrain's canonical names.
+  for (const char* name : {"prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+                           "max_live_parameters", "max_reuse_distance", "gather_16bit_weights_on_model_save",
+                           "module_granularity_threshold", "use_all_reduce_for_fetch_params", "allgather_sequential"})
+    rename_key(zero, Z, name, std::string("stage3_") + name, spelled);
+  rename_key(zero, Z, "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", spelled);
+  // cpu_offload / cpu_offload_param: true means the "cpu" tier, false no tier (as DeepSpeed's
+  // new_param_fn); with the block they replace, DeepSpeed refuses both together.
+  for (const auto& [old_name, tier] : {std::pair{"cpu_offload", "offload_optimizer"},
+                                        std::pair{"cpu_offload_param", "offload_param"}}) {
+    if (!zero.contains(old_name)) continue;
+    const std::string old_path = Z + "." + old_name;
+    json value = std::move(zero[old_name]);
+    zero.erase(old_name);
+    if (value.is_null()) continue;
+    if (!value.is_boolean())
+      throw ConfigError(fmt::format("{}: expected true or false or null, found {}", old_path, cd::show(value)));
+    if (zero.contains(tier))
+      throw ConfigError(fmt::format("{} and {}.{} are two spellings of one setting: give one of them", old_path, Z,
+                                    tier));
+    zero[tier] = {{"device", value.get<bool>() ? "cpu" : "none"}};
+    spelled[Z + "." + tier + ".device"] = old_path;
+  }
+}
+
 // "key.path=value": the value is JSON when it parses as JSON, else the literal string, so
 // `--set scheduler.type=WarmupLR` needs no quoting and `--set optimizer.params.lr=3e-4` is a number.
-void apply_override(json& doc, const std::string& text, std::map<std::string, ValueSource>& sources) {
+void apply_override(json& doc, const std::string& text, std::map<std::string, ValueSource>& sources,
+                    std::vector<std::string>& ignored) {
   check_size(text.size(), fmt::format("override '{}'", printable(text, 60)));
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -211,21 +288,21 @@ void apply_override(json& doc, const std::string& text, std::map<std::string, Va
   // A whole block: its object replaces the block's keys one by one (others stay).
   if (!value.is_object())
     throw ConfigError(fmt::format("{}: expected an object (a block of settings), found {}", path, cd::show(value)));
-  walk(value, path, ValueSource::CommandLine, sources);
+  walk(value, path, ValueSource::CommandLine, sources, ignored);
   json& target = (*node)[parts.back()];
   if (!target.is_object()) target = json::object();
   target.merge_patch(value);
 }
 
-// A DeepSpeed scheduler we do not implement (OneCycle, ...) has its own parameter names; they
-// are not in the table, and reporting them as unknown keys would hide the real problem, which
-// validate_support reports: the scheduler type itself.
-void drop_params_of_unimplemented_scheduler(json& doc) {
-  if (!doc.contains("scheduler") || !doc["scheduler"].is_object()) return;
-  json& scheduler = doc["scheduler"];
-  if (!scheduler.contains("type") || !scheduler["type"].is_string()) return;
-  const std::string type = scheduler["type"].get<std::string>();
-  if ((type == "OneCycle" || type == "LRRangeTest") && scheduler.contains("params")) scheduler.erase("params");
+// An optimizer zerotrain does not implement (1-bit Adam's freeze_step, ...) has its own
+// parameter names; validate_support refuses the type itself, in one line.
+void drop_params_of_unimplemented_optimizer(json& doc) {
+  if (!doc.contains("optimizer") || !doc["optimizer"].is_object()) return;
+  json& optimizer = doc["optimizer"];
+  if (!optimizer.contains("type") || !optimizer["type"].is_string() || !optimizer.contains("params")) return;
+  std::string type = optimizer["type"].get<std::string>();
+  std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (type != "adam" && type != "adamw" && type != "lamb" && type != "sgd") optimizer.erase("params");
 }
 
 const json* lookup(const json& doc, const std::string& path) {
@@ -302,6 +379,50 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
                   "\"nvme\")");
 }
 
+// What DeepSpeed's schedulers only warn about, or settings the scheduler overrides: noted, and
+// run with DeepSpeed's arithmetic (zerotrain/lr_schedule.h).
+template <typename Note>
+void add_scheduler_notes(TrainConfig& c, const Note& note_if_given) {
+  const SchedulerConfig& s = c.scheduler;
+  const std::string P = "scheduler.params.";
+  const bool warmup = s.type == "WarmupLR" || s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR";
+  if (warmup && s.warmup_type != "log" && s.warmup_type != "linear")
+    c.notes.push_back(fmt::format(
+        "{}warmup_type \"{}\" is neither \"log\" nor \"linear\": the warm-up is \"log\", as DeepSpeed's {} runs it",
+        P, s.warmup_type, s.type));
+  if ((s.type == "WarmupLR" || s.type == "WarmupDecayLR") && s.warmup_max_lr < s.warmup_min_lr)
+    c.notes.push_back(fmt::format("{}warmup_max_lr {} is below warmup_min_lr {}: the warm-up lowers the lr (as in "
+                                  "DeepSpeed)",
+                                  P, s.warmup_max_lr, s.warmup_min_lr));
+  const int64_t warmup_steps = std::max<int64_t>(2, s.warmup_num_steps);
+  if ((s.type == "WarmupDecayLR" || s.type == "WarmupCosineLR") && s.total_num_steps <= warmup_steps)
+    c.notes.push_back(fmt::format(
+        "{}total_num_steps {}{} leaves no steps to decay over after the {}-step warm-up: the lr drops to {} right "
+        "after it (DeepSpeed warns and does the same)",
+        P, s.total_num_steps, given(c, P + "total_num_steps") ? "" : " (from train.steps)", warmup_steps,
+        s.type == "WarmupDecayLR" ? "warmup_min_lr" : "cos_min_ratio × lr"));
+  if (s.type == "OneCycle" || s.type == "LRRangeTest" || s.type == "WarmupDecayLR")
+    note_if_given({"optimizer.params.lr"}, fmt::format("scheduler {} sets the lr of every step", s.type));
+  if (s.type == "OneCycle") {
+    if (s.cycle_momentum && c.optimizer.type == "SGD") {
+      c.notes.push_back(fmt::format(
+          "{}cycle_momentum has no effect: optimizer SGD has no betas to cycle (DeepSpeed turns it off with a "
+          "warning)",
+          P));
+    } else if (s.cycle_momentum) {
+      note_if_given({"optimizer.params.betas"},
+                    "scheduler OneCycle with cycle_momentum sets the betas of every step (beta1 from cycle_min_mom and "
+                    "cycle_max_mom, beta2 0.99, as DeepSpeed)");
+    }
+    if (!s.cycle_momentum || c.optimizer.type == "SGD")
+      note_if_given({P + "cycle_min_mom", P + "cycle_max_mom", P + "decay_mom_rate"},
+                    "the momentum is not cycled (cycle_momentum is false, or the optimizer has no betas)");
+    if (s.decay_step_size == 0)
+      note_if_given({P + "decay_lr_rate", P + "decay_mom_rate"},
+                    "scheduler.params.decay_step_size is 0 (no decay after the cycle)");
+  }
+}
+
 // Keys that are valid but cannot matter in this configuration (see TrainConfig::notes).
 void add_notes(TrainConfig& c) {
   auto note_if_given = [&](const std::vector<std::string>& keys, const std::string& why) {
@@ -321,11 +442,65 @@ void add_notes(TrainConfig& c) {
   if (!c.csv_monitor.enabled)
     note_if_given({"csv_monitor.output_path", "csv_monitor.job_name"}, "csv_monitor.enabled is false");
   add_offload_notes(c, note_if_given);
+  add_scheduler_notes(c, note_if_given);
+  if (!c.zero.contiguous_gradients)
+    note_if_given({"zero_optimization.contiguous_gradients"},
+                  "zerotrain's gradients always live in contiguous buffers (false only changes how DeepSpeed "
+                  "stores them; the values are the same)");
+  if (c.optimizer.type == "Lamb" && c.optimizer.lamb_max_grad_norm > 0 && c.precision != Precision::FP16)
+    note_if_given({"optimizer.params.max_grad_norm"},
+                  "DeepSpeed sets Lamb's max_grad_norm to 0 outside fp16 (with a warning), so it clips nothing there "
+                  "either; gradient_clipping is the clipping");
+  if (c.activation_checkpointing.partition_activations)
+    note_if_given({"activation_checkpointing.partition_activations"},
+                  "zerotrain has no model parallelism, and DeepSpeed splits checkpointed activations across "
+                  "model-parallel ranks only (with one, as here, nothing is split)");
   const std::string A = "activation_checkpointing.";
   if (c.activation_checkpointing.policy == "none")
     note_if_given({A + "cpu_checkpointing", A + "contiguous_memory_optimization", A + "synchronize_checkpoint_boundary",
                    A + "profile", A + "number_checkpoints"},
                   "activation_checkpointing.policy is \"none\" (nothing is recomputed)");
+}
+
+// The notes of Inert keys and the warning lines of ignored reports and keys (docs/config.md
+// "Policy"). A report inside a block switched off ("tensorboard": {"enabled": false, ...}) is not
+// ignored by zerotrain any more than by DeepSpeed, so it is not named.
+void add_ignored(TrainConfig& c, const cd::Values& values, const std::vector<std::string>& unknown) {
+  std::vector<std::string> reports;
+  for (const cd::Leaf& leaf : cd::leaves()) {
+    if (!given(c, leaf.path) || !cd::engaged(leaf, values.at(leaf.path))) continue;
+    if (leaf.status == cd::Status::Inert) c.notes.push_back(fmt::format("{} has no effect in zerotrain: {}", leaf.path, leaf.about));
+    if (leaf.status != cd::Status::Reporting) continue;
+    const auto dot = leaf.path.rfind('.');
+    const std::string gate = dot == std::string::npos ? "" : leaf.path.substr(0, dot) + ".enabled";
+    if (!gate.empty() && gate != leaf.path && cd::find_leaf(gate) && values.at(gate) == json(false)) continue;
+    reports.push_back(leaf.path);
+  }
+  auto list = [](const std::vector<std::string>& keys) {
+    std::string out;
+    for (const std::string& k : keys) out += (out.empty() ? "" : ", ") + printable(k, 80);
+    return out;
+  };
+  if (!reports.empty())
+    c.warnings.push_back(fmt::format("ignored (DeepSpeed reports zerotrain does not produce): {}", list(reports)));
+  if (!unknown.empty())
+    c.warnings.push_back(fmt::format("ignored (keys DeepSpeed does not read either): {}", list(unknown)));
+  c.ignored_keys = reports;
+  c.ignored_keys.insert(c.ignored_keys.end(), unknown.begin(), unknown.end());
+}
+
+// The file's spelling of each leaf, from the canonical paths of leaves and blocks it renamed.
+void record_spellings(TrainConfig& c, const std::map<std::string, std::string>& spelled) {
+  for (const auto& [path, source] : c.sources) {
+    if (source != ValueSource::File && source != ValueSource::Auto) continue;
+    for (std::string prefix = path;; prefix = prefix.substr(0, prefix.rfind('.'))) {
+      if (auto it = spelled.find(prefix); it != spelled.end()) {
+        c.spellings.emplace(path, it->second + path.substr(prefix.size()));
+        break;
+      }
+      if (prefix.find('.') == std::string::npos) break;
+    }
+  }
 }
 
 TrainConfig build(json doc, const std::vector<std::string>& overrides, int world_size, const std::string& origin) {
@@ -336,15 +511,32 @@ TrainConfig build(json doc, const std::vector<std::string>& overrides, int world
   TrainConfig config;
   config.world_size = world_size;
   std::map<std::string, ValueSource> given;
-  drop_params_of_unimplemented_scheduler(doc);
-  walk(doc, "", ValueSource::File, given);
-  for (const std::string& text : overrides) apply_override(doc, text, given);  // before validation
-  drop_params_of_unimplemented_scheduler(doc);
+  std::map<std::string, std::string> spelled;
+  std::vector<std::string> unknown;
+  normalise_spellings(doc, spelled);
+  drop_params_of_unimplemented_optimizer(doc);
+  walk(doc, "", ValueSource::File, given, unknown);
+  for (const std::string& text : overrides) apply_override(doc, text, given, unknown);  // before validation
+  drop_params_of_unimplemented_optimizer(doc);
 
   cd::Values values;
+  std::vector<std::string> autos;
   for (const cd::Leaf& leaf : cd::leaves()) {
     const json* raw = lookup(doc, leaf.path);
-    if (raw) {
+    const std::string block = leaf.path.substr(0, leaf.path.rfind('.') == std::string::npos ? 0 : leaf.path.rfind('.'));
+    const bool literal_auto = std::find(leaf.choices.begin(), leaf.choices.end(), "auto") != leaf.choices.end();
+    if (raw && raw->is_null() && !leaf.nullable && !leaf.def.is_null()) {
+      // null: DeepSpeed's None, which for these keys means the default. A key without a default
+      // (OneCycle's bounds) has nothing to fall back on: check_value refuses the null.
+      values[leaf.path] = leaf.def;
+      config.sources[leaf.path] = given.count(leaf.path) ? given[leaf.path] : ValueSource::File;
+      spelled.emplace(leaf.path, "null");
+    } else if (raw && *raw == json("auto") && leaf.kind != cd::Kind::BatchSize && !literal_auto &&
+               (cd::has_auto_rule(leaf.path) || cd::pydantic_block(block))) {
+      values[leaf.path] = leaf.def;  // resolve_auto replaces it
+      config.sources[leaf.path] = ValueSource::Auto;
+      autos.push_back(leaf.path);
+    } else if (raw) {
       values[leaf.path] = cd::check_value(leaf, *raw);
       config.sources[leaf.path] = given.count(leaf.path) ? given[leaf.path] : ValueSource::File;
     } else {
@@ -354,10 +546,13 @@ TrainConfig build(json doc, const std::vector<std::string>& overrides, int world
     if (leaf.assign) leaf.assign(config, values[leaf.path]);
   }
 
+  cd::resolve_auto(config, values, autos);
   cd::derive(config, values);
   cd::validate_semantics(config, values);
   cd::validate_support(config, values);
   add_notes(config);
+  add_ignored(config, values, unknown);
+  record_spellings(config, spelled);
   for (const auto& [path, value] : values) config.resolved[path] = value.dump();
   return config;
 }
@@ -405,7 +600,9 @@ std::string describe(const TrainConfig& config) {
   std::string out;
   for (const auto& [key, value] : config.resolved) {
     auto it = config.sources.find(key);
-    const char* source = it == config.sources.end() ? "?" : to_string(it->second);
+    std::string source = it == config.sources.end() ? "?" : to_string(it->second);
+    if (auto spelling = config.spellings.find(key); spelling != config.spellings.end())
+      source += spelling->second == "null" ? " (null: the default)" : " (as " + spelling->second + ")";
     out += fmt::format("{:<{}} = {:<{}}  ({})\n", key, key_width, value, value_width, source);
   }
   return out;

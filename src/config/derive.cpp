@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "config/schema.h"
+#include "zerotrain/models/gpt.h"
 #include "zerotrain/error.h"
 
 namespace zt::config_detail {
@@ -14,7 +15,9 @@ namespace {
 
 bool given(const TrainConfig& c, const std::string& path) {
   auto it = c.sources.find(path);
-  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine);
+  // "auto" is written in the file too: a key given as "auto" is not derived again.
+  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine ||
+                                   it->second == ValueSource::Auto);
 }
 
 void set_derived(TrainConfig& c, Values& values, const std::string& path, const json& value) {
@@ -36,7 +39,26 @@ int64_t checked_product(int64_t a, int64_t b) {
   return product;
 }
 
+void set_auto(TrainConfig& c, Values& values, const std::string& path, const json& value) {
+  values[path] = value;
+  c.sources[path] = ValueSource::Auto;
+}
+
+void derive_batch_triple(TrainConfig& c, Values& values);
+
 void derive_batch(TrainConfig& c, Values& values) {
+  const char* kTbs = "train_batch_size";
+  const char* kMicro = "train_micro_batch_size_per_gpu";
+  const char* kAccum = "gradient_accumulation_steps";
+  // A batch key the file gives as "auto" shows that source once its value is found.
+  std::vector<std::string> autos;
+  for (const char* key : {kTbs, kMicro, kAccum})
+    if (values[key] == json("auto") && given(c, key)) autos.push_back(key);
+  derive_batch_triple(c, values);
+  for (const std::string& key : autos) c.sources[key] = ValueSource::Auto;
+}
+
+void derive_batch_triple(TrainConfig& c, Values& values) {
   const int64_t world = c.world_size;
   int64_t& tbs = c.train_batch_size;
   int64_t& micro = c.train_micro_batch_size_per_gpu;
@@ -79,6 +101,13 @@ void derive_batch(TrainConfig& c, Values& values) {
     tbs = checked_product(micro, world);
     set_derived(c, values, kAccum, accum);
     set_derived(c, values, kTbs, tbs);
+  } else if (accum && values[kMicro] == json("auto") && given(c, kMicro)) {
+    // Hugging Face's "auto" micro-batch (accelerate writes it beside a given accumulation): the
+    // Trainer's per-device batch, which here is zerotrain's default, 1.
+    micro = 1;
+    tbs = checked_product(checked_product(micro, accum), world);
+    set_auto(c, values, kMicro, micro);
+    set_derived(c, values, kTbs, tbs);
   } else if (accum) {
     throw ConfigError(fmt::format(
         "gradient_accumulation_steps {} alone does not determine the batch: also give "
@@ -98,19 +127,29 @@ void derive_batch(TrainConfig& c, Values& values) {
 // The parameters each supported optimizer takes (DeepSpeed's names).
 const std::map<std::string, std::set<std::string>>& optimizer_params() {
   static const std::map<std::string, std::set<std::string>> params{
-      {"Adam", {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad"}},
-      {"AdamW", {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad"}},
-      {"Lamb", {"lr", "betas", "eps", "weight_decay", "bias_correction", "min_coeff", "max_coeff"}},
+      {"Adam", {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad", "torch_adam",
+                "fused", "fp32_optimizer_states"}},
+      {"AdamW", {"lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad", "torch_adam",
+                 "fused", "fp32_optimizer_states"}},
+      {"Lamb", {"lr", "betas", "eps", "weight_decay", "bias_correction", "min_coeff", "max_coeff", "max_grad_norm",
+                "eps_inside_sqrt", "amsgrad"}},
       {"SGD", {"lr", "momentum", "dampening", "weight_decay", "nesterov"}},
   };
   return params;
 }
 
+// The parameters each DeepSpeed scheduler's constructor takes (lr_schedules.py).
 const std::map<std::string, std::set<std::string>>& scheduler_params() {
   static const std::map<std::string, std::set<std::string>> params = {
       {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type"}},
       {"WarmupDecayLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps"}},
       {"WarmupCosineLR", {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type"}},
+      {"OneCycle",
+       {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
+        "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum", "cycle_min_mom",
+        "cycle_max_mom", "decay_mom_rate"}},
+      {"LRRangeTest",
+       {"lr_range_test_min_lr", "lr_range_test_step_size", "lr_range_test_step_rate", "lr_range_test_staircase"}},
   };
   return params;
 }
@@ -132,12 +171,6 @@ void validate_offload(const TrainConfig& c, const Values& values) {
         "zero_optimization.offload_optimizer.device: expected \"none\" at zero_optimization.stage 0 (offloading "
         "optimizer states needs ZeRO stage 1, 2 or 3), found \"{}\"",
         to_string(opt.device)));
-  if (param.device != OffloadDevice::None && c.zero.stage < 3)
-    throw ConfigError(fmt::format(
-        "zero_optimization.offload_param.device: expected \"none\" below zero_optimization.stage 3 (parameters are "
-        "offloaded only when sharded; DeepSpeed would ignore it silently, zerotrain refuses it), found \"{}\" at "
-        "stage {}",
-        to_string(param.device), c.zero.stage));
   for (const auto& [block, device, path] :
        {std::tuple{"offload_optimizer", opt.device, &opt.nvme_path}, {"offload_param", param.device, &param.nvme_path}})
     if (device == OffloadDevice::Nvme && path->empty()) {
@@ -145,6 +178,11 @@ void validate_offload(const TrainConfig& c, const Values& values) {
       throw ConfigError(fmt::format("{}: expected a directory for the nvme tier (device is \"nvme\"), found {}", key,
                                     given(c, key) ? show(values.at(key)) : "nothing (the key is not given)"));
     }
+  // DeepSpeed's range starts at 0 (axolotl's stage-3 configurations write 0, without nvme); the
+  // nvme tier streams sub-groups and needs them non-empty.
+  if (opt.device == OffloadDevice::Nvme && c.zero.sub_group_size < 1)
+    throw ConfigError("zero_optimization.sub_group_size: expected a positive integer with offload_optimizer.device "
+                      "\"nvme\" (the tier reads, steps and writes one sub-group at a time), found 0");
   // The delayed update overlaps the optimizer step of the offloaded partition with the next
   // step's forward and backward; without a tier there is no such step to move.
   if (opt.delayed_update && opt.device == OffloadDevice::None)
@@ -164,17 +202,81 @@ void validate_offload(const TrainConfig& c, const Values& values) {
 
 }  // namespace
 
+bool has_auto_rule(const std::string& path) {
+  static const std::set<std::string> rules = {
+      "gradient_clipping",
+      "optimizer.params.lr",
+      "optimizer.params.betas",
+      "optimizer.params.eps",
+      "optimizer.params.weight_decay",
+      "scheduler.params.warmup_min_lr",
+      "scheduler.params.warmup_max_lr",
+      "scheduler.params.warmup_num_steps",
+      "scheduler.params.total_num_steps",
+      "fp16.enabled",
+      "bf16.enabled",
+      "zero_optimization.reduce_bucket_size",
+      "zero_optimization.stage3_prefetch_bucket_size",
+      "zero_optimization.stage3_param_persistence_threshold",
+  };
+  return rules.count(path) > 0;
+}
+
+// The rules of docs/config.md "auto": Hugging Face's Trainer fills these from its arguments; here
+// the rest of the configuration and zerotrain's defaults take the arguments' place.
+void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>& autos) {
+  const std::set<std::string> is_auto(autos.begin(), autos.end());
+  auto set = [&](const std::string& path, const json& value) {
+    values[path] = value;
+    if (const Leaf* leaf = find_leaf(path); leaf && leaf->assign) leaf->assign(c, value);
+  };
+  // The model's width, for the bucket sizes Hugging Face derives from hidden_size.
+  auto hidden = [&]() -> int64_t {
+    if (c.model.n_embd > 0) return c.model.n_embd;
+    return zt::gpt_preset(c.model.preset).n_embd;
+  };
+  // lr and warmup_max_lr are both the Trainer's learning rate: one given, the other follows.
+  const std::string kLr = "optimizer.params.lr", kMaxLr = "scheduler.params.warmup_max_lr";
+  if (is_auto.count(kLr) && !is_auto.count(kMaxLr) && given(c, kMaxLr)) set(kLr, values[kMaxLr]);
+  if (is_auto.count(kMaxLr)) set(kMaxLr, values[kLr]);
+  if (is_auto.count("scheduler.params.warmup_min_lr")) set("scheduler.params.warmup_min_lr", 0.0);
+  if (is_auto.count("scheduler.params.warmup_num_steps")) set("scheduler.params.warmup_num_steps", int64_t{0});
+  if (is_auto.count("scheduler.params.total_num_steps")) set("scheduler.params.total_num_steps", c.train.steps);
+  const std::string Z = "zero_optimization.";
+  if (is_auto.count(Z + "reduce_bucket_size") || is_auto.count(Z + "stage3_prefetch_bucket_size") ||
+      is_auto.count(Z + "stage3_param_persistence_threshold")) {
+    const int64_t h = hidden();
+    if (is_auto.count(Z + "reduce_bucket_size")) set(Z + "reduce_bucket_size", std::max<int64_t>(1, h * h));
+    if (is_auto.count(Z + "stage3_prefetch_bucket_size"))
+      set(Z + "stage3_prefetch_bucket_size", static_cast<int64_t>(0.9 * static_cast<double>(h * h)));
+    if (is_auto.count(Z + "stage3_param_persistence_threshold"))
+      set(Z + "stage3_param_persistence_threshold", 10 * h);
+  }
+  // Every other "auto" (gradient_clipping, betas, eps, weight_decay, fp16/bf16 enabled, and any key of
+  // a block DeepSpeed validates) keeps the default the loop gave it: the Trainer's own defaults
+  // for these equal DeepSpeed's, and DeepSpeed drops "auto" inside its validated blocks.
+}
+
 void derive(TrainConfig& c, Values& values) {
   derive_batch(c, values);
 
-  // DeepSpeed: "AdamW" means decoupled weight decay whatever adam_w_mode says. Saying both
-  // "AdamW" and adam_w_mode false is a contradiction; refuse it instead of picking one silently.
+  // DeepSpeed: "AdamW" means decoupled weight decay whatever adam_w_mode says (engine.py:
+  // effective_adam_w_mode); it accepts adam_w_mode false beside it and ignores it, and so does
+  // zerotrain, with a note.
   if (c.optimizer.type == "AdamW") {
     if (given(c, "optimizer.params.adam_w_mode") && !c.optimizer.adam_w_mode)
-      throw ConfigError(
-          "optimizer.params.adam_w_mode: false contradicts optimizer.type \"AdamW\" (use type \"Adam\" with "
-          "adam_w_mode false for Adam with L2 weight decay)");
+      c.notes.push_back(
+          "optimizer.params.adam_w_mode has no effect: optimizer.type \"AdamW\" always decays weights decoupled, "
+          "as in DeepSpeed (type \"Adam\" with adam_w_mode false is Adam with L2 weight decay)");
     c.optimizer.adam_w_mode = true;
+  }
+  // DeepSpeed ignores parameter offload below stage 3; zerotrain too, with a note.
+  if (c.zero.offload_param.device != OffloadDevice::None && c.zero.stage < 3) {
+    c.notes.push_back(fmt::format(
+        "zero_optimization.offload_param.device has no effect: zero_optimization.stage is {} (parameters are "
+        "offloaded only at stage 3, where they are sharded; DeepSpeed ignores it too)",
+        c.zero.stage));
+    c.zero.offload_param.device = OffloadDevice::None;
   }
 
   // DeepSpeed's default: overlap_comm is on for stage 3 only.
@@ -245,7 +347,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
   if (type.empty() && !given_params.empty())
     throw ConfigError(fmt::format(
         "scheduler.params.{} is given but scheduler.type is not set (expected one of WarmupLR, WarmupDecayLR, "
-        "WarmupCosineLR)",
+        "WarmupCosineLR, OneCycle, LRRangeTest)",
         given_params.front()));
   if (auto it = scheduler_params().find(type); it != scheduler_params().end()) {
     for (const std::string& p : given_params)
@@ -253,26 +355,18 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
         throw ConfigError(fmt::format("scheduler.params.{}: not a parameter of {} (its parameters: {})", p, type,
                                       join(it->second)));
   }
-  if ((type == "WarmupLR" || type == "WarmupDecayLR") && c.scheduler.warmup_max_lr < c.scheduler.warmup_min_lr)
-    throw ConfigError(fmt::format("scheduler.params.warmup_max_lr: expected a number >= warmup_min_lr {}, found {}",
-                                  c.scheduler.warmup_min_lr, c.scheduler.warmup_max_lr));
-  if (type == "WarmupCosineLR") {
-    // DeepSpeed divides by total - max(2, warmup) after warm-up; it must be positive.
-    const int64_t warmup = std::max<int64_t>(2, c.scheduler.warmup_num_steps);
-    if (c.scheduler.total_num_steps <= warmup)
-      throw ConfigError(fmt::format(
-          "scheduler.params.total_num_steps: expected more than the warm-up steps ({}) for WarmupCosineLR, found {}",
-          warmup, c.scheduler.total_num_steps));
-  }
+  // DeepSpeed's OneCycle takes both bounds without defaults. (Where DeepSpeed only warns, such
+  // as a warm-up longer than total_num_steps, the configuration notes it: config.cpp.)
+  if (type == "OneCycle")
+    for (const char* bound : {"cycle_min_lr", "cycle_max_lr"})
+      if (!given(c, fmt::format("scheduler.params.{}", bound)))
+        throw ConfigError(fmt::format(
+            "scheduler.params.{}: required for OneCycle (DeepSpeed's OneCycle has no default for it), found nothing",
+            bound));
 
   validate_offload(c, values);
 
   const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
-  if (ac.partition_activations)
-    throw ConfigError(
-        "activation_checkpointing.partition_activations: true splits checkpointed activations across "
-        "model-parallel ranks, and zerotrain has no model parallelism yet (every rank holds whole activations); "
-        "set it to false");
   if (ac.contiguous_memory_optimization && ac.policy == "selective")
     throw ConfigError(
         "activation_checkpointing.contiguous_memory_optimization: holds the inputs of fully recomputed blocks; "
@@ -291,26 +385,60 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
   if (c.train.log_dir.empty()) throw ConfigError("train.log_dir: expected a directory path, found \"\"");
 }
 
+// The DeepSpeed optimizers zerotrain does not implement, and what each is.
+const std::map<std::string, std::string>& unimplemented_optimizers() {
+  static const std::map<std::string, std::string> names = {
+      {"OneBitAdam", "1-bit Adam (momentum communicated compressed to one bit)"},
+      {"ZeroOneAdam", "0/1 Adam (compressed communication with adaptive variance freezing)"},
+      {"OneBitLamb", "1-bit LAMB (compressed communication)"},
+      {"Adagrad", "Adagrad"},
+      {"Lion", "Lion"},
+      {"Muon", "Muon"},
+      {"MuAdam", "Adam with muP learning-rate scaling"},
+      {"MuAdamW", "AdamW with muP learning-rate scaling"},
+      {"MuSGD", "SGD with muP learning-rate scaling"},
+  };
+  return names;
+}
+
+// A dtype key: null (the working precision's) or that dtype itself is what zerotrain does.
+void check_dtype_key(const TrainConfig& c, const Values& values, const std::string& key, const char* what) {
+  const json& v = values.at(key);
+  if (v.is_null() || v.get<std::string>() == to_string(c.precision)) return;
+  throw ConfigError(fmt::format("{} = \"{}\" is not supported: {} in another dtype than the working precision ({}) "
+                                "is not implemented (null or \"{}\" is accepted)",
+                                key, v.get<std::string>(), what, to_string(c.precision), to_string(c.precision)));
+}
+
 void validate_support(const TrainConfig& c, const Values& values) {
-  if (!c.zero.contiguous_gradients)
-    throw ConfigError(
-        "zero_optimization.contiguous_gradients = false is not supported: gradients always live in contiguous "
-        "buffers (the default true is accepted)");
-  if (!optimizer_params().count(c.optimizer.type))
-    throw ConfigError(fmt::format("optimizer.type \"{}\" is not supported yet (supported: Adam, AdamW, Lamb, SGD)",
-                                  c.optimizer.type));
-  if (!c.scheduler.type.empty() && !scheduler_params().count(c.scheduler.type))
+  if (auto it = unimplemented_optimizers().find(c.optimizer.type); it != unimplemented_optimizers().end())
     throw ConfigError(fmt::format(
-        "scheduler.type \"{}\" is not supported yet (supported: WarmupLR, WarmupDecayLR, WarmupCosineLR)",
-        c.scheduler.type));
+        "optimizer.type \"{}\" is not supported: {} is not implemented (zerotrain implements Adam, AdamW, Lamb, SGD)",
+        c.optimizer.type, it->second));
+  if (!optimizer_params().count(c.optimizer.type))
+    throw ConfigError(fmt::format("optimizer.type \"{}\" is not supported (zerotrain implements Adam, AdamW, Lamb, SGD)",
+                                  c.optimizer.type));
+  check_dtype_key(c, values, "communication_data_type", "gradient reduction");
+  check_dtype_key(c, values, "data_types.grad_accum_dtype", "gradient accumulation");
+  check_dtype_key(c, values, "data_types.param_dtype", "keeping the model's parameters");
+  // FusedLamb's own clipping. DeepSpeed sets it to 0 with a warning outside fp16 (config.py
+  // _do_warning_check), so there it has no effect; in fp16 it would clip, which is not implemented.
+  if (c.optimizer.type == "Lamb" && values.at("optimizer.params.max_grad_norm").get<double>() > 0 &&
+      c.precision == Precision::FP16)
+    throw ConfigError(fmt::format(
+        "optimizer.params.max_grad_norm = {} is not supported in fp16: Lamb's own gradient clipping is not "
+        "implemented (use gradient_clipping; 0 is accepted)",
+        values.at("optimizer.params.max_grad_norm").get<double>()));
   // Recognised DeepSpeed keys without an implementation: the default is harmless, anything else
   // would be silently ignored, so refuse it.
   for (const Leaf& leaf : leaves()) {
     if (leaf.supported) continue;
     const json& value = values.at(leaf.path);
-    if (value != leaf.def)
-      throw ConfigError(fmt::format("{} = {} is not supported yet (only the default {} is accepted)", leaf.path,
-                                    show(value), show(leaf.def)));
+    if (engaged(leaf, value))
+      throw ConfigError(fmt::format("{} = {} is not supported: {} is not implemented (only {} is accepted)", leaf.path,
+                                    show(value), leaf.about,
+                                    leaf.kind == Kind::Object ? std::string("the feature switched off")
+                                                              : "the default " + show(leaf.def)));
   }
 }
 
