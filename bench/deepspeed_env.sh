@@ -9,8 +9,11 @@
 #     changes their -march flags, and so their build hash: they are rebuilt, not misused).
 #   - libaio-dev from Debian when missing (DeepSpeed's async_io op links -laio).
 # Sourced: defines ds_install and ds_env (exports PYTHONPATH, PATH, DS_ACCELERATOR, ...).
+#   ds_install [OP...] builds only the named CPU ops (cpu_adam fused_adam async_io; default all
+#   three): the oracle (tests/oracle/run.sh) steps in memory and needs fused_adam alone.
 # Run: installs (idempotent), prints what it did, and prints the environment lines on stdout.
 _ds_here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$_ds_here/scripts/pinned_wheels.sh"
 ds_version=0.19.8
 _ds_torch_version=$(tr -d '[:space:]' < "$_ds_here/cmake/torch-version.txt")
 _ds_deps=${ZT_DEPS_DIR:-$HOME/.cache/zerotrain}
@@ -50,34 +53,26 @@ ds_install() {
   else
     _ds_log "libaio-dev: already installed"
   fi
-  # The marker records the wheel set, so a changed pin reinstalls instead of being skipped.
-  if [ "$(cat "$ds_dir/site/.complete" 2>/dev/null)" = "${ds_wheels[*]}" ]; then
-    _ds_log "DeepSpeed $ds_version: already in $ds_dir/site"
-  else
-    _ds_log "installing DeepSpeed $ds_version and its pinned dependencies into $ds_dir/site"
-    rm -rf "$ds_dir/site.partial"
-    mkdir -p "$ds_dir"
-    # DS_BUILD_OPS=0: no op is compiled at install time; the ones used are JIT-built below.
-    DS_BUILD_OPS=0 DS_ACCELERATOR=cpu PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore \
-      python3 -m pip install --quiet --disable-pip-version-check --no-deps --no-compile \
-      --target "$ds_dir/site.partial" "${ds_wheels[@]}" >&2
-    rm -rf "$ds_dir/site"
-    mv "$ds_dir/site.partial" "$ds_dir/site"
-    echo "${ds_wheels[*]}" > "$ds_dir/site/.complete"
-  fi
+  # DS_BUILD_OPS=0: no op is compiled at install time; the ones used are JIT-built below.
+  DS_BUILD_OPS=0 DS_ACCELERATOR=cpu pinned_wheels_install "$ds_dir" deepspeed-env "${ds_wheels[@]}" || return 1
   ds_env
   # JIT-build the CPU ops the runs load (each about two minutes on 2 cores the first
   # time); later loads find them in $TORCH_EXTENSIONS_DIR and only check them.
-  local t0=$SECONDS
-  _ds_log "building or checking DeepSpeed's CPU ops (cpu_adam, fused_adam, async_io) in $TORCH_EXTENSIONS_DIR"
-  python3 - >&2 <<'PY'
-import warnings
+  local t0=$SECONDS ops=("$@")
+  ((${#ops[@]})) || ops=(cpu_adam fused_adam async_io)
+  _ds_log "building or checking DeepSpeed's CPU ops (${ops[*]}) in $TORCH_EXTENSIONS_DIR"
+  python3 - "${ops[@]}" >&2 <<'PY'
+import sys, warnings
 warnings.filterwarnings("ignore")
 from deepspeed.accelerator import get_accelerator
 from deepspeed.ops.op_builder import AsyncIOBuilder, CPUAdamBuilder, FusedAdamBuilder
 print(f"accelerator: {get_accelerator().device_name()}, communication backend: {get_accelerator().communication_backend_name()}")
 # cpu_adam steps offloaded optimizers, fused_adam the in-memory ones; async_io does the NVMe swapping.
-for b in (CPUAdamBuilder(), FusedAdamBuilder(), AsyncIOBuilder()):
+builders = {"cpu_adam": CPUAdamBuilder, "fused_adam": FusedAdamBuilder, "async_io": AsyncIOBuilder}
+for name in sys.argv[1:]:
+    if name not in builders:
+        raise SystemExit(f"unknown DeepSpeed op {name!r}: expected one of {', '.join(builders)}")
+    b = builders[name]()
     if not b.is_compatible(verbose=True):
         raise SystemExit(f"DeepSpeed op {b.NAME} is not buildable here")
     b.load(verbose=False)

@@ -1,9 +1,9 @@
 """The peer run for bench/offload_vs_deepspeed.sh: zerotrain's GPT presets trained by DeepSpeed.
 
-The model is the architecture of src/models/gpt.cpp (pre-LN GPT-2: learned positions, tanh GELU,
-tied token embedding and head, biases everywhere, fp32 loss), with GPT-2's initialisation drawn in
-each module's reset_parameters so that it also holds under zero.Init (stage 3 partitions each
-module's parameters as soon as its constructor returns). Data are synthetic token ids (seeded, per
+The model is the architecture of src/models/gpt.cpp (bench/zt_gpt.py: pre-LN GPT-2, learned
+positions, tanh GELU, tied token embedding and head, biases everywhere, fp32 loss), with GPT-2's
+initialisation drawn in each module's reset_parameters so that it also holds under zero.Init (stage
+3 partitions each module's parameters as soon as its constructor returns). Data are synthetic token ids (seeded, per
 rank), micro-batch and sequence length as given: step time and memory do not depend on the text.
 
 Run under torchrun (one process per rank) with DS_ACCELERATOR=cpu; bench/deepspeed_env.sh sets the
@@ -15,7 +15,6 @@ of key=value fields, for the shell script to parse:
 
 import argparse
 import json
-import math
 import os
 import resource
 import subprocess
@@ -24,80 +23,10 @@ import time
 import warnings
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-# vocab, context, layers, heads, width: the table in src/models/gpt.cpp, kept once in offload_common.
+# The model (zerotrain's GPT in PyTorch) and the preset table, shared with the DeepSpeed oracle.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from offload_common import PRESETS  # noqa: E402
-
-
-def parameter_count(preset):
-    v, t, layers, _, c = PRESETS[preset]
-    return v * c + t * c + layers * (12 * c * c + 13 * c) + 2 * c
-
-
-def gpt2_linear(std):
-    class Linear(nn.Linear):
-        def reset_parameters(self):
-            nn.init.normal_(self.weight, 0.0, std)
-            if self.bias is not None:
-                nn.init.zeros_(self.bias)
-
-    return Linear
-
-
-class Embedding(nn.Embedding):
-    def reset_parameters(self):
-        nn.init.normal_(self.weight, 0.0, 0.02)
-
-
-class Block(nn.Module):
-    def __init__(self, c, heads, layers):
-        super().__init__()
-        linear, resid = gpt2_linear(0.02), gpt2_linear(0.02 / math.sqrt(2.0 * layers))
-        self.heads = heads
-        self.ln_1 = nn.LayerNorm(c)
-        self.c_attn = linear(c, 3 * c)
-        self.attn_proj = resid(c, c)
-        self.ln_2 = nn.LayerNorm(c)
-        self.c_fc = linear(c, 4 * c)
-        self.mlp_proj = resid(4 * c, c)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
-        heads = lambda z: z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-        y = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), is_causal=True)
-        x = x + self.attn_proj(y.transpose(1, 2).contiguous().view(b, t, c))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class TiedHead(nn.Module):
-    """The output projection; its weight is the token embedding's (assigned after construction)."""
-
-    def forward(self, x):
-        return F.linear(x, self.weight)
-
-
-class GPT(nn.Module):
-    def __init__(self, preset):
-        super().__init__()
-        v, t, layers, heads, c = PRESETS[preset]
-        self.wte = Embedding(v, c)
-        self.wpe = Embedding(t, c)
-        self.blocks = nn.ModuleList([Block(c, heads, layers) for _ in range(layers)])
-        self.ln_f = nn.LayerNorm(c)
-        self.head = TiedHead()
-        self.head.weight = self.wte.weight
-
-    def forward(self, idx, targets):
-        pos = torch.arange(idx.size(1), device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+from zt_gpt import GPT, PRESETS, parameter_count  # noqa: E402
 
 
 def peak_rss_bytes():

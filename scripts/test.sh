@@ -6,6 +6,7 @@
 # scripts/nightly.sh: with them a change would take over 40 minutes on a 2-core machine
 # (docs/benchmarks.md "Test suite").
 #   ZT_SKIP_FUZZ=1 leaves fuzzing out (for a quick local run); ZT_FUZZ_SECONDS sets its length.
+#   ZT_SKIP_ORACLE=1 leaves out the DeepSpeed oracle (tests/oracle/run.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh
@@ -24,8 +25,31 @@ else
   stamp "build (CUDA): skipped, nvcc not found"
 fi
 
+stamp "python test dependencies (transformers, scripts/python_deps.sh)"
+hf_note=""
+if ! scripts/python_deps.sh >/dev/null; then
+  hf_note="transformers could not be installed (see the lines above): the tests that compare with it (hf_test) skip"
+  echo "NOTE: $hf_note"
+fi
+
 stamp "tests"
 ctest --test-dir build --output-on-failure -j"$jobs" "$@"
+# A test that skips passes in ctest's count: list each with its reason (gtest's "Skipped" lines).
+skips=$(grep -h -A1 ": Skipped$" build/Testing/Temporary/LastTest.log 2>/dev/null | grep -v -e ": Skipped$" -e "^--$" | sort -u || true)
+if [ -n "$skips" ] || [ -n "$hf_note" ]; then
+  echo "== tests that skipped (they did not run) =="
+  [ -z "$hf_note" ] || echo "$hf_note"
+  [ -z "$skips" ] || echo "$skips"
+fi
+
+# DeepSpeed as the numerical oracle (docs/deepspeed_oracle.md): the same training in zerotrain and
+# DeepSpeed 0.19.8, compared; a few minutes. It says so in one line when DeepSpeed cannot be installed.
+if [ "${ZT_SKIP_ORACLE:-0}" = 1 ]; then
+  stamp "DeepSpeed oracle: skipped (ZT_SKIP_ORACLE=1)"
+else
+  stamp "DeepSpeed oracle (tests/oracle/run.sh)"
+  tests/oracle/run.sh
+fi
 
 if [ "${ZT_SKIP_FUZZ:-0}" != 1 ]; then
   stamp "fuzzing (libFuzzer + ASan/UBSan, ${ZT_FUZZ_SECONDS:-60} s per target)"

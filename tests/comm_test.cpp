@@ -15,6 +15,7 @@
 #include "support/process.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comm_faults.h"
+#include "zerotrain/comms_logger.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
@@ -694,4 +695,185 @@ TEST(CommFaults, ADelayedCollectiveStillGivesCorrectResults) {
   auto r = run_ranks(2, "CommFaults.ADelayedCollectiveStillGivesCorrectResults", {{"ZT_COMM_TIMEOUT_SECONDS", "20"}},
                      std::chrono::seconds(60));
   EXPECT_TRUE(r.all_succeeded()) << r.describe();
+}
+
+// ------------------------------------------------------------------ comms logger
+
+namespace {
+
+CommsLoggerConfig logger_config(bool verbose = false, bool debug = false, bool prof_all = true,
+                                std::vector<std::string> prof_ops = {}) {
+  CommsLoggerConfig c;
+  c.enabled = true;
+  c.verbose = verbose;
+  c.debug = debug;
+  c.prof_all = prof_all;
+  c.prof_ops = std::move(prof_ops);
+  return c;
+}
+
+}  // namespace
+
+TEST(CommsLogger, BandwidthsFollowDeepSpeedsFormulas) {
+  // 1 MB in 1 ms on 4 ranks: all_reduce moves 2 × the buffer, 2(n-1)/n of it over the bus.
+  auto ar = comm_bandwidth("all_reduce", 1'000'000, 1.0, 4);
+  EXPECT_DOUBLE_EQ(ar.algbw_gbps, 16.0);
+  EXPECT_DOUBLE_EQ(ar.busbw_gbps, 12.0);
+  // Gathers and scatters count the whole buffer (n blocks), (n-1)/n of it over the bus.
+  auto ag = comm_bandwidth("all_gather", 1'000'000, 2.0, 4);
+  EXPECT_DOUBLE_EQ(ag.algbw_gbps, 16.0);
+  EXPECT_DOUBLE_EQ(ag.busbw_gbps, 12.0);
+  auto rs = comm_bandwidth("reduce_scatter_tensor", 1'000'000, 2.0, 4);
+  EXPECT_DOUBLE_EQ(rs.algbw_gbps, 16.0);
+  auto bc = comm_bandwidth("broadcast", 1'000'000, 4.0, 4);
+  EXPECT_DOUBLE_EQ(bc.algbw_gbps, 2.0);
+  EXPECT_DOUBLE_EQ(bc.busbw_gbps, 2.0);
+  EXPECT_DOUBLE_EQ(comm_bandwidth("barrier", 0, 1.0, 4).algbw_gbps, 0.0);
+  EXPECT_DOUBLE_EQ(comm_bandwidth("all_reduce", 100, 0.0, 4).algbw_gbps, 0.0);  // no division by zero
+}
+
+TEST(CommsLogger, SizesAreWrittenAsDeepSpeedWritesThem) {
+  EXPECT_EQ(comm_size_text(0), "0B");
+  EXPECT_EQ(comm_size_text(512), "512.0 B");
+  EXPECT_EQ(comm_size_text(1536), "1.5 KB");
+  EXPECT_EQ(comm_size_text(1280), "1.25 KB");
+  EXPECT_EQ(comm_size_text(1 << 20), "1.0 MB");
+  EXPECT_EQ(comm_size_text(3ull << 30), "3.0 GB");
+}
+
+TEST(CommsLogger, AggregatesPerOperationAndMessageSize) {
+  CommsLogger logger(logger_config(), 0, 2, [](const std::string&) {});
+  for (int i = 1; i <= 10; ++i) logger.record("all_reduce", "grads.bucket0", 4096, double(i));
+  logger.record("all_reduce", "train.loss", 8, 0.5);
+  logger.record("barrier", "train.end", 0, 2.0);
+  logger.record("all_gather_into_tensor", "params.bucket0", 1024, 1.0);
+  logger.record("all_gather", "params.bucket1", 1024, 3.0);
+  EXPECT_EQ(logger.total_count(), 14);
+  const auto rows = logger.rows();
+  ASSERT_EQ(rows.size(), 4u);
+  // Operations in the order first seen, sizes ascending within one.
+  EXPECT_EQ(rows[0].op, "all_reduce");
+  EXPECT_EQ(rows[0].message_bytes, 8u);
+  EXPECT_EQ(rows[0].count, 1);
+  EXPECT_EQ(rows[1].op, "all_reduce");
+  EXPECT_EQ(rows[1].message_bytes, 4096u);
+  EXPECT_EQ(rows[1].count, 10);
+  EXPECT_DOUBLE_EQ(rows[1].total_ms, 55.0);
+  // Trimmed mean: one value cut at each end of 1..10.
+  EXPECT_DOUBLE_EQ(rows[1].avg_ms, 5.5);
+  EXPECT_TRUE(rows[1].caller.empty());
+  EXPECT_EQ(rows[2].op, "barrier");
+  EXPECT_EQ(rows[3].op, "all_gather");  // DeepSpeed's alias counts as the same operation
+  EXPECT_EQ(rows[3].count, 2);
+  EXPECT_DOUBLE_EQ(rows[3].avg_ms, 2.0);
+  // algbw of the all_gathers: 2 × 1024 bytes per 1 ms and per 3 ms, averaged per collective.
+  const double expected = (2048.0 / 1.0 + 2048.0 / 3.0) / 2 * 8 / 1e6;
+  EXPECT_NEAR(rows[3].algbw_gbps, expected, 1e-12);
+
+  const std::string table = logger.table();
+  EXPECT_TRUE(contains(table, "Comm. Op")) << table;
+  EXPECT_TRUE(contains(table, "\nall_reduce\n")) << table;
+  EXPECT_TRUE(contains(table, "4.0 KB")) << table;
+  const std::string csv = logger.csv();
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5) << csv;
+  EXPECT_TRUE(contains(csv, "all_reduce,,4096,10,55.000000,5.500000,")) << csv;
+}
+
+TEST(CommsLogger, DebugGroupsByCallerAndVerbosePrintsOnRankZero) {
+  std::vector<std::string> lines;
+  CommsLogger logger(logger_config(true, true), 0, 2, [&](const std::string& l) { lines.push_back(l); });
+  logger.record("all_reduce", "grads.bucket0", 1024, 1.0);
+  logger.record("all_reduce", "grads.bucket1", 1024, 1.0);
+  logger.record("all_reduce", "grads.bucket0", 1024, 1.0);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0], "comm op: all_reduce | [Caller: grads.bucket0] | time (ms): 1.00 | msg size: 1.0 KB | "
+                      "algbw (Gbps): 0.02 | busbw (Gbps): 0.01");
+  const auto rows = logger.rows();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].caller, "grads.bucket0");
+  EXPECT_EQ(rows[0].count, 2);
+  EXPECT_EQ(rows[1].caller, "grads.bucket1");
+
+  std::vector<std::string> other;
+  CommsLogger rank1(logger_config(true), 1, 2, [&](const std::string& l) { other.push_back(l); });
+  rank1.record("barrier", "x", 0, 1.0);
+  EXPECT_TRUE(other.empty());  // as DeepSpeed's log_dist(ranks=[0])
+  EXPECT_EQ(rank1.total_count(), 1);
+}
+
+TEST(CommsLogger, ProfOpsSelectsOperationsAndRejectsUnknownNames) {
+  CommsLogger only(logger_config(false, false, false, {"all_reduce", "reduce_scatter_tensor"}), 0, 2);
+  EXPECT_TRUE(only.wants("all_reduce"));
+  EXPECT_TRUE(only.wants("reduce_scatter"));
+  EXPECT_FALSE(only.wants("all_gather"));
+  EXPECT_FALSE(only.wants("barrier"));
+  CommsLogger all(logger_config(false, false, true, {}), 0, 2);
+  EXPECT_TRUE(all.wants("barrier"));
+  try {
+    CommsLogger bad(logger_config(false, false, false, {"all_reduce", "allreduce"}), 0, 2);
+    ADD_FAILURE() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(contains(msg, "comms_logger.prof_ops")) << msg;
+    EXPECT_TRUE(contains(msg, "\"allreduce\"")) << msg;
+    for (const auto& name : CommsLogger::operation_names()) EXPECT_TRUE(contains(msg, name)) << msg;
+  }
+}
+
+// Through a communicator: each completed collective once, with the bytes this rank contributes;
+// a reduce_scatter counts its output block, an all_gather its input block. prof_ops filters.
+TEST(CommsLogger, CommunicatorRecordsEachCompletedCollective) {
+  if (is_rank_process()) {
+    at::set_num_threads(1);
+    auto options = comm_options_from_environment();
+    options.comms_logger = std::make_shared<CommsLogger>(logger_config(false, true), test_rank(), test_world_size());
+    auto comm = make_communicator(rendezvous_from_environment(), options);
+    const int world = comm->world_size();
+    auto flat = torch::ones({12 * world}, torch::kFloat);
+    for (int i = 0; i < 3; ++i) comm->all_reduce(flat, ReduceOp::Sum, "ar").wait();
+    auto out = torch::empty({12}, torch::kFloat);
+    comm->reduce_scatter(flat, out, ReduceOp::Sum, "rs").wait();
+    auto gathered = torch::empty({12 * world}, torch::kFloat);
+    auto handle = comm->all_gather(out, gathered, "ag");
+    // Not before its wait (in a world of one it completed when issued).
+    EXPECT_EQ(options.comms_logger->total_count(), world > 1 ? 4 : 5);
+    handle.wait();
+    handle.wait();  // waiting again records nothing
+    comm->broadcast(out, 0, "bc").wait();
+    comm->barrier("end");
+    const auto rows = options.comms_logger->rows();
+    ASSERT_EQ(rows.size(), 5u);
+    EXPECT_EQ(rows[0].op, "all_reduce");
+    EXPECT_EQ(rows[0].count, 3);
+    EXPECT_EQ(rows[0].message_bytes, uint64_t(48 * world));
+    EXPECT_EQ(rows[1].op, "reduce_scatter");
+    EXPECT_EQ(rows[1].message_bytes, 48u);
+    EXPECT_EQ(rows[2].op, "all_gather");
+    EXPECT_EQ(rows[2].message_bytes, 48u);
+    EXPECT_EQ(rows[3].op, "broadcast");
+    EXPECT_EQ(rows[4].op, "barrier");
+    EXPECT_EQ(rows[4].message_bytes, 0u);
+    for (const auto& row : rows) EXPECT_GE(row.total_ms, 0.0);
+
+    return;
+  }
+  for (int world : {1, 2}) {
+    auto r = run_ranks(world, "CommsLogger.CommunicatorRecordsEachCompletedCollective");
+    EXPECT_TRUE(r.all_succeeded()) << r.describe();
+  }
+}
+
+TEST(CommsLogger, ProfOpsFiltersWhatACommunicatorRecords) {
+  auto options = CommOptions{};
+  options.comms_logger = std::make_shared<CommsLogger>(logger_config(false, false, false, {"all_gather"}), 0, 1);
+  auto comm = make_communicator(RendezvousInfo{}, options);
+  auto flat = torch::ones({8}, torch::kFloat);
+  auto gathered = torch::empty({8}, torch::kFloat);
+  comm->all_reduce(flat, ReduceOp::Sum, "ar").wait();
+  comm->all_gather(flat, gathered, "ag").wait();
+  comm->barrier("end");
+  const auto rows = options.comms_logger->rows();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].op, "all_gather");
+  EXPECT_EQ(rows[0].count, 1);
 }

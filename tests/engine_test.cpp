@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "support/process.h"
@@ -158,6 +159,61 @@ TEST(Engine, MatchesLambReferencePerTensor) {
                   const double step_size = lr * std::sqrt(1 - std::pow(b2, step)) / (1 - std::pow(b1, step));
                   p.sub_(step_size * ratio * u);
                 }
+              },
+              1e-5);
+}
+
+// OneCycle with cycle_momentum sets Adam's betas every step, as DeepSpeed writes them into the
+// optimizer's param group: beta1 cycled between cycle_min_mom and cycle_max_mom, beta2 0.99. Bias
+// correction uses the current betas, 1 - beta^t, as DeepSpeed's Adam kernels (FusedAdam,
+// CPU Adam) do.
+TEST(Engine, OneCycleCyclesAdamsBetas) {
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,
+     "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.01}},
+     "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.002, "cycle_max_lr": 0.01,
+                   "cycle_first_step_size": 2, "cycle_min_mom": 0.5, "cycle_max_mom": 0.95}}})";
+  const auto config = zt::parse_config(json, {}, 1);
+  const zt::LrSchedule schedule(config.scheduler, config.optimizer.lr);
+  // The betas of steps 1..5: the constructor's cycle_min_mom, then the cycle 0.725, 0.5 (peak
+  // lr), 0.725, 0.95.
+  const std::vector<double> beta1 = {0.5, 0.725, 0.5, 0.725, 0.95};
+  std::map<const void*, std::pair<torch::Tensor, torch::Tensor>> state;
+  run_against(json,
+              [&](Net& ref, int step) {
+                torch::NoGradGuard g;
+                const double lr = schedule.lr_at(step - 1);
+                const double b1 = beta1[step - 1], b2 = 0.99, wd = 0.01, eps = 1e-8;
+                ASSERT_TRUE(schedule.betas_at(step - 1).has_value());
+                EXPECT_NEAR(schedule.betas_at(step - 1)->beta1, b1, 1e-15) << step;
+                for (auto& p : trainable(ref)) {
+                  auto& [m, v] = state[p.unsafeGetTensorImpl()];
+                  if (!m.defined()) { m = torch::zeros_like(p); v = torch::zeros_like(p); }
+                  m.mul_(b1).add_(p.grad(), 1 - b1);
+                  v.mul_(b2).addcmul_(p.grad(), p.grad(), 1 - b2);
+                  const double bias1 = 1 - std::pow(b1, step), bias2 = 1 - std::pow(b2, step);
+                  p.mul_(1 - lr * wd);
+                  p.sub_(lr / bias1 * m / (v.sqrt() / std::sqrt(bias2) + eps));
+                }
+              },
+              1e-5);
+}
+
+// DeepSpeed's OneCycle leaves an optimizer without betas (torch.optim.SGD) its momentum and
+// sets only the lr.
+TEST(Engine, OneCycleSetsOnlyTheLrOfSgd) {
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,
+     "optimizer": {"type": "SGD", "params": {"lr": 0.05, "momentum": 0.9}},
+     "scheduler": {"type": "OneCycle", "params": {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1,
+                   "cycle_first_step_size": 3}}})";
+  const auto config = zt::parse_config(json, {}, 1);
+  const zt::LrSchedule schedule(config.scheduler, config.optimizer.lr);
+  std::unique_ptr<torch::optim::SGD> opt;
+  run_against(json,
+              [&](Net& ref, int step) {
+                if (!opt)
+                  opt = std::make_unique<torch::optim::SGD>(trainable(ref), torch::optim::SGDOptions(0.05).momentum(0.9));
+                static_cast<torch::optim::SGDOptions&>(opt->param_groups()[0].options()).lr(schedule.lr_at(step - 1));
+                opt->step();
               },
               1e-5);
 }

@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "support/process.h"
+#include "zerotrain/models/gpt.h"
+#include "zerotrain/models/gpt_flops.h"
 
 namespace {
 
@@ -286,8 +289,8 @@ TEST(TrainBadInput, ExitsTwoWithOneLineAndStartsNothing) {
       {"missing data", {"--set", "data.source=bin", "--set", "data.path=/nonexistent/train.bin"}, "/nonexistent/train.bin"},
       {"bad nproc", {"--nproc", "0"}, "--nproc"},
       {"wrong type", {"--set", "optimizer.params.lr=\"fast\""}, "optimizer.params.lr"},
-      {"partitioned activations", {"--set", "activation_checkpointing.partition_activations=true"},
-       "activation_checkpointing.partition_activations: true splits checkpointed activations across model-parallel"},
+      {"unimplemented feature", {"--set", "fp16.auto_cast=true"},
+       "fp16.auto_cast = true is not supported: autocast of fp16 operations"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> argv = {cli_path(), "train", config, "--nproc", "2"};
@@ -604,4 +607,82 @@ TEST(TrainActivationCheckpointing, AutoPolicyChoosesAndSaysWhy) {
   EXPECT_NE(r.output.find("activation checkpointing: full recomputation in 2 of 2 blocks"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("act on CUDA devices; on the CPU the kept inputs are in host memory already"), std::string::npos)
       << r.output;
+}
+
+// comms_logger and flops_profiler through the CLI on 2 ranks: rank 0's table and every rank's
+// CSV with the collectives the run issued (stage 0 reduces each gradient bucket once per step),
+// and the profile of step 2 in its output file with the analytic FLOPs of this configuration.
+TEST(TrainReporting, CommsLoggerAndFlopsProfilerWriteTheirOutputs) {
+  auto dir = make_temp_dir("reporting");
+  const int steps = 5;
+  auto summary = dir + "/summary.json";
+  auto r = run_process({cli_path(), "train", parity_config(dir), "--nproc", "2", "--summary", summary, "--set",
+                        "zero_optimization.reduce_bucket_size=30000", "--set", "comms_logger.enabled=true", "--set",
+                        "comms_logger.debug=true", "--set", "flops_profiler.enabled=true", "--set",
+                        "flops_profiler.profile_step=2", "--set", "flops_profiler.output_file=\"" + dir + "/flops.txt\""},
+                       {}, std::chrono::seconds(240));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Comm. Op"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("all_reduce | [Caller: grads.bucket0]"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("zerotrain flops profiler"), std::string::npos) << "the report goes to its file";
+
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    std::ifstream csv(dir + "/comms_rank" + std::to_string(rank) + ".csv");
+    std::string line;
+    ASSERT_TRUE(std::getline(csv, line));
+    EXPECT_EQ(line, "op,caller,message_bytes,count,total_latency_ms,avg_latency_ms,algbw_gbps,busbw_gbps");
+    std::set<std::string> buckets;
+    int64_t gradient_reductions = 0, loss_reductions = 0, gradient_bytes = 0;
+    while (std::getline(csv, line)) {
+      const auto f = split_csv(line);
+      ASSERT_EQ(f.size(), 8u) << line;
+      const int64_t count = std::stoll(f[3]);
+      EXPECT_GT(count, 0) << line;
+      EXPECT_GE(std::stod(f[4]), 0.0) << line;
+      if (f[0] == "all_reduce" && f[1].rfind("grads.bucket", 0) == 0) {
+        buckets.insert(f[1]);
+        gradient_reductions += count;
+        gradient_bytes += std::stoll(f[2]);
+        EXPECT_EQ(count, steps) << "one reduction per bucket per step: " << line;
+      }
+      if (f[0] == "all_reduce" && f[1] == "train.loss") loss_reductions += count;
+    }
+    EXPECT_GE(buckets.size(), 2u) << "30000-element buckets split the tiny GPT";
+    EXPECT_EQ(gradient_reductions, int64_t(steps) * int64_t(buckets.size()));
+    // The buckets together hold every trainable parameter once, in fp32 (padding aside).
+    const int64_t params = zt::gpt_parameter_count(zt::gpt_preset("tiny"));
+    EXPECT_GE(gradient_bytes, 4 * params);
+    EXPECT_LE(gradient_bytes, 4 * params + 4096);
+    EXPECT_EQ(loss_reductions, steps);
+  }
+
+  std::ifstream report_file(dir + "/flops.txt");
+  std::stringstream report;
+  report << report_file.rdbuf();
+  const std::string text = report.str();
+  EXPECT_NE(text.find("Profile summary at step 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("measured matmul peak"), std::string::npos) << text;
+  EXPECT_NE(text.find("MFU = model FLOPS / peak"), std::string::npos) << text;
+  EXPECT_NE(text.find("blocks.1.mlp.c_fc (Linear)"), std::string::npos) << text;
+  const auto s = read_json(summary);
+  ASSERT_TRUE(s.contains("flops_profiler")) << s.dump();
+  const auto& fp = s["flops_profiler"];
+  // Global batch 12 on 2 ranks with accumulation 2: micro-batches of 3 sequences of 32 tokens.
+  const int64_t forward = zt::gpt_forward_flops(zt::gpt_preset("tiny"), 3, 32).flops;
+  EXPECT_EQ(fp["forward_flops_per_micro_batch"].get<int64_t>(), forward);
+  EXPECT_DOUBLE_EQ(fp["model_flops_per_step_per_rank"].get<double>(), 2.0 * 3 * double(forward));
+  EXPECT_GT(fp["peak_flops_per_rank"].get<double>(), 0.0);
+  EXPECT_GT(fp["mfu"].get<double>(), 0.0);
+  EXPECT_TRUE(s.contains("comms_logger"));
+}
+
+TEST(TrainReporting, UnknownProfOpsIsAConfigError) {
+  auto dir = make_temp_dir("reporting-bad");
+  auto r = run_process({cli_path(), "train", parity_config(dir), "--nproc", "1", "--set", "comms_logger.enabled=true",
+                        "--set", "comms_logger.prof_all=false", "--set", "comms_logger.prof_ops=[\"allreduce\"]"},
+                       {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("comms_logger.prof_ops"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("reduce_scatter"), std::string::npos) << r.output;
 }

@@ -28,6 +28,8 @@
 
 namespace zt {
 
+class CommsLogger;  // zerotrain/comms_logger.h
+
 // Where this process sits in the job, and where to meet the others.
 struct RendezvousInfo {
   int rank = 0;
@@ -80,6 +82,9 @@ struct CommOptions {
   // CPU reduce_scatter with InputUse::Scratch runs as an in-place all_reduce of the input, which
   // measured 1.3-1.8x faster than Gloo's reduce-scatter at 16-64 MiB; true uses Gloo's.
   bool native_gloo_reduce_scatter = false;
+  // When set, every collective the logger wants is timed from issue to completion and recorded
+  // there (comms_logger, zerotrain/comms_logger.h). Unset: no timing at all.
+  std::shared_ptr<CommsLogger> comms_logger;
 };
 
 // Default options with the timeout from `config_seconds` when given, else from the environment

@@ -52,6 +52,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "zerotrain/memory.h"
 
@@ -107,6 +108,17 @@ struct OffloadReport {
   std::string backend;                // "io_uring", "pread/pwrite", or "" without an NVMe tier
 };
 
+// Where Engine::load_weights reads a model's values from (the Hugging Face GPT-2 reader of
+// model.init_from is one). read() fills out[0, count) with elements [begin, begin + count) of
+// the flattened tensor `name` (the model's name for it; `shape`, its shape in the model) as
+// fp32, and throws (zt::DataError, zt::ConfigError) when it cannot.
+class WeightReader {
+ public:
+  virtual ~WeightReader() = default;
+  virtual void read(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
+                    float* out) = 0;
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
@@ -155,9 +167,20 @@ class Engine {
   // damaged or foreign checkpoint without changing this engine.
   void save_checkpoint(const std::string& dir, const std::string& tag,
                        const std::map<std::string, std::string>& client_state = {}, int keep_last = 0);
+  // Checkpoints also hold the model's frozen parameters and floating-point buffers, whole (rank
+  // 0 saves them; every rank loads them), so that values not made by the model's constructor
+  // survive; a checkpoint saved before they were included leaves them as constructed. Buffers of
+  // other dtypes are not saved (a note says so once).
   std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag = "");
   std::map<std::string, std::string> load_checkpoint(const std::string& dir, const std::string& tag,
                                                      const LoadOptions& options);
+  // Replaces the model's values from `reader` (docs/checkpoint.md "model.init_from"): each rank
+  // reads only the elements of the trainable parameters it keeps masters of (its partition with
+  // sharded optimizer states, everything otherwise), and every frozen parameter and floating-point
+  // buffer whole; the working parameters follow as after an optimizer step. Optimizer moments and
+  // counters are untouched: meant before training starts. A collective between optimizer steps;
+  // when reading fails on any rank it throws on every rank and the engine's state is unchanged.
+  void load_weights(WeightReader& reader);
   Communicator& communicator() const;
   const TrainConfig& config() const;
 

@@ -29,7 +29,8 @@ struct TrainRunOptions {
 int run_training_rank(const TrainConfig& config, const TrainRunOptions& options);
 
 // Checks what can be checked before any rank starts (data files exist, are readable and have a
-// plausible size), so bad input fails fast with exit code 2. Throws DataError naming the key.
+// plausible size; comms_logger.prof_ops names operations), so bad input fails fast with exit
+// code 2. Throws DataError or ConfigError naming the key.
 void check_training_inputs(const TrainConfig& config);
 
 // Peak resident set size of this process in bytes (VmHWM).

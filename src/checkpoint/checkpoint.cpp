@@ -42,7 +42,8 @@ constexpr const char* kZeroChecksum = "00000000";
 constexpr int64_t kMaxManifestBytes = int64_t(64) << 20;
 constexpr int kMaxManifestDepth = 4;
 constexpr int kMaxWorldSize = 99'999;  // the rank file names have 5 digits
-const char* const kRoles[] = {"master", "exp_avg", "exp_avg_sq"};
+// "frozen": the whole value of a frozen parameter or floating-point buffer (rank 0 saves it).
+const char* const kRoles[] = {"master", "exp_avg", "exp_avg_sq", "frozen"};
 
 std::string rank_file_name(int rank, int world) {
   char name[64];
@@ -174,7 +175,8 @@ json read_manifest(const fs::path& path) {
 LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
                                 const std::vector<CheckpointParameter>& parameters,
                                 std::vector<StateFragment>& fragments,
-                                const std::function<void(const LoadedCheckpoint&)>& check);
+                                const std::function<void(const LoadedCheckpoint&)>& check,
+                                const std::vector<CheckpointParameter>& frozen);
 
 }  // namespace
 
@@ -317,6 +319,8 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
       if (wrote[r].item<int64_t>() > 0) manifest["files"].push_back(rank_file_name(r, world));
     manifest["parameters"] = json::array();
     for (const auto& p : contents.parameters) manifest["parameters"].push_back({{"name", p.name}, {"shape", p.shape}});
+    manifest["frozen"] = json::array();
+    for (const auto& p : contents.frozen) manifest["frozen"].push_back({{"name", p.name}, {"shape", p.shape}});
     manifest["scalars"] = contents.scalars;
     manifest["configuration"] = contents.configuration;
     // The checksum covers the text as written with the checksum zeroed (docs/checkpoint.md).
@@ -351,15 +355,16 @@ std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, c
                                                            const std::string& tag_in,
                                                            const std::vector<CheckpointParameter>& parameters,
                                                            std::vector<StateFragment>& fragments) {
-  return load_sharded_checkpoint(comm, dir, tag_in, parameters, fragments, nullptr).scalars;
+  return load_sharded_checkpoint(comm, dir, tag_in, parameters, fragments, nullptr, {}).scalars;
 }
 
 LoadedCheckpoint load_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std::string& tag_in,
                                          const std::vector<CheckpointParameter>& parameters,
                                          std::vector<StateFragment>& fragments,
-                                         const std::function<void(const LoadedCheckpoint&)>& check) {
+                                         const std::function<void(const LoadedCheckpoint&)>& check,
+                                         const std::vector<CheckpointParameter>& frozen) {
   LoadedCheckpoint loaded;
-  on_every_rank(comm, "load", [&] { loaded = load_fragments(dir, tag_in, parameters, fragments, check); });
+  on_every_rank(comm, "load", [&] { loaded = load_fragments(dir, tag_in, parameters, fragments, check, frozen); });
   return loaded;
 }
 
@@ -405,7 +410,9 @@ struct OpenCheckpoint {
   json manifest;
   std::string where;  // the manifest's path, for messages
   std::vector<CheckpointParameter> parameters;  // in saved order
-  std::map<std::string, int64_t> numels;
+  std::vector<CheckpointParameter> frozen;      // frozen parameters and buffers, in saved order
+  bool has_frozen = false;                      // the manifest lists them (saved since the list exists)
+  std::map<std::string, int64_t> numels;        // of both lists
   std::map<std::string, std::string> scalars, configuration;
   std::vector<std::unique_ptr<SafetensorsReader>> files;
   std::map<std::pair<std::string, std::string>, std::vector<Piece>> pieces;  // (role, parameter) -> pieces by begin
@@ -440,8 +447,11 @@ struct OpenCheckpoint {
                           ".safetensors, each once)");
         names.push_back(name);
       }
-      const json& saved = manifest.at("parameters");
-      if (!saved.is_array()) throw DataError(where + ": 'parameters' is not a list");
+      has_frozen = manifest.contains("frozen");
+      for (const char* list : {"parameters", "frozen"}) {
+      if (std::string(list) == "frozen" && !has_frozen) break;
+      const json& saved = manifest.at(list);
+      if (!saved.is_array()) throw DataError(where + ": '" + list + "' is not a list");
       for (const auto& p : saved) {
         if (!p.is_object() || !p.contains("name") || !p.contains("shape") || !p.at("name").is_string() ||
             !p.at("shape").is_array())
@@ -459,7 +469,8 @@ struct OpenCheckpoint {
           parameter.shape.push_back(v);
         }
         if (!numels.emplace(parameter.name, numel).second) throw DataError(where + ": parameter " + quoted + " is listed twice");
-        parameters.push_back(std::move(parameter));
+        (std::string(list) == "frozen" ? frozen : parameters).push_back(std::move(parameter));
+      }
       }
       for (const char* key : {"scalars", "configuration"}) {
         const json& map = manifest.at(key);
@@ -560,7 +571,8 @@ struct OpenCheckpoint {
 LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
                                 const std::vector<CheckpointParameter>& parameters,
                                 std::vector<StateFragment>& fragments,
-                                const std::function<void(const LoadedCheckpoint&)>& check) {
+                                const std::function<void(const LoadedCheckpoint&)>& check,
+                                const std::vector<CheckpointParameter>& frozen) {
   checkpoint_chunk_bytes();  // a bad ZT_CHECKPOINT_CHUNK_BYTES fails here, on every rank, before anything is read
   OpenCheckpoint checkpoint(resolve_tag(dir, tag_in));
   const std::string& where = checkpoint.where;
@@ -578,11 +590,29 @@ LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
   if (saved_shapes.size() != parameters.size())
     throw DataError(where + ": checkpoint of another model: " + std::to_string(saved_shapes.size()) +
                     " parameters there, " + std::to_string(parameters.size()) + " here");
-  LoadedCheckpoint loaded{checkpoint.scalars, checkpoint.configuration, where};
+  // The frozen values likewise, when the checkpoint lists them.
+  if (checkpoint.has_frozen) {
+    std::map<std::string, std::vector<int64_t>> saved_frozen;
+    for (const auto& p : checkpoint.frozen) saved_frozen[p.name] = p.shape;
+    for (const auto& p : frozen) {
+      auto it = saved_frozen.find(p.name);
+      if (it == saved_frozen.end())
+        throw DataError(where + ": checkpoint of another model: it has no frozen parameter or buffer '" + p.name +
+                        "' (frozen here)");
+      if (it->second != p.shape)
+        throw DataError(where + ": checkpoint of another model: frozen '" + p.name + "' has shape " +
+                        json(it->second).dump() + " there and " + json(p.shape).dump() + " here");
+    }
+    if (saved_frozen.size() != frozen.size())
+      throw DataError(where + ": checkpoint of another model: " + std::to_string(saved_frozen.size()) +
+                      " frozen parameters and buffers there, " + std::to_string(frozen.size()) + " here");
+  }
+  LoadedCheckpoint loaded{checkpoint.has_frozen, checkpoint.scalars, checkpoint.configuration, where};
   if (check) check(loaded);
   at::Tensor buffer;  // one read buffer of at most a chunk for the whole load
   for (StateFragment& f : fragments)
     for (const std::string& role : role_names(f)) {
+      if (role == "frozen" && !checkpoint.has_frozen) continue;
       if (auto tensor = f.roles.find(role); tensor != f.roles.end()) {
         checkpoint.read_range(role, f.parameter, f.begin, tensor->second, buffer);
       } else if (auto sink = f.sinks.find(role); sink != f.sinks.end()) {
@@ -595,36 +625,66 @@ LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
 }
 }  // namespace
 
+struct CheckpointModel::State {
+  explicit State(const fs::path& checkpoint) : open(checkpoint) {}
+  OpenCheckpoint open;
+  std::vector<CheckpointParameter> tensors;
+  std::map<std::string, std::string> role;  // tensor -> the role holding it
+  at::Tensor buffer;
+};
+
+CheckpointModel::CheckpointModel(const fs::path& dir, const std::string& tag)
+    : state_(std::make_unique<State>(resolve_tag(dir, tag))) {
+  State& s = *state_;
+  auto add = [&](const CheckpointParameter& p, const std::string& role) {
+    const int64_t numel = s.open.numels.at(p.name);
+    if (numel <= 0)
+      throw DataError(s.open.where + ": parameter '" + p.name + "' has no elements; refusing to export a placeholder");
+    // Checked from the headers before anything is allocated or written: every element is saved.
+    if (const int64_t found = s.open.covered(role, p.name, 0, numel); found != numel)
+      throw DataError(s.open.where + ": " + (role == "frozen" ? "frozen tensor '" : "parameter '") + p.name + "' has " +
+                      std::to_string(numel) + " elements, " + std::to_string(found) +
+                      " of them in the listed files (a shard is missing); refusing to export it");
+    s.tensors.push_back(p);
+    s.role[p.name] = role;
+  };
+  for (const auto& p : s.open.parameters) add(p, "master");
+  for (const auto& p : s.open.frozen) add(p, "frozen");
+  if (s.tensors.empty()) throw DataError(s.open.where + ": no parameters to export");
+}
+
+CheckpointModel::~CheckpointModel() = default;
+const std::vector<CheckpointParameter>& CheckpointModel::tensors() const { return state_->tensors; }
+const std::map<std::string, std::string>& CheckpointModel::configuration() const { return state_->open.configuration; }
+const std::map<std::string, std::string>& CheckpointModel::scalars() const { return state_->open.scalars; }
+std::string CheckpointModel::root() const { return state_->open.root.string(); }
+std::string CheckpointModel::where() const { return state_->open.where; }
+
+at::Tensor CheckpointModel::read(const std::string& name) {
+  State& s = *state_;
+  auto role = s.role.find(name);
+  if (role == s.role.end()) throw DataError(s.open.where + ": no tensor '" + name + "' in the checkpoint");
+  const int64_t numel = s.open.numels.at(name);
+  at::Tensor full = at::empty({numel}, at::kFloat);
+  s.open.read_range(role->second, name, 0, full, s.buffer);
+  for (const auto& p : s.tensors)
+    if (p.name == name) return full.view(p.shape);
+  return full;
+}
+
 int64_t export_checkpoint(const fs::path& dir, const std::string& tag, const fs::path& out, at::ScalarType dtype) {
   if (dtype != at::kFloat && dtype != at::kBFloat16)
     throw ConfigError(std::string("export: expected dtype fp32 or bf16, found ") + c10::toString(dtype));
-  OpenCheckpoint checkpoint(resolve_tag(dir, tag));
+  CheckpointModel model(dir, tag);
   std::vector<TensorRecord> records;
-  for (const auto& p : checkpoint.parameters) {
-    TensorRecord r{p.name, dtype, p.shape};
-    const int64_t numel = checkpoint.numels.at(p.name);
-    if (numel <= 0)
-      throw DataError(checkpoint.where + ": parameter '" + r.name + "' has no elements; refusing to export a placeholder");
-    // Checked from the headers before anything is allocated or written: every element is saved.
-    if (const int64_t found = checkpoint.covered("master", r.name, 0, numel); found != numel)
-      throw DataError(checkpoint.where + ": parameter '" + r.name + "' has " + std::to_string(numel) + " elements, " +
-                      std::to_string(found) + " of them in the listed files (a shard is missing); refusing to export it");
-    records.push_back(std::move(r));
-  }
-  if (records.empty()) throw DataError(checkpoint.where + ": no parameters to export");
+  for (const auto& p : model.tensors()) records.push_back({p.name, dtype, p.shape});
   const fs::path partial = out.string() + ".partial";
   int64_t bytes = 0;
-  at::Tensor buffer;
   try {
     SafetensorsWriter writer(partial, records,
-                             {{"format", "pt"}, {"zerotrain.checkpoint", checkpoint.root.string()},
-                              {"zerotrain.step", checkpoint.scalars.count("global_step") ? checkpoint.scalars.at("global_step") : ""}});
-    for (const TensorRecord& r : records) {
-      const int64_t numel = checkpoint.numels.at(r.name);
-      at::Tensor full = at::empty({numel}, at::kFloat);
-      checkpoint.read_range("master", r.name, 0, full, buffer);
-      writer.write(full.view(r.shape).to(dtype));
-    }
+                             {{"format", "pt"}, {"zerotrain.checkpoint", model.root()},
+                              {"zerotrain.step", model.scalars().count("global_step") ? model.scalars().at("global_step") : ""}});
+    for (const TensorRecord& r : records) writer.write(model.read(r.name).to(dtype));
     writer.finish();
     bytes = writer.bytes();
     fs::rename(partial, out);

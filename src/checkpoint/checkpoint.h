@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,10 @@ int64_t checkpoint_chunk_bytes();
 
 struct CheckpointContents {
   std::vector<CheckpointParameter> parameters;     // every trainable parameter: the model's identity
+  // The model's other values: frozen parameters and floating-point buffers, whole, saved by the
+  // fragments of role "frozen" (rank 0's). Listed in the manifest as "frozen"; a checkpoint saved
+  // before that list existed has none.
+  std::vector<CheckpointParameter> frozen;
   std::map<std::string, std::string> scalars;      // counters, loss scaler, the caller's own state
   std::map<std::string, std::string> configuration;  // the resolved configuration it was saved with
 };
@@ -87,13 +92,17 @@ void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& di
 
 // tag empty: the one dir/latest names (a tag given must be a plain name: zt::ConfigError if not).
 // Checks `parameters` against the checkpoint's, fills every role of every fragment (tensors and
-// sinks), and returns the saved scalars.
+// sinks), and returns the saved scalars. `frozen` (when given) is checked against the
+// checkpoint's frozen list the same way, unless the checkpoint has none.
 std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir,
                                                            const std::string& tag,
                                                            const std::vector<CheckpointParameter>& parameters,
                                                            std::vector<StateFragment>& fragments);
 
 struct LoadedCheckpoint {
+  // Whether the checkpoint lists frozen values: without the list (saved before it existed),
+  // fragments of role "frozen" are left unfilled.
+  bool has_frozen = false;
   std::map<std::string, std::string> scalars;
   std::map<std::string, std::string> configuration;  // as saved
   std::string manifest;  // the manifest's path in quotes, for messages
@@ -105,16 +114,37 @@ struct LoadedCheckpoint {
 LoadedCheckpoint load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir, const std::string& tag,
                                          const std::vector<CheckpointParameter>& parameters,
                                          std::vector<StateFragment>& fragments,
-                                         const std::function<void(const LoadedCheckpoint&)>& check);
+                                         const std::function<void(const LoadedCheckpoint&)>& check,
+                                         const std::vector<CheckpointParameter>& frozen = {});
 
 // Writes the model's weights from the checkpoint dir/tag (tag empty: dir/latest) as one
 // safetensors file `out` with one tensor per trainable parameter, named as in the model, in
-// `dtype` (fp32, or bf16 rounded to nearest even). Streams parameter by parameter: memory stays
+// `dtype` (fp32, or bf16 rounded to nearest even), followed by the frozen parameters and
+// floating-point buffers the checkpoint lists. Streams parameter by parameter: memory stays
 // near the largest parameter, never the model. Writes `out` atomically (a temporary file renamed
 // when complete) and refuses to write a tensor whose elements are not all in the checkpoint.
-// Frozen parameters and buffers are not in checkpoints, so not in the export. Returns the bytes
-// written.
+// Returns the bytes written.
 int64_t export_checkpoint(const std::filesystem::path& dir, const std::string& tag, const std::filesystem::path& out,
                           at::ScalarType dtype);
+
+// A checkpoint's model, tensor by tensor, for the exports: every trainable parameter (assembled
+// from the master pieces of all rank files) and every frozen value, in that order. Validates the
+// whole checkpoint and that every tensor is fully covered when opened (zt::DataError otherwise).
+class CheckpointModel {
+ public:
+  CheckpointModel(const std::filesystem::path& dir, const std::string& tag);
+  ~CheckpointModel();
+  const std::vector<CheckpointParameter>& tensors() const;
+  const std::map<std::string, std::string>& configuration() const;  // the resolved configuration saved
+  const std::map<std::string, std::string>& scalars() const;
+  std::string root() const;   // the checkpoint directory
+  std::string where() const;  // the manifest's path in quotes, for messages
+  // The whole tensor, fp32, in its shape.
+  at::Tensor read(const std::string& name);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace zt

@@ -1,6 +1,7 @@
 // zerotrain command-line program. Every failure becomes one line on stderr and a non-zero exit:
 // 2 for bad input (configuration, arguments, data files), 1 for anything else.
 #include <CLI/CLI.hpp>
+#include <torch/torch.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -10,6 +11,7 @@
 #include <iostream>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
 #include "memory/estimate_report.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -113,6 +115,7 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   auto config = zt::load_config(args.config_path, overrides, args.nproc);
   zt::check_training_inputs(config);
   for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
+  for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
   zt::LaunchOptions launch;
   launch.nproc = args.nproc;
   launch.master_port = args.master_port;
@@ -309,6 +312,98 @@ int run_estimate(const EstimateArgs& args) {
   return 0;
 }
 
+struct ExportArgs {
+  std::string checkpoint, init_config, out, tag, dtype = "fp32", format = "safetensors", max_shard_size;
+  std::vector<std::string> overrides;
+};
+
+// The configuration of `export --init`, resolved for the world size its batch keys imply: the
+// initial weights do not depend on it (rank 0's values are every rank's), but an explicit batch
+// triple only resolves for one world size.
+zt::TrainConfig load_init_config(const ExportArgs& args) {
+  try {
+    return zt::load_config(args.init_config, args.overrides, 1);
+  } catch (const zt::ConfigError& first) {
+    for (int world = 2; world <= kMaxLocalRanks; ++world) {
+      try {
+        return zt::load_config(args.init_config, args.overrides, world);
+      } catch (const zt::ConfigError&) {
+      }
+    }
+    throw;
+  }
+}
+
+// `zerotrain export`: a checkpoint's weights (streamed from its rank files) or, with --init, the
+// weights a training configuration starts from (built in memory as the trainer builds them).
+int run_export(const ExportArgs& args) {
+  if (args.checkpoint.empty() == args.init_config.empty())
+    throw zt::ConfigError("export: expected a checkpoint directory or --init CONFIG (one of them)");
+  if (!args.overrides.empty() && args.init_config.empty())
+    throw zt::ConfigError("export: --set applies to --init CONFIG only");
+  if (!args.tag.empty() && !args.init_config.empty()) throw zt::ConfigError("export: --tag applies to a checkpoint only");
+  const bool hf = args.format == "hf";
+  if (!args.max_shard_size.empty() && !hf) throw zt::ConfigError("--max-shard-size: applies to --format hf only");
+  const int64_t max_shard = args.max_shard_size.empty() ? zt::hf_default_max_shard_bytes()
+                                                         : zt::parse_shard_size(args.max_shard_size);
+  if (hf) check_output_dir(args.out, "--out");
+  else check_output_file(args.out, "--out");
+  const at::ScalarType dtype = args.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  const auto started = std::chrono::steady_clock::now();
+  int64_t bytes = 0;
+  std::string source;
+  if (!args.init_config.empty()) {
+    const zt::TrainConfig config = load_init_config(args);
+    for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
+    const zt::GPTConfig gpt = zt::gpt_config_of(config);
+    // As the trainer: the seed right before construction (rank 0's values are every rank's).
+    torch::manual_seed(config.train.seed);
+    zt::GPT model(gpt);
+    torch::NoGradGuard no_grad;
+    if (!config.model.init_from.empty()) {
+      zt::HfModelReader reader(config.model.init_from, gpt);
+      for (auto& named : model->named_parameters(/*recurse=*/true)) {
+        torch::Tensor values = torch::empty(named.value().sizes(), torch::kFloat32);
+        reader.read(named.key(), named.value().sizes().vec(), 0, values.numel(), values.data_ptr<float>());
+        named.value().copy_(values);
+      }
+      source = fmt::format("the weights of model.init_from '{}'", config.model.init_from);
+    } else {
+      source = fmt::format("the initial weights of preset '{}' with train.seed {}", config.model.preset,
+                           config.train.seed);
+    }
+    std::vector<zt::HfTensor> tensors;
+    for (const auto& named : model->named_parameters(/*recurse=*/true)) {
+      torch::Tensor value = named.value();
+      tensors.push_back({named.key(), value.sizes().vec(), [value] { return value.detach().to(torch::kFloat32); }});
+    }
+    for (const auto& named : model->named_buffers(/*recurse=*/true)) {
+      if (!named.value().is_floating_point()) continue;
+      torch::Tensor value = named.value();
+      tensors.push_back({named.key(), value.sizes().vec(), [value] { return value.detach().to(torch::kFloat32); }});
+    }
+    bytes = hf ? zt::write_hf_model(tensors, gpt, args.out, dtype, max_shard)
+               : zt::write_safetensors_model(tensors, args.out, dtype,
+                                             {{"format", "pt"}, {"zerotrain.init", args.init_config}});
+  } else if (hf) {
+    zt::CheckpointModel checkpoint(args.checkpoint, args.tag);
+    const zt::GPTConfig gpt = zt::gpt_config_from_resolved(checkpoint.configuration(), checkpoint.where());
+    std::vector<zt::HfTensor> tensors;
+    for (const auto& p : checkpoint.tensors())
+      tensors.push_back({p.name, p.shape, [&checkpoint, name = p.name] { return checkpoint.read(name); }});
+    bytes = zt::write_hf_model(tensors, gpt, args.out, dtype, max_shard);
+    source = "checkpoint " + checkpoint.root();
+  } else {
+    bytes = zt::export_checkpoint(args.checkpoint, args.tag, args.out, dtype);
+    source = "checkpoint " + args.checkpoint;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::cout << fmt::format("wrote {} ({}, {:.1f} MB, {}) from {} in {:.2f} s; peak RSS {:.0f} MiB\n", args.out,
+                           hf ? "Hugging Face GPT-2 directory" : "safetensors", bytes / 1e6, args.dtype, source,
+                           seconds, zt::peak_rss_bytes() / 1048576.0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -347,14 +442,28 @@ int main(int argc, char** argv) {
   launch->add_option("--log-dir", launch_options.log_dir, "directory of the per-rank logs");
   launch->add_option("command", launch_options.command, "-- PROGRAM ARGS...")->required();
 
-  struct {
-    std::string checkpoint, out, tag, dtype = "fp32";
-  } export_args;
+  ExportArgs export_args;
   auto* export_cmd = app.add_subcommand(
-      "export", "write a checkpoint's model weights as one safetensors file (streamed, tensor by tensor)");
-  export_cmd->add_option("checkpoint", export_args.checkpoint, "checkpoint directory (the --save-dir of a run)")
+      "export", "write a checkpoint's model weights (or a configuration's initial ones, --init) as safetensors or as "
+                "a Hugging Face GPT-2 directory (streamed, tensor by tensor)");
+  auto* export_checkpoint_option =
+      export_cmd->add_option("checkpoint", export_args.checkpoint, "checkpoint directory (the --save-dir of a run)");
+  auto* export_init_option = export_cmd->add_option(
+      "--init", export_args.init_config,
+      "instead of a checkpoint: the weights this training configuration starts from (its seed, or its model.init_from)");
+  export_checkpoint_option->excludes(export_init_option);
+  export_cmd->add_option("--set", export_args.overrides, "with --init: override a configuration value: key.path=value")
+      ->take_all()->allow_extra_args(false);
+  export_cmd->add_option("--out", export_args.out,
+                         "the safetensors file (--format safetensors) or directory (--format hf) to write")
       ->required();
-  export_cmd->add_option("--out", export_args.out, "the safetensors file to write")->required();
+  export_cmd->add_option("--format", export_args.format,
+                         "safetensors (default: one file, zerotrain's names) or hf (a directory transformers' "
+                         "GPT2LMHeadModel.from_pretrained loads)")
+      ->check(CLI::IsMember({"safetensors", "hf"}));
+  export_cmd->add_option("--max-shard-size", export_args.max_shard_size,
+                         "--format hf: shard the weights above this size (bytes, or 50GB, 500MB: transformers' units; "
+                         "default 50GB as its save_pretrained)");
   export_cmd->add_option("--tag", export_args.tag, "which checkpoint (default: the one 'latest' names)");
   export_cmd->add_option("--dtype", export_args.dtype, "fp32 or bf16 (rounded to nearest even)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
@@ -417,16 +526,7 @@ int main(int argc, char** argv) {
       return run_train(train_args, raw);
     }
     if (*estimate) return run_estimate(estimate_args);
-    if (*export_cmd) {
-      check_output_file(export_args.out, "--out");
-      const auto started = std::chrono::steady_clock::now();
-      const int64_t bytes = zt::export_checkpoint(export_args.checkpoint, export_args.tag, export_args.out,
-                                                  export_args.dtype == "bf16" ? at::kBFloat16 : at::kFloat);
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-      std::cout << fmt::format("wrote {} ({:.1f} MB, {}) in {:.2f} s; peak RSS {:.0f} MiB\n", export_args.out,
-                               bytes / 1e6, export_args.dtype, seconds, zt::peak_rss_bytes() / 1048576.0);
-      return 0;
-    }
+    if (*export_cmd) return run_export(export_args);
     if (*launch) {
       if (launch_options.nproc < 1)
         throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", launch_options.nproc));

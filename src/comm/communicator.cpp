@@ -13,17 +13,20 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
 #include "zerotrain/comm.h"
+#include "zerotrain/comms_logger.h"
 #include "zerotrain/error.h"
 #include "zerotrain/flight_recorder.h"
 
@@ -117,6 +120,10 @@ struct CollectiveHandle::State {
   std::function<void()> finalize;       // emulation steps after the transfer
   std::shared_ptr<FailureState> failure;
   std::shared_ptr<FlightRecorder> recorder;
+  // Set only for collectives the comms logger records; then issued_at is the issue time.
+  std::shared_ptr<CommsLogger> logger;
+  Clock::time_point issued_at;
+  std::uint64_t message_bytes = 0;  // as the comms logger counts them
 
   std::mutex mutex;
   bool done = false;
@@ -167,6 +174,13 @@ struct CollectiveHandle::State {
     keep_alive.clear();
     done = true;
     recorder->finished(sequence, CollectiveState::Completed);
+    log_completion();
+  }
+
+  void log_completion() {
+    if (logger)
+      logger->record(kind, label, message_bytes,
+                     std::chrono::duration<double, std::milli>(Clock::now() - issued_at).count());
   }
 
   bool is_completed() {
@@ -332,7 +346,7 @@ class ProcessGroupCommunicator final : public Communicator {
 
   CollectiveHandle all_reduce(at::Tensor flat, ReduceOp op, std::string_view label) override {
     check_tensor("all_reduce", label, flat, "flat");
-    auto state = begin("all_reduce", label, elements_text(flat), flat.nbytes());
+    auto state = begin("all_reduce", label, elements_text(flat), flat.nbytes(), flat.nbytes());
     if (info_.world_size == 1) return finish_local(state);  // the reduction of one buffer is itself
 
     // Emulation: reduce a low-precision buffer in an fp32 temporary, then round once.
@@ -360,7 +374,7 @@ class ProcessGroupCommunicator final : public Communicator {
     check_tensor("reduce_scatter", label, input, "input");
     check_tensor("reduce_scatter", label, output, "output");
     check_pair("reduce_scatter", label, output, input, "input");
-    auto state = begin("reduce_scatter", label, elements_text(output) + " per rank", input.nbytes());
+    auto state = begin("reduce_scatter", label, elements_text(output) + " per rank", input.nbytes(), output.nbytes());
     if (info_.world_size == 1) {
       output.copy_(input);
       return finish_local(state);
@@ -414,7 +428,7 @@ class ProcessGroupCommunicator final : public Communicator {
     check_tensor("all_gather", label, input, "input");
     check_tensor("all_gather", label, output, "output");
     check_pair("all_gather", label, input, output, "output");
-    auto state = begin("all_gather", label, elements_text(input) + " per rank", output.nbytes());
+    auto state = begin("all_gather", label, elements_text(input) + " per rank", output.nbytes(), input.nbytes());
     if (info_.world_size == 1) {
       output.copy_(input);
       return finish_local(state);
@@ -447,7 +461,8 @@ class ProcessGroupCommunicator final : public Communicator {
       throw CommError(fmt::format("rank {}/{}: broadcast '{}': expected a root rank in 0..{}, found {}", info_.rank,
                                   info_.world_size, label, info_.world_size - 1, root));
     }
-    auto state = begin("broadcast", label, fmt::format("{} from rank {}", elements_text(tensor), root), tensor.nbytes());
+    auto state = begin("broadcast", label, fmt::format("{} from rank {}", elements_text(tensor), root), tensor.nbytes(),
+                       tensor.nbytes());
     if (info_.world_size == 1) return finish_local(state);
     c10d::BroadcastOptions o;
     o.rootRank = root;
@@ -460,7 +475,7 @@ class ProcessGroupCommunicator final : public Communicator {
   }
 
   void barrier(std::string_view label) override {
-    auto state = begin("barrier", label, "", 0);
+    auto state = begin("barrier", label, "", 0, 0);
     if (info_.world_size == 1) {
       finish_local(state);
       return;
@@ -476,7 +491,9 @@ class ProcessGroupCommunicator final : public Communicator {
   using StatePtr = std::shared_ptr<CollectiveHandle::State>;
 
   // Checks the communicator is usable and gives the collective its sequence number.
-  StatePtr begin(const char* kind, std::string_view label, std::string size_text, std::uint64_t bytes) {
+  // `bytes` is what the flight recorder shows, `message_bytes` what the comms logger counts.
+  StatePtr begin(const char* kind, std::string_view label, std::string size_text, std::uint64_t bytes,
+                 std::uint64_t message_bytes) {
     auto state = std::make_shared<CollectiveHandle::State>();
     state->kind = kind;
     state->label = std::string(label);
@@ -493,12 +510,18 @@ class ProcessGroupCommunicator final : public Communicator {
     }
     state->sequence = next_sequence_++;
     recorder_->issued(state->sequence, kind, label, bytes);
+    if (options_.comms_logger && options_.comms_logger->wants(kind)) {
+      state->logger = options_.comms_logger;
+      state->message_bytes = message_bytes;
+      state->issued_at = Clock::now();
+    }
     return state;
   }
 
   static CollectiveHandle finish_local(const StatePtr& state) {
     state->done = true;
     state->recorder->finished(state->sequence, CollectiveState::Completed);
+    state->log_completion();
     return CollectiveHandle(state);
   }
 

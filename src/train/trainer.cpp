@@ -1,6 +1,7 @@
 #include "zerotrain/train.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
@@ -10,10 +11,12 @@
 
 #include <unistd.h>
 
+#include "checkpoint/hf.h"
 #include "common/check.h"
 #include "memory/estimate_report.h"
 #include "train/runtime.h"
 #include "zerotrain/comm.h"
+#include "zerotrain/comms_logger.h"
 #include "zerotrain/config.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/data.h"
@@ -21,6 +24,7 @@
 #include "zerotrain/error.h"
 #include "zerotrain/estimate.h"
 #include "zerotrain/models/gpt.h"
+#include "zerotrain/models/gpt_flops.h"
 
 namespace zt {
 namespace {
@@ -116,9 +120,67 @@ int64_t max_over_ranks(Communicator& comm, int64_t value, const char* label) {
   return t.item<int64_t>();
 }
 
+// The sustained rate of a square matrix product in `dtype` on this rank's intra-op threads for
+// about `seconds`: the flops profiler's peak on a CPU, where no datasheet figure applies. The
+// size grows until one product takes a few milliseconds, so that call overhead does not count.
+double measure_matmul_peak(at::ScalarType dtype, double seconds, std::string& how) {
+  torch::NoGradGuard no_grad;
+  using clock = std::chrono::steady_clock;
+  int64_t n = 256;
+  torch::Tensor a, b, c;
+  double one = 0;
+  for (;;) {
+    a = torch::randn({n, n}).to(dtype);
+    b = torch::randn({n, n}).to(dtype);
+    c = torch::empty({n, n}, a.options());
+    at::mm_out(c, a, b);  // warm-up: packing buffers, thread pool
+    const auto t0 = clock::now();
+    at::mm_out(c, a, b);
+    one = std::chrono::duration<double>(clock::now() - t0).count();
+    if (one >= 0.01 || n >= 2048) break;
+    n *= 2;
+  }
+  int64_t products = 0;
+  const auto start = clock::now();
+  double elapsed = 0;
+  do {
+    at::mm_out(c, a, b);
+    ++products;
+    elapsed = std::chrono::duration<double>(clock::now() - start).count();
+  } while (elapsed < seconds);
+  how = fmt::format("measured matmul peak: {} {}x{} for {:.2f} s on {} thread(s)", c10::toString(dtype), n, n, elapsed,
+                    at::get_num_threads());
+  return 2.0 * double(n) * double(n) * double(n) * double(products) / elapsed;
+}
+
+at::ScalarType working_dtype_of(Precision precision) {
+  switch (precision) {
+    case Precision::BF16: return at::kBFloat16;
+    case Precision::FP16: return at::kHalf;
+    case Precision::FP32: break;
+  }
+  return at::kFloat;
+}
+
+// Rank 0 writes `text` to `path` ("" : standard output).
+void emit_report(const std::string& text, const std::string& path, const char* key) {
+  if (path.empty()) {
+    fmt::print("{}", text);
+    std::fflush(stdout);
+    return;
+  }
+  const auto p = std::filesystem::path(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(p, std::ios::trunc);
+  if (!out) throw DataError(fmt::format("{}: cannot write '{}'", key, path));
+  out << text;
+}
+
 }  // namespace
 
 void check_training_inputs(const TrainConfig& config) {
+  // comms_logger.prof_ops names operations: an unknown one is refused before any rank starts.
+  if (config.comms_logger.enabled) CommsLogger(config.comms_logger, 0, 1);
   const auto& d = config.data;
   auto check_file = [](const std::string& key, const std::string& path, bool token_file) {
     if (path.empty()) throw DataError(fmt::format("{}: expected a file path, found an empty value", key));
@@ -139,6 +201,8 @@ void check_training_inputs(const TrainConfig& config) {
   } else if (d.source == "text") {
     check_file("data.path", d.path, false);
   }
+  // A directory of another shape, or not a GPT-2 directory, fails before any rank starts.
+  if (!config.model.init_from.empty()) HfModelReader(config.model.init_from, gpt_config_of(config));
 }
 
 int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& options) {
@@ -156,7 +220,13 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   std::optional<double> timeout;
   if (auto it = config.sources.find("comm.timeout_seconds"); it != config.sources.end() && it->second != ValueSource::Default)
     timeout = config.comm.timeout_seconds;
-  auto comm = make_communicator(rendezvous, comm_options_from_environment(timeout));
+  CommOptions comm_options = comm_options_from_environment(timeout);
+  // comms_logger: made before the communicator so that the first collective is counted too.
+  std::shared_ptr<CommsLogger> comms_logger;
+  if (config.comms_logger.enabled)
+    comms_logger = std::make_shared<CommsLogger>(config.comms_logger, rendezvous.rank, rendezvous.world_size);
+  comm_options.comms_logger = comms_logger;
+  auto comm = make_communicator(rendezvous, comm_options);
   const int rank = comm->rank();
   const int world = comm->world_size();
   const bool leader = rank == 0 && !options.quiet;
@@ -242,6 +312,31 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   // are a function of seed, step and micro-step) and so are the dropout masks (reseeded every step
   // below), so nothing else is needed for an exact continuation.
   int64_t first_step = 0;
+  // model.init_from: the Hugging Face weights replace the constructor's before the first step;
+  // each rank reads only what it keeps (docs/checkpoint.md "model.init_from"). With --resume the
+  // checkpoint's weights win and the directory is not read.
+  nlohmann::json init_from_summary;
+  if (!config.model.init_from.empty() && !options.resume_dir.empty()) {
+    if (leader)
+      fmt::print("note: model.init_from '{}' is not read: --resume loads the checkpoint's weights\n",
+                 config.model.init_from);
+  } else if (!config.model.init_from.empty()) {
+    const auto init_start = std::chrono::steady_clock::now();
+    HfModelReader reader(config.model.init_from, gpt_config);
+    engine.load_weights(reader);
+    // Every rank's bytes read, for the summary: what sharding saved.
+    torch::Tensor mine = torch::zeros({world}, torch::kLong);
+    mine[rank] = reader.bytes_read();
+    comm->all_reduce(mine, ReduceOp::Sum, "init_from.bytes").wait();
+    std::vector<int64_t> per_rank(mine.data_ptr<int64_t>(), mine.data_ptr<int64_t>() + world);
+    init_from_summary = {{"path", config.model.init_from}, {"bytes_read_per_rank", per_rank},
+                         {"tensor_bytes", reader.data_bytes()}};
+    if (leader)
+      fmt::print("model.init_from: loaded '{}' in {:.2f} s; bytes read per rank {} of {} in its files\n",
+                 config.model.init_from,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count(),
+                 fmt::join(per_rank, "/"), reader.data_bytes());
+  }
   if (!options.resume_dir.empty()) {
     const auto load_start = std::chrono::steady_clock::now();
     LoadOptions load_options;
@@ -259,6 +354,12 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
 
   const int64_t micro = config.train_micro_batch_size_per_gpu;
   const int64_t accum = config.gradient_accumulation_steps;
+  const FlopsProfilerConfig& fp = config.flops_profiler;
+  if (leader && fp.enabled && (fp.profile_step <= first_step || fp.profile_step > config.train.steps))
+    fmt::print("note: flops_profiler.profile_step {} is outside the steps this run takes ({} to {}): nothing is "
+               "profiled\n",
+               fp.profile_step, first_step + 1, config.train.steps);
+  nlohmann::json flops_summary;
   DistributedSampler train_sampler(data.train, seq_len, micro, world, rank, config.train.seed);
   DistributedSampler val_sampler(data.val, seq_len, micro, world, rank, config.train.seed ^ 0x5eedULL);
   BatchPrefetcher prefetcher([&](int64_t i) { return train_sampler.batch(i / accum, i % accum); }, first_step * accum);
@@ -345,6 +446,44 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     // checkpoint or printing that may follow.
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
     const double step_rate = tokens_per_step / step_seconds;
+    if (fp.enabled && step + 1 == fp.profile_step) {
+      // Every rank measures its peak at once, as it shares the machine while training; the step
+      // counts as long as its slowest rank took.
+      std::string how;
+      const double peak = mean_over_ranks(*comm, measure_matmul_peak(working_dtype_of(config.precision), 0.2, how),
+                                          "flops.peak");
+      auto slowest = torch::full({1}, step_seconds, torch::kFloat64);
+      comm->all_reduce(slowest, ReduceOp::Max, "flops.step_time").wait();
+      FlopsProfileInputs in;
+      in.profile_step = fp.profile_step;
+      in.world = world;
+      in.micro_batch = micro;
+      in.accumulation = accum;
+      in.sequence = seq_len;
+      in.recompute = model->checkpointing().recompute;
+      for (int64_t i = 0; i < gpt_config.n_layer; ++i) in.checkpointed_blocks += model->is_checkpointed(i) ? 1 : 0;
+      in.recompute_fwd_factor = fp.recompute_fwd_factor;
+      in.step_seconds = slowest.item<double>();
+      in.peak_flops = peak;
+      in.peak_source = how + (world > 1 ? ", mean over ranks" : "");
+      in.module_depth = fp.module_depth;
+      in.top_modules = fp.top_modules;
+      in.detailed = fp.detailed;
+      const FlopsProfile profile = gpt_flops_profile(gpt_config, in);
+      if (rank == 0 && (!options.quiet || !fp.output_file.empty()))
+        emit_report(profile.text, fp.output_file, "flops_profiler.output_file");
+      flops_summary = {{"step", fp.profile_step},
+                       {"forward_flops_per_micro_batch", profile.micro_batch.forward},
+                       {"recompute_flops_per_micro_batch", profile.micro_batch.recompute},
+                       {"model_flops_per_step_per_rank", profile.model_flops},
+                       {"executed_flops_per_step_per_rank", profile.executed_flops},
+                       {"step_seconds", in.step_seconds},
+                       {"achieved_flops_per_second_per_rank", profile.achieved_flops_per_second},
+                       {"peak_flops_per_rank", peak},
+                       {"peak_source", in.peak_source},
+                       {"mfu", profile.mfu},
+                       {"hfu", profile.hfu}};
+    }
     losses.push_back(loss);
     skipped_flags.push_back(result.skipped ? 1 : 0);
     ++window_steps;
@@ -490,6 +629,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       summary["activation_checkpointing"] = ac;
     }
     summary["world_size"] = world;
+    if (!init_from_summary.is_null()) summary["init_from"] = init_from_summary;
     summary["steps"] = steps;
     summary["first_step"] = first_step;  // losses[i] is the loss of step first_step + i + 1
     summary["losses"] = losses;
@@ -531,6 +671,21 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                          {"measured_peak_above_baseline_bytes", measured_peak},
                          {"heap_retained", heap_retained}};
     summary["loss_scale"] = engine.loss_scale();
+    if (!flops_summary.is_null()) summary["flops_profiler"] = flops_summary;
+    if (comms_logger) {
+      // Rank 0's collectives up to here (the final barrier comes after).
+      nlohmann::json rows = nlohmann::json::array();
+      for (const auto& row : comms_logger->rows())
+        rows.push_back({{"op", row.op},
+                        {"caller", row.caller},
+                        {"message_bytes", row.message_bytes},
+                        {"count", row.count},
+                        {"total_latency_ms", row.total_ms},
+                        {"avg_latency_ms", row.avg_ms},
+                        {"algbw_gbps", row.algbw_gbps},
+                        {"busbw_gbps", row.busbw_gbps}});
+      summary["comms_logger"] = rows;
+    }
     summary["skipped"] = skipped_flags;
     auto path = std::filesystem::path(options.summary_path);
     if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
@@ -544,6 +699,18 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     std::filesystem::rename(tmp, path);  // never leave a half-written summary behind
   }
   comm->barrier("train.end");
+  if (comms_logger) {
+    // Each rank's own figures beside the run's log; rank 0's as DeepSpeed's log_summary table.
+    const auto dir = std::filesystem::path(config.train.log_dir);
+    std::filesystem::create_directories(dir);
+    const auto path = dir / fmt::format("comms_rank{}.csv", rank);
+    std::ofstream out(path, std::ios::trunc);
+    if (!out) throw DataError(fmt::format("comms_logger: cannot write '{}' (train.log_dir)", path.string()));
+    out << comms_logger->csv();
+    if (leader)
+      fmt::print("communication (rank 0, {} collectives; every rank's in {}/comms_rank<r>.csv):\n{}",
+                 comms_logger->total_count(), dir.string(), comms_logger->table());
+  }
   return 0;
 }
 

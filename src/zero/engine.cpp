@@ -288,6 +288,10 @@ struct Engine::Impl {
     reducer_options.working_dtype = working_dtype;
     reducer_options.accumulation_steps = config.gradient_accumulation_steps;
     reducer_options.overlap_comm = config.zero.overlap_comm;
+    // DeepSpeed's averaging keys: prescale divides by the world size before the sum, else by the
+    // predivide factor before and by world / factor after (docs/zero.md "Gradient averaging").
+    reducer_options.pre_divide =
+        config.averaging.prescale_gradients ? double(world) : config.averaging.gradient_predivide_factor;
     if (!plan.gradients_on_disk.empty())
       reducer_options.disk = GradientReducer::Options::Disk{groups, plan.gradients_on_disk, io.get(),
                                                             plan.optimizer_directory->file("grads")};
@@ -613,20 +617,24 @@ struct Engine::Impl {
     micro_step = 0;
     reducer->finish_window();
 
-    // Gradients hold the sum over ranks of loss_scale × the mean micro-batch gradient.
+    // Gradients hold the sum over ranks of loss_scale × the mean micro-batch gradient, divided
+    // by the reducer's pre-division; post_divisor() turns that into the mean over ranks.
     double square_sum = reducer->owned_square_sum();
     if (shard_world > 1) {
       torch::Tensor total = torch::full({1}, square_sum, torch::kFloat64);
       comm->all_reduce(total, ReduceOp::Sum, "grads.norm").wait();
       square_sum = total.item<double>();
     }
-    const double unscale = 1.0 / (double(world) * scaler.scale());
+    const double unscale = 1.0 / (reducer->post_divisor() * scaler.scale());
     const double norm = std::sqrt(square_sum) * unscale;
     result.grad_norm = norm;
     result.loss_scale = scaler.scale();
     // As DeepSpeed, a step skipped for overflow does not advance the schedule (its scheduler
     // steps only with the optimizer), while global_step counts it.
     result.lr = schedule.lr_at(global_step - skipped);
+    // OneCycle's momentum: DeepSpeed cycles only optimizers with betas (not SGD).
+    const std::optional<Betas> betas =
+        config.optimizer.type == "SGD" ? std::nullopt : schedule.betas_at(global_step - skipped);
     ++global_step;
     const bool overflow = !std::isfinite(norm);
     scaler.update(overflow);
@@ -648,11 +656,11 @@ struct Engine::Impl {
     const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
     apply_pending_update();
     if (oo.delayed_update && global_step > oo.delayed_update_after) {
-      optimizer->launch_step(result.lr, optimizer_step, float(scale), *reducer);
+      optimizer->launch_step(result.lr, optimizer_step, float(scale), *reducer, betas);
       result.delayed = true;
     } else {
       if (parameter_tier) parameter_tier->invalidate();
-      optimizer->step(result.lr, optimizer_step, float(scale), *reducer);
+      optimizer->step(result.lr, optimizer_step, float(scale), *reducer, betas);
       publish_parameters();
     }
     reducer->clear();
@@ -703,7 +711,107 @@ struct Engine::Impl {
                         {"loss_scale.last_overflow_iteration", std::to_string(s.last_overflow_iteration)}};
     for (const auto& [key, value] : client_state) contents.scalars["client." + key] = value;
     contents.configuration = config.resolved;
-    save_sharded_checkpoint(*comm, dir, tag, contents, owned_state(true, true), keep_last);
+    std::vector<StateFragment> fragments = owned_state(true, true);
+    for (const auto& [name, value] : frozen_values()) {
+      contents.frozen.push_back({name, value.sizes().vec()});
+      // Every rank holds them whole; rank 0 saves them.
+      if (rank == 0) {
+        StateFragment f;
+        f.parameter = name;
+        f.numel = value.numel();
+        f.roles["frozen"] = value.detach().reshape({-1}).to(torch::kFloat32);
+        fragments.push_back(std::move(f));
+      }
+    }
+    save_sharded_checkpoint(*comm, dir, tag, contents, fragments, keep_last);
+  }
+
+  // The model's values outside the layout, by name: frozen parameters and floating-point buffers
+  // (with 16-bit training, in the working dtype; saved as fp32, exactly). Buffers of other dtypes
+  // are left out, said once.
+  std::vector<std::pair<std::string, torch::Tensor>> frozen_values() {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& named : model->named_parameters(/*recurse=*/true))
+      if (!named.value().requires_grad()) out.emplace_back(named.key(), named.value());
+    for (const auto& named : model->named_buffers(/*recurse=*/true)) {
+      if (named.value().is_floating_point()) {
+        out.emplace_back(named.key(), named.value());
+      } else if (!noted_integer_buffers && rank == 0) {
+        std::fprintf(stderr, "zerotrain: note: buffer '%s' (%s) and any other non-floating-point buffer are not kept in "
+                     "checkpoints or read by load_weights\n", named.key().c_str(), c10::toString(named.value().scalar_type()));
+        noted_integer_buffers = true;
+      }
+    }
+    return out;
+  }
+  bool noted_integer_buffers = false;
+
+  // Staging for the frozen values a load fills: fp32 tensors, copied into the model only when
+  // every rank succeeded.
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> stage_frozen(std::vector<CheckpointParameter>* list) {
+    std::vector<std::pair<torch::Tensor, torch::Tensor>> staged;
+    for (const auto& [name, value] : frozen_values()) {
+      if (list) list->push_back({name, value.sizes().vec()});
+      staged.emplace_back(value, torch::empty(value.sizes(), torch::kFloat32));
+    }
+    return staged;
+  }
+
+  static void commit_frozen(const std::vector<std::pair<torch::Tensor, torch::Tensor>>& staged) {
+    torch::NoGradGuard no_grad;
+    for (const auto& [target, values] : staged) target.detach().copy_(values);
+  }
+
+  void load_weights(WeightReader& reader) {
+    if (micro_step != 0)
+      throw Error("load_weights: expected a call between optimizer steps, found micro-step " + std::to_string(micro_step));
+    apply_pending_update();
+    OptimizerPartition::Staged staged = optimizer->staged_fragments(
+        false, [this](int placement) { return specs[layout.placements[placement].index].name; });
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& p : registered) shapes[p.name] = p.shape;
+    std::vector<std::pair<std::string, torch::Tensor>> frozen = frozen_values();
+    auto staged_frozen = stage_frozen(nullptr);
+    std::exception_ptr error;
+    try {
+      std::vector<float> piece;
+      for (StateFragment& f : staged.fragments) {
+        const std::vector<int64_t>& shape = shapes.at(f.parameter);
+        if (auto t = f.roles.find("master"); t != f.roles.end()) {
+          reader.read(f.parameter, shape, f.begin, f.numel, t->second.data_ptr<float>());
+          continue;
+        }
+        // A master partition on NVMe: through its staging file, a chunk at a time.
+        const FragmentSink& sink = f.sinks.at("master");
+        const int64_t chunk = checkpoint_chunk_bytes() / int64_t(sizeof(float));
+        piece.resize(size_t(std::min(chunk, f.numel)));
+        for (int64_t done = 0; done < f.numel;) {
+          const int64_t n = std::min(chunk, f.numel - done);
+          reader.read(f.parameter, shape, f.begin + done, n, piece.data());
+          sink(done, n, piece.data());
+          done += n;
+        }
+      }
+      for (size_t i = 0; i < frozen.size(); ++i)
+        reader.read(frozen[i].first, frozen[i].second.sizes().vec(), 0, frozen[i].second.numel(),
+                    staged_frozen[i].second.data_ptr<float>());
+    } catch (...) {
+      error = std::current_exception();
+    }
+    // Every rank learns whether all succeeded before anything changes.
+    torch::Tensor failed = torch::full({1}, error ? double(rank + 1) : 0.0, torch::kFloat64);
+    comm->all_reduce(failed, ReduceOp::Max, "engine.load_weights").wait();
+    if (error) std::rethrow_exception(error);
+    if (failed.item<double>() > 0)
+      throw Error("load_weights: reading failed on rank " + std::to_string(int(failed.item<double>()) - 1) +
+                  " (its error names the problem)");
+    torch::NoGradGuard no_grad;
+    if (parameter_tier) parameter_tier->invalidate();
+    optimizer->commit_fragments(staged);
+    optimizer->refresh_working_from_masters();
+    publish_parameters();
+    reducer->clear();
+    commit_frozen(staged_frozen);
   }
 
   // Adam and AdamW keep the same state; the type names compare case-insensitively.
@@ -774,7 +882,18 @@ struct Engine::Impl {
         if (old_value != new_value) changes.push_back(key + ": " + old_value + " -> " + new_value);
       }
     };
-    const LoadedCheckpoint loaded = load_sharded_checkpoint(*comm, dir, tag, registered, staged.fragments, check);
+    // The frozen values, whole on every rank, staged as the rest.
+    std::vector<CheckpointParameter> frozen_list;
+    auto staged_frozen = stage_frozen(&frozen_list);
+    for (size_t i = 0; i < staged_frozen.size(); ++i) {
+      StateFragment f;
+      f.parameter = frozen_list[i].name;
+      f.numel = staged_frozen[i].second.numel();
+      f.roles["frozen"] = staged_frozen[i].second.view({-1});
+      staged.fragments.push_back(std::move(f));
+    }
+    const LoadedCheckpoint loaded =
+        load_sharded_checkpoint(*comm, dir, tag, registered, staged.fragments, check, frozen_list);
     const auto& scalars = loaded.scalars;
     const LossScaler::State s = saved_scaler;
     torch::NoGradGuard no_grad;
@@ -784,6 +903,7 @@ struct Engine::Impl {
     publish_parameters();
     if (options.reset_optimizer) optimizer->zero_moments();
     reducer->clear();
+    if (loaded.has_frozen) commit_frozen(staged_frozen);
     global_step = step;
     skipped = skipped_steps;
     moments_from = options.reset_optimizer ? step - skipped_steps : saved_moments_from;
@@ -862,6 +982,7 @@ std::map<std::string, std::string> Engine::load_checkpoint(const std::string& di
                                                            const LoadOptions& options) {
   return impl_->load_checkpoint(dir, tag, options);
 }
+void Engine::load_weights(WeightReader& reader) { impl_->load_weights(reader); }
 Communicator& Engine::communicator() const { return *impl_->comm; }
 const TrainConfig& Engine::config() const { return impl_->config; }
 ModelStateBytes Engine::model_state_bytes() const { return impl_->model_state_bytes(); }

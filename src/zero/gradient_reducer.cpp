@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "common/check.h"
@@ -10,6 +11,9 @@ namespace zt {
 
 GradientReducer::GradientReducer(const FlatLayout& layout, const Options& options, Communicator& comm)
     : layout_(layout), options_(options), comm_(comm) {
+  ZT_CHECK_STATE(options.pre_divide > 0 && std::isfinite(options.pre_divide), "pre_divide must be positive");
+  // A world of one reduces nothing; dividing there would only add rounding.
+  pre_divide_ = options.world > 1 ? options.pre_divide : 1.0;
   auto working = torch::TensorOptions().dtype(options.working_dtype);
   if (sharded()) {
     const bool disk = options.disk && std::any_of(options.disk->on_disk.begin(), options.disk->on_disk.end(),
@@ -148,12 +152,19 @@ void GradientReducer::launch(int bucket) {
   BucketProgress& b = progress_[bucket];
   const BucketLayout& lb = layout_.buckets[bucket];
   const std::string label = "grads.bucket" + std::to_string(bucket);
+  // The window's gradient of this bucket, divided before it is summed (prescale_gradients,
+  // gradient_predivide_factor); the engine divides the rest in its unscale factor.
+  auto pre_divide = [&](const torch::Tensor& t) {
+    if (pre_divide_ != 1.0) t.div_(pre_divide_);
+  };
   switch (options_.reduction) {
     case GradientReduction::AllReduce:
+      pre_divide(flat_grads_.narrow(0, lb.offset, lb.numel));
       b.handle = comm_.all_reduce(flat_grads_.narrow(0, lb.offset, lb.numel), ReduceOp::Sum, label);
       b.state = BucketState::InFlight;
       return;
     case GradientReduction::ReduceScatterInPlace:
+      pre_divide(flat_grads_.narrow(0, lb.offset, lb.numel));
       b.handle = comm_.reduce_scatter(flat_grads_.narrow(0, lb.offset, lb.numel),
                                       flat_grads_.narrow(0, layout_.shard_offset(bucket, options_.shard_rank), lb.shard_numel),
                                       ReduceOp::Sum, label, InputUse::Scratch);
@@ -170,6 +181,7 @@ void GradientReducer::launch(int bucket) {
       torch::Tensor owned = buffer.add_into_partition || on_disk_
                                 ? buffer.scratch.narrow(0, 0, lb.shard_numel)
                                 : grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel);
+      pre_divide(buffer.data.narrow(0, 0, lb.numel));
       buffer.handle =
           comm_.reduce_scatter(buffer.data.narrow(0, 0, lb.numel), owned, ReduceOp::Sum, label, InputUse::Scratch);
       b.state = BucketState::InFlight;

@@ -45,6 +45,10 @@ class GradientReducer {
     at::ScalarType working_dtype = at::kFloat;
     int64_t accumulation_steps = 1;
     bool overlap_comm = false;
+    // Divides every buffer by this before its reduction is launched (DeepSpeed's
+    // prescale_gradients: the world size; gradient_predivide_factor: that factor), so that an
+    // fp16 sum over many ranks stays in range. post_divisor() is what is left to divide.
+    double pre_divide = 1.0;
     // Sharded gradients only: sub-groups of the partition kept in `file` where on_disk.
     struct Disk {
       std::vector<SubGroup> groups;
@@ -69,6 +73,10 @@ class GradientReducer {
   bool after_gradient(int placement);
   // Boundary micro-step: every reduction of the window has completed into the owned region.
   void finish_window();
+
+  // The owned gradient is the sum over ranks divided by pre_divide (1 in a world of one, where
+  // nothing is reduced); the mean over ranks is it divided by post_divisor() = world / that.
+  double post_divisor() const { return double(options_.world) / pre_divide_; }
 
   // Sum of squares of the owned region (the whole gradient when optimizer states are not sharded).
   double owned_square_sum() const;
@@ -136,6 +144,7 @@ class GradientReducer {
   bool in_backward_ = false;
   bool reducing_ = false;  // this window's reductions are launched (from the hooks, or after backward)
   bool reduce_whole_ = false;
+  double pre_divide_ = 1.0;  // applied before each launch
 };
 
 }  // namespace zt

@@ -288,12 +288,14 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, b
   }
 }
 
-void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients) {
+void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
+                              std::optional<Betas> betas) {
   ZT_CHECK_STATE(!in_flight_, "a synchronous step while a delayed one is in flight");
-  run_step(lr, step, grad_scale, PassTarget{&gradients, false}, 0);
+  run_step(lr, betas, step, grad_scale, PassTarget{&gradients, false}, 0);
 }
 
-void OptimizerPartition::launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients) {
+void OptimizerPartition::launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
+                                     std::optional<Betas> betas) {
   ZT_CHECK_STATE(options_.delayed, "launch_step without the delayed update");
   ZT_CHECK_STATE(!in_flight_, "launch_step while a step is in flight");
   for (const auto& chunks : chunks_)
@@ -303,10 +305,10 @@ void OptimizerPartition::launch_step(double lr, int64_t step, float grad_scale, 
   // The kernels' thread count is the caller's (a new thread would take OpenMP's default).
   const int threads = at::get_num_threads();
   in_flight_ = true;
-  worker_ = std::thread([this, lr, step, grad_scale, threads] {
+  worker_ = std::thread([this, lr, betas, step, grad_scale, threads] {
     try {
       at::NoGradGuard no_grad;
-      run_step(lr, step, grad_scale, PassTarget{nullptr, true}, threads);
+      run_step(lr, betas, step, grad_scale, PassTarget{nullptr, true}, threads);
     } catch (...) {
       worker_error_ = std::current_exception();
     }
@@ -344,7 +346,8 @@ OptimizerPartition::IoCounters OptimizerPartition::io_counters() const {
   return io_counters_;
 }
 
-void OptimizerPartition::run_step(double lr, int64_t step, float grad_scale, PassTarget target, int threads) {
+void OptimizerPartition::run_step(double lr, std::optional<Betas> betas, int64_t step, float grad_scale,
+                                  PassTarget target, int threads) {
   optim::StepOptions options;
   options.grad_scale = grad_scale;
   options.threads = threads;
@@ -353,6 +356,9 @@ void OptimizerPartition::run_step(double lr, int64_t step, float grad_scale, Pas
   adam_.lr = lr;
   sgd_.lr = lr;
   lamb_.lr = lr;
+  const Betas b = betas.value_or(Betas{options_.optimizer.beta1, options_.optimizer.beta2});
+  adam_.beta1 = lamb_.beta1 = b.beta1;
+  adam_.beta2 = lamb_.beta2 = b.beta2;
   auto with_half = [&](uint16_t* h) {
     optim::StepOptions o = options;
     o.half_out = h;

@@ -31,6 +31,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -38,6 +39,7 @@
 #include "optim/cpu_kernels.h"
 #include "zero/partition_store.h"
 #include "zerotrain/config.h"
+#include "zerotrain/lr_schedule.h"
 #include "zerotrain/layout.h"
 
 namespace zt {
@@ -88,11 +90,15 @@ class OptimizerPartition {
   // Initial masters (16-bit training): `values` (fp32) for partition [begin, begin + numel).
   void store_master(int64_t begin, const at::Tensor& values);
   // One optimizer step with learning rate `lr`, the optimizer's own 1-based step count `step`
-  // (bias correction) and every gradient multiplied by `grad_scale` first.
-  void step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients);
+  // (bias correction) and every gradient multiplied by `grad_scale` first. `betas`, when set,
+  // replace the configured (beta1, beta2) of Adam, AdamW and LAMB for this step (a schedule that
+  // cycles the momentum); bias correction then uses them as DeepSpeed does, 1 - beta^step.
+  void step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
+            std::optional<Betas> betas = std::nullopt);
   // Delayed update: the same step on the worker thread, from a snapshot of the owned gradients
   // taken before returning (the caller may clear and refill them at once). One at a time.
-  void launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients);
+  void launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
+                   std::optional<Betas> betas = std::nullopt);
   bool step_in_flight() const { return in_flight_; }
   // Waits for the launched step (the wait counts as a stall), rethrows what it threw, and installs
   // its working values. A no-op when none is in flight.
@@ -140,7 +146,8 @@ class OptimizerPartition {
     const GradientReducer* gradients = nullptr;  // null: the delayed update's snapshot
     bool to_next = false;                        // the next working copy instead of the working one
   };
-  void run_step(double lr, int64_t step, float grad_scale, PassTarget target, int threads);
+  void run_step(double lr, std::optional<Betas> betas, int64_t step, float grad_scale, PassTarget target,
+                int threads);
   template <class Kernel>
   void for_each_chunk(PassTarget target, bool writes_params, bool reads_gradients, Kernel&& kernel);
   void install_next_working();

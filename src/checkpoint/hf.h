@@ -1,0 +1,86 @@
+// Hugging Face GPT-2 weights in and out (docs/checkpoint.md "Hugging Face"). Internal; the CLI's
+// `export --format hf` and `export --init`, and the trainer's model.init_from use it.
+//
+// Names: zerotrain's GPT (models/gpt.h) and transformers' GPT2LMHeadModel hold the same tensors;
+// "wte.weight" is "transformer.wte.weight", "blocks.N.*" is "transformer.h.N.*", "ln_f.*" is
+// "transformer.ln_f.*". transformers' GPT-2 keeps its projections (attn.c_attn, attn.c_proj,
+// mlp.c_fc, mlp.c_proj) as Conv1D, whose weight is [in, out]: the transpose of our Linear's
+// [out, in]. The head is tied to wte in both, so no lm_head.weight is written (transformers ties
+// it on load); the causal-mask buffer attn.bias is not persistent in transformers and not written.
+//
+// Contract
+// - write_hf_model writes DIR/config.json and DIR/model.safetensors, or, when the tensors exceed
+//   max_shard_bytes, DIR/model-0000K-of-0000N.safetensors and DIR/model.safetensors.index.json
+//   (the layout of transformers' save_pretrained: tensors in order, a new shard when the next
+//   tensor would take the current one past the limit, a larger tensor alone). Streams tensor by
+//   tensor (memory: about one tensor); every file appears when complete (".partial", renamed).
+//   A tensor that is not a GPT-2 tensor of `config`'s shape, or a missing one, is a zt::DataError
+//   before anything is written.
+// - HfModelReader opens a directory written so (or by save_pretrained: model.safetensors, or
+//   sharded with the index) and checks its config.json against the model's shape: a mismatch is
+//   a zt::ConfigError naming the key, both values and the directory. The safetensors headers are
+//   validated as the reader of our own files does (bounds before parsing, byte ranges inside the
+//   file), except that files written by others carry no checksums. read() reads exactly the byte
+//   ranges holding the elements asked for (for a transposed projection: the owned rows of every
+//   column, so a little more at a range's ends) and converts fp32, fp16 or bf16 to fp32.
+//   bytes_read() counts the bytes read from the tensors' data (headers not included).
+// - Not thread-safe.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zerotrain/engine.h"
+#include "zerotrain/models/gpt.h"
+
+namespace zt {
+
+// transformers' GPT-2 name of one of our GPT's tensors ("" when it has none), and whether it is
+// stored transposed there.
+std::string hf_gpt2_name(const std::string& name);
+bool hf_gpt2_transposed(const std::string& name);
+
+// transformers' save_pretrained default for max_shard_size (of the pinned version).
+int64_t hf_default_max_shard_bytes();
+// "5GB", "50MB", "1GiB", "123" (bytes) as transformers reads them; zt::ConfigError otherwise.
+int64_t parse_shard_size(const std::string& text);
+
+struct HfTensor {
+  std::string name;  // our name
+  std::vector<int64_t> shape;
+  std::function<at::Tensor()> value;  // the whole tensor, fp32, in our layout
+};
+
+// Returns the bytes written (all files).
+int64_t write_hf_model(const std::vector<HfTensor>& tensors, const GPTConfig& config,
+                       const std::filesystem::path& dir, at::ScalarType dtype, int64_t max_shard_bytes);
+
+// Plain zerotrain-named single safetensors file of the same tensors (export --format safetensors).
+int64_t write_safetensors_model(const std::vector<HfTensor>& tensors, const std::filesystem::path& out,
+                                at::ScalarType dtype, const std::map<std::string, std::string>& metadata);
+
+// The GPT shape a checkpoint was trained with, from its saved resolved configuration (model.*
+// keys), checked against the saved tensors' shapes. zt::DataError when it cannot be known.
+GPTConfig gpt_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
+
+class HfModelReader : public WeightReader {
+ public:
+  // Opens `dir` and checks config.json against `config` (see above).
+  HfModelReader(const std::filesystem::path& dir, const GPTConfig& config);
+  ~HfModelReader() override;
+  void read(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
+            float* out) override;
+  int64_t bytes_read() const;
+  int64_t data_bytes() const;  // bytes of the GPT-2 tensors read from (what a whole read would take)
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace zt

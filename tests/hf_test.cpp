@@ -1,0 +1,322 @@
+// Hugging Face GPT-2 weights in and out (src/checkpoint/hf.cpp, docs/checkpoint.md): exports that
+// transformers loads with the same logits, model.init_from whose first loss is transformers' on
+// the same batch at every stage, the bytes each rank reads at stage 3, config.json mismatches,
+// frozen parameters kept by checkpoints and exports, and `export --init`. The transformers side
+// runs with the pinned wheels of scripts/python_deps.sh; without them those tests skip, saying why.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
+#include "checkpoint/safetensors.h"
+#include "support/process.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+#include "zerotrain/error.h"
+#include "zerotrain/models/gpt.h"
+
+namespace fs = std::filesystem;
+using zt::testing::cli_path;
+using zt::testing::make_temp_dir;
+using zt::testing::run_process;
+
+namespace {
+
+std::string hf_pythonpath() {
+  const char* env = std::getenv("ZT_HF_PYTHONPATH");
+  return env && *env ? env : ZT_HF_PYTHONPATH;
+}
+
+// Empty when transformers imports; else why not (the skip message).
+const std::string& transformers_problem() {
+  static const std::string problem = [] {
+    auto r = run_process({"/usr/bin/env", "python3", "-c", "import transformers; from transformers import GPT2LMHeadModel"},
+                         {{"PYTHONPATH", hf_pythonpath()}, {"PYTHONNOUSERSITE", "1"}, {"HF_HUB_OFFLINE", "1"}},
+                         std::chrono::seconds(120));
+    if (r.exit_code == 0) return std::string();
+    std::string tail = r.output.size() > 300 ? r.output.substr(r.output.size() - 300) : r.output;
+    for (char& c : tail)
+      if (c == '\n') c = ' ';
+    return "transformers " + std::string(ZT_HF_VERSION) + " is not importable with PYTHONPATH=" + hf_pythonpath() +
+           " (install it with scripts/python_deps.sh): " + tail;
+  }();
+  return problem;
+}
+
+#define REQUIRE_TRANSFORMERS()                                                  \
+  do {                                                                          \
+    if (!transformers_problem().empty()) GTEST_SKIP() << transformers_problem(); \
+  } while (0)
+
+zt::testing::ProcessResult python(const std::vector<std::string>& args, std::chrono::seconds timeout = std::chrono::seconds(180)) {
+  std::vector<std::string> argv = {"/usr/bin/env", "python3", std::string(ZT_SOURCE_DIR) + "/tests/support/hf_check.py"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv,
+                     {{"PYTHONPATH", hf_pythonpath()}, {"PYTHONNOUSERSITE", "1"}, {"HF_HUB_OFFLINE", "1"},
+                      {"PYTHONWARNINGS", "ignore"}, {"TRANSFORMERS_VERBOSITY", "error"}},
+                     timeout);
+}
+
+std::string write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// 4096 tokens of the tiny vocabulary, as a nanoGPT .bin file (raw uint16).
+std::string token_file(const std::string& dir) {
+  std::mt19937 generator(5);
+  std::vector<uint16_t> tokens(4096);
+  for (auto& t : tokens) t = uint16_t(generator() % 256);
+  const std::string path = dir + "/tokens.bin";
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  return path;
+}
+
+// The tiny GPT on the token file: 2 ranks × 2 sequences of 16 tokens, no dropout.
+std::string train_config(const std::string& dir, int stage, const std::string& init_from = "", int64_t steps = 1) {
+  const std::string tokens = fs::exists(dir + "/tokens.bin") ? dir + "/tokens.bin" : token_file(dir);
+  return write_file(dir + "/config.json", R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "zero_optimization": {"stage": )" + std::to_string(stage) + R"(},
+    "model": {"preset": "tiny", "dropout": 0.0)" + (init_from.empty() ? "" : R"(, "init_from": ")" + init_from + "\"") + R"(},
+    "data": {"source": "bin", "path": ")" + tokens + R"(", "val_path": ")" + tokens + R"(", "sequence_length": 16},
+    "train": {"steps": )" + std::to_string(steps) + R"(, "seed": 3, "threads": 1, "log_dir": ")" + dir + R"("}})");
+}
+
+nlohmann::json train(const std::string& dir, const std::string& config, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {cli_path(), "train", config, "--nproc", "2", "--summary", dir + "/summary.json"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = run_process(args, {}, std::chrono::seconds(180));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return {};
+  return read_json(dir + "/summary.json");
+}
+
+}  // namespace
+
+// (a) A trained checkpoint exported with --format hf loads in transformers' GPT2LMHeadModel with
+// zerotrain's logits (fp32, within 1e-5), in one file and sharded with an index.
+TEST(HfExport, TransformersLoadsItWithTheSameLogits) {
+  REQUIRE_TRANSFORMERS();
+  const std::string dir = make_temp_dir("hf-export");
+  train(dir, train_config(dir, 2, "", 2), {"--save-dir", dir + "/ckpt"});
+  // zerotrain's logits: the checkpoint loaded into a fresh model and engine on one rank.
+  torch::manual_seed(99);
+  zt::GPT model(zt::gpt_preset("tiny"));
+  {
+    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "AdamW"}})", {}, 1);
+    zt::Engine engine(model.ptr(), config, zt::make_communicator(zt::RendezvousInfo{}, {}));
+    engine.load_checkpoint(dir + "/ckpt");
+    model->eval();
+    torch::NoGradGuard no_grad;
+    torch::Tensor tokens = torch::randint(0, 256, {2, 24}, torch::kLong);
+    torch::Tensor logits = model->forward(tokens);
+    zt::SafetensorsWriter writer(dir + "/reference.safetensors",
+                                 {{"tokens", torch::kLong, tokens.sizes().vec()}, {"logits", torch::kFloat, logits.sizes().vec()}});
+    writer.write(tokens);
+    writer.write(logits.contiguous());
+    writer.finish();
+  }
+  std::vector<std::string> dirs;
+  for (const std::string& shard : {"", "50KB"}) {
+    const std::string out = dir + "/hf" + shard;
+    std::vector<std::string> args = {cli_path(), "export", dir + "/ckpt", "--format", "hf", "--out", out};
+    if (!shard.empty()) args.insert(args.end(), {"--max-shard-size", shard});
+    auto r = run_process(args, {}, std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto hf_config = read_json(out + "/config.json");
+    EXPECT_EQ(hf_config["model_type"], "gpt2");
+    EXPECT_EQ(hf_config["n_layer"], 2);
+    EXPECT_EQ(hf_config["torch_dtype"], "float32");
+    if (shard.empty()) {
+      EXPECT_TRUE(fs::exists(out + "/model.safetensors"));
+      EXPECT_FALSE(fs::exists(out + "/model.safetensors.index.json"));
+    } else {
+      // 50 kB shards of a 0.5 MB model: an index and several files.
+      ASSERT_TRUE(fs::exists(out + "/model.safetensors.index.json"));
+      const auto index = read_json(out + "/model.safetensors.index.json");
+      std::set<std::string> files;
+      for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+      EXPECT_GT(files.size(), 3u);
+      EXPECT_EQ(index["weight_map"].size(), 2u + 12u * 2u + 2u);
+      EXPECT_FALSE(index["weight_map"].contains("lm_head.weight")) << "the head is tied";
+      EXPECT_FALSE(fs::exists(out + "/model.safetensors"));
+    }
+    dirs.push_back(out);
+  }
+  auto p = python({"logits", dir + "/reference.safetensors", dirs[0], dirs[1]});
+  EXPECT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find(dirs[1] + ": max_abs_diff"), std::string::npos) << p.output;
+}
+
+// (b) + (c) A transformers-saved GPT-2 as model.init_from: zerotrain's first loss on 2 ranks at
+// stages 0-3 equals transformers' loss on the same batch; fp16/bf16 files are converted; a sharded
+// directory (index) is read; at stage 3 each rank reads about half of the tensor bytes (its shards),
+// at stage 0 each reads them all.
+TEST(HfInitFrom, FirstLossEqualsTransformersAtEveryStage) {
+  REQUIRE_TRANSFORMERS();
+  const std::string dir = make_temp_dir("hf-init");
+  token_file(dir);
+  auto p = python({"make-models", dir});
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  struct Case {
+    std::string source;
+    int stage;
+  };
+  // Every stage, and each kind of file once.
+  const std::vector<Case> cases = {{"fp32", 0}, {"bf16", 1}, {"fp16", 2}, {"sharded", 3}};
+  std::vector<nlohmann::json> summaries;
+  for (const Case& c : cases) {
+    const std::string run = dir + "/run-" + c.source + "-" + std::to_string(c.stage);
+    fs::create_directories(run);
+    fs::copy_file(dir + "/tokens.bin", run + "/tokens.bin");
+    summaries.push_back(train(run, train_config(run, c.stage, dir + "/" + c.source)));
+    ASSERT_FALSE(summaries.back().is_null()) << c.source << " stage " << c.stage;
+  }
+  // transformers' losses, all in one process.
+  p = python({"loss", dir + "/tokens.bin", "3", "16", "2", "2", dir + "/fp32", dir + "/sharded", dir + "/bf16", dir + "/fp16"});
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.source + " stage " + std::to_string(c.stage));
+    const std::string key = "loss " + dir + "/" + c.source + " ";
+    const size_t at = p.output.find(key);
+    ASSERT_NE(at, std::string::npos) << p.output;
+    const double expected = std::stod(p.output.substr(at + key.size()));
+    const auto& summary = summaries[i];
+    const double found = summary["losses"][0].get<double>();
+    EXPECT_NEAR(found, expected, 1e-5 * expected) << "zerotrain " << found << ", transformers " << expected;
+    // What each rank read from the files, against the tensors' bytes.
+    const auto& init = summary["init_from"];
+    const double total = init["tensor_bytes"].get<double>();
+    ASSERT_EQ(init["bytes_read_per_rank"].size(), 2u);
+    double sum = 0;
+    for (const auto& b : init["bytes_read_per_rank"]) {
+      const double bytes = b.get<double>();
+      sum += bytes;
+      if (c.stage == 0) EXPECT_EQ(bytes, total) << "stage 0 keeps every master on every rank";
+      else EXPECT_LE(bytes, 0.55 * total) << "a rank read more than its shards: " << init.dump();
+    }
+    if (c.stage > 0) {
+      EXPECT_GE(sum, total) << init.dump();
+      EXPECT_LE(sum, 1.05 * total) << init.dump();
+    }
+  }
+}
+
+// (d) A config.json of another shape is a configuration error naming the key and both values,
+// before any rank starts; so is a directory that is not a model.
+TEST(HfInitFrom, AMismatchedConfigIsAClearError) {
+  const std::string dir = make_temp_dir("hf-mismatch");
+  // A directory written by our own export, then its config.json edited.
+  auto r = run_process({cli_path(), "export", "--init", train_config(dir, 0), "--format", "hf", "--out", dir + "/hf"}, {},
+                       std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto config = read_json(dir + "/hf/config.json");
+  config["n_embd"] = 128;
+  write_file(dir + "/hf/config.json", config.dump());
+  r = run_process({cli_path(), "train", train_config(dir, 3, dir + "/hf"), "--nproc", "2"}, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("n_embd = 128"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.n_embd = 64"), std::string::npos) << r.output;
+  r = run_process({cli_path(), "train", train_config(dir, 0, dir + "/nowhere"), "--nproc", "1"}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("model.init_from"), std::string::npos) << r.output;
+}
+
+// `export --init`: the weights a configuration starts from. Training from them (as init_from)
+// gives the first loss of training from the seed, bitwise; the safetensors form equals a GPT
+// built with the configuration's seed.
+TEST(HfExport, InitWritesTheWeightsTrainingStartsFrom) {
+  const std::string dir = make_temp_dir("hf-init-export");
+  const std::string plain = train_config(dir, 3);
+  auto r = run_process({cli_path(), "export", "--init", plain, "--set", "train.seed=3", "--format", "hf", "--out", dir + "/init"},
+                       {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_process({cli_path(), "export", "--init", plain, "--out", dir + "/init.safetensors"}, {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  torch::manual_seed(3);
+  zt::GPT reference(zt::gpt_preset("tiny"));
+  zt::SafetensorsReader file(dir + "/init.safetensors");
+  for (const auto& p : reference->named_parameters())
+    EXPECT_TRUE(torch::equal(file.read(p.key()), p.value())) << p.key();
+  const auto from_seed = train(dir, plain);
+  const std::string other = dir + "/other";
+  fs::create_directories(other);
+  fs::copy_file(dir + "/tokens.bin", other + "/tokens.bin");
+  const auto from_export = train(other, train_config(other, 3, dir + "/init"));
+  ASSERT_FALSE(from_seed.is_null());
+  ASSERT_FALSE(from_export.is_null());
+  EXPECT_EQ(from_seed["losses"][0].get<double>(), from_export["losses"][0].get<double>());
+}
+
+// Frozen parameters whose values did not come from the constructor are kept by checkpoints and
+// exports: a model with a frozen part is rebuilt from either.
+TEST(HfCheckpoint, FrozenParametersSurviveCheckpointsAndExports) {
+  const std::string dir = make_temp_dir("hf-frozen");
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
+                                     "model": {"preset": "tiny"}})",
+                                 {}, 1);
+  torch::Tensor frozen_values = torch::arange(64 * 64, torch::kFloat32).view({64, 64}) / 4096.0f;
+  auto build = [&](int seed) {
+    torch::manual_seed(seed);
+    zt::GPT model(zt::gpt_preset("tiny"));
+    model->wpe->weight.set_requires_grad(false);
+    return model;
+  };
+  torch::Tensor trained_wte;
+  {
+    zt::GPT model = build(1);
+    {
+      torch::NoGradGuard no_grad;
+      model->wpe->weight.copy_(frozen_values);  // not the constructor's values
+    }
+    zt::Engine engine(model.ptr(), config, comm);
+    EXPECT_EQ(engine.trainable_parameters(), zt::gpt_parameter_count(zt::gpt_preset("tiny")) - 64 * 64);
+    torch::Tensor tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
+    engine.backward(model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)));
+    engine.step();
+    engine.save_checkpoint(dir + "/ckpt", "one");
+    trained_wte = model->wte->weight.detach().clone();
+    EXPECT_TRUE(torch::equal(model->wpe->weight, frozen_values)) << "a frozen parameter changed in training";
+  }
+  {
+    zt::GPT model = build(2);
+    zt::Engine engine(model.ptr(), config, comm);
+    engine.load_checkpoint(dir + "/ckpt");
+    EXPECT_TRUE(torch::equal(model->wpe->weight, frozen_values)) << "the checkpoint lost the frozen values";
+    EXPECT_TRUE(torch::equal(model->wte->weight, trained_wte));
+  }
+  // Both exports hold the frozen tensor.
+  zt::export_checkpoint(dir + "/ckpt", "", dir + "/model.safetensors", torch::kFloat);
+  EXPECT_TRUE(torch::equal(zt::SafetensorsReader(dir + "/model.safetensors").read("wpe.weight"), frozen_values));
+  auto r = run_process({cli_path(), "export", dir + "/ckpt", "--format", "hf", "--out", dir + "/hf"}, {},
+                       std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  {
+    zt::GPT model = build(3);
+    zt::Engine engine(model.ptr(), config, comm);
+    zt::HfModelReader reader(dir + "/hf", zt::gpt_preset("tiny"));
+    engine.load_weights(reader);
+    EXPECT_TRUE(torch::equal(model->wpe->weight, frozen_values)) << "rebuilt from the Hugging Face export";
+    EXPECT_TRUE(torch::equal(model->wte->weight, trained_wte));
+    EXPECT_TRUE(torch::equal(model->blocks[0]->attn->c_attn->weight,
+                             zt::SafetensorsReader(dir + "/model.safetensors").read("blocks.0.attn.c_attn.weight")));
+  }
+}
