@@ -86,6 +86,19 @@ TEST(CommRendezvous, TorchrunDefaults) {
   EXPECT_EQ(info.local_world_size, 2);
   EXPECT_EQ(info.master_addr, "127.0.0.1");
   EXPECT_EQ(info.master_port, 29500);
+  EXPECT_EQ(info.listen_fd, -1);
+}
+
+// zerotrain's launcher hands rank 0 its rendezvous socket; only rank 0 takes it.
+TEST(CommRendezvous, LaunchersSocketGoesToRankZeroOnly) {
+  EXPECT_EQ(rendezvous_from_environment(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"ZT_RENDEZVOUS_LISTEN_FD", "3"}}))
+                .listen_fd,
+            3);
+  EXPECT_EQ(rendezvous_from_environment(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"ZT_RENDEZVOUS_LISTEN_FD", "3"}}))
+                .listen_fd,
+            -1);
+  expect_config_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"ZT_RENDEZVOUS_LISTEN_FD", "three"}},
+                      {"ZT_RENDEZVOUS_LISTEN_FD", "file descriptor", "'three'"});
 }
 
 TEST(CommRendezvous, Slurm) {
@@ -320,6 +333,26 @@ TEST(CommMultiRank, AllReduce) {
   }
   expect_ranks_pass("CommMultiRank.AllReduce", {2, 3});
   expect_ranks_pass("CommMultiRank.AllReduce", {3}, kEmulate);
+}
+
+// Communicators made one after another on one port: a rank that makes its second while rank 0
+// still holds its first store must not join that old store (it used to count itself arrived
+// there and hang in the new group); it waits for rank 0's second store. Rank 0 is held back
+// for a second before it lets its first communicator go.
+TEST(CommMultiRank, SuccessiveCommunicatorsOnOnePortMeetTheirOwnPeers) {
+  if (is_rank_process()) {
+    for (int round = 0; round < 3; ++round) {
+      auto comm = rank_communicator();
+      auto t = torch::full({4}, float(comm->rank() + 1 + 10 * round));
+      comm->all_reduce(t, ReduceOp::Sum, "round").wait();
+      const int world = comm->world_size();
+      const float expected = float(world * (world + 1) / 2 + 10 * round * world);
+      ASSERT_TRUE(torch::allclose(t, torch::full({4}, expected))) << "round " << round << " rank " << comm->rank();
+      if (comm->rank() == 0) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    return;
+  }
+  expect_ranks_pass("CommMultiRank.SuccessiveCommunicatorsOnOnePortMeetTheirOwnPeers", {2, 3});
 }
 
 TEST(CommMultiRank, ReduceScatter) {

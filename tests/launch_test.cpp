@@ -255,6 +255,35 @@ TEST(Launch, EveryRankGetsTheRendezvousEnvironment) {
   EXPECT_NE(run.err.find(dir + "/logs/rank{0..2}.log"), std::string::npos) << run.err;
 }
 
+// Rank 0 gets the rendezvous socket the launcher opened, already listening on MASTER_PORT, as
+// descriptor 3 (ZT_RENDEZVOUS_LISTEN_FD=3): no other process can take the port between its
+// choice and the store's start. No other rank gets it, nor a number left in the launcher's own
+// environment.
+TEST(Launch, RankZeroHoldsTheRendezvousSocketListeningOnTheMasterPort) {
+  auto dir = zt::testing::make_temp_dir("launch-socket");
+  const std::string script =
+      "echo \"FD=${ZT_RENDEZVOUS_LISTEN_FD:-none}\"; "
+      "echo \"FD3=$(readlink /proc/$$/fd/3 2>/dev/null | cut -c1-7)\"; "
+      "echo \"LISTENING=$(grep -c \"0100007F:$(printf %04X \"$MASTER_PORT\") 00000000:0000 0A\" /proc/net/tcp)\"";
+  auto run = run_launcher(dir, {{"ZT_HELPER_NPROC", "2"}, {"ZT_HELPER_SCRIPT", script}, {"ZT_RENDEZVOUS_LISTEN_FD", "7"}});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  auto rank0 = parse_env(read_text(dir + "/logs/rank0.log"));
+  EXPECT_EQ(rank0["FD"], "3");
+  EXPECT_EQ(rank0["FD3"], "socket:");
+  EXPECT_EQ(rank0["LISTENING"], "1");
+  auto rank1 = parse_env(read_text(dir + "/logs/rank1.log"));
+  EXPECT_EQ(rank1["FD"], "none");
+  EXPECT_NE(rank1["FD3"], "socket:");
+
+  // With a port of the user's choosing, rank 0 binds it itself.
+  auto dir2 = zt::testing::make_temp_dir("launch-socket-port");
+  auto run2 = run_launcher(dir2, {{"ZT_HELPER_NPROC", "2"},
+                                  {"ZT_HELPER_PORT", std::to_string(zt::testing::free_port())},
+                                  {"ZT_HELPER_SCRIPT", script}});
+  ASSERT_EQ(run2.exit_code, 0) << run2.err;
+  EXPECT_EQ(parse_env(read_text(dir2 + "/logs/rank0.log"))["FD"], "none");
+}
+
 TEST(Launch, UserSettingsForOpenMpAndAnExplicitPortAreKept) {
   auto dir = zt::testing::make_temp_dir("launch-env2");
   int port = zt::testing::free_port();

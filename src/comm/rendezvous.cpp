@@ -118,6 +118,9 @@ RendezvousInfo from_torchrun(const Env& env) {
   check_rank("LOCAL_RANK", info.local_rank, "LOCAL_WORLD_SIZE", info.local_world_size);
   if (const char* addr = env.get("MASTER_ADDR")) info.master_addr = addr;
   if (env.has("MASTER_PORT")) info.master_port = env.port("MASTER_PORT");
+  if (info.rank == 0 && env.has("ZT_RENDEZVOUS_LISTEN_FD"))
+    info.listen_fd = int(parse_int("ZT_RENDEZVOUS_LISTEN_FD", env.get("ZT_RENDEZVOUS_LISTEN_FD"), 0, 1 << 20,
+                                   "a file descriptor number"));
   return info;
 }
 

@@ -116,22 +116,37 @@ int usable_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-int pick_free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(std::string(kPrefix) + "cannot open a socket to pick a port: " + std::strerror(errno));
+// The rendezvous socket, listening on a port the kernel picks, opened here and handed to rank 0
+// (ZT_RENDEZVOUS_LISTEN_FD): a port only picked and released could be taken by another process
+// (an outgoing connection's ephemeral port, another job's listener) before rank 0 binds it, and
+// the other ranks would then reach someone else's socket.
+struct ListeningSocket {
+  int fd = -1;
+  int port = -1;
+};
+
+ListeningSocket open_rendezvous_socket() {
+  ListeningSocket s;
+  s.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s.fd < 0) throw Error(std::string(kPrefix) + "cannot open a socket for the rendezvous: " + std::strerror(errno));
+  // Connections rank 0 accepted and closed stay in TIME_WAIT; only a listener with SO_REUSEADDR
+  // lets a second communicator of rank 0 bind the port again (as it does without a launcher).
+  int one = 1;
+  ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;  // the kernel picks a free ephemeral port
+  addr.sin_port = 0;  // the kernel picks a free port
   socklen_t len = sizeof(addr);
-  int port = -1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    port = ntohs(addr.sin_port);
-  int err = errno;
-  ::close(fd);
-  if (port <= 0) throw Error(std::string(kPrefix) + "cannot pick a free port on 127.0.0.1: " + std::strerror(err));
-  return port;
+  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(s.fd, 128) == 0 &&
+      ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+    s.port = ntohs(addr.sin_port);
+  if (s.port <= 0) {
+    int err = errno;
+    ::close(s.fd);
+    throw Error(std::string(kPrefix) + "cannot listen on a free port of 127.0.0.1: " + std::strerror(err));
+  }
+  return s;
 }
 
 struct Resolved {
@@ -182,7 +197,9 @@ Resolved resolve_program(const std::string& program) {
 }
 
 // The environment of rank `rank`: ours, with the rendezvous variables torchrun sets replaced.
-std::vector<std::string> rank_environment(int rank, int nproc, int port, const std::string& flight_file) {
+// `listen_fd`: the rendezvous socket's number in rank 0 (-1: none, or another rank).
+std::vector<std::string> rank_environment(int rank, int nproc, int port, const std::string& flight_file,
+                                          int listen_fd) {
   std::vector<std::pair<std::string, std::string>> set = {
       {"RANK", std::to_string(rank)},
       {"WORLD_SIZE", std::to_string(nproc)},
@@ -201,10 +218,14 @@ std::vector<std::string> rank_environment(int rank, int nproc, int port, const s
   if (!std::getenv("OMP_NUM_THREADS"))
     set.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1, usable_cores() / nproc)));
 
+  if (listen_fd >= 0) set.emplace_back("ZT_RENDEZVOUS_LISTEN_FD", std::to_string(listen_fd));
+
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
     std::string_view entry(*e);
     std::string_view key = entry.substr(0, entry.find('='));
+    // A socket number inherited from an outer launcher means nothing in our ranks.
+    if (key == "ZT_RENDEZVOUS_LISTEN_FD") continue;
     bool replaced = std::any_of(set.begin(), set.end(), [&](const auto& kv) { return kv.first == key; });
     if (!replaced) env.emplace_back(entry);
   }
@@ -372,18 +393,22 @@ bool any_group_alive(const std::vector<Rank>& ranks) {
   return alive;
 }
 
-void close_inherited_fds() {
+// The number rank 0 finds the rendezvous socket under: the first after stdin, stdout, stderr.
+constexpr int kRendezvousFdInRank = 3;
+
+void close_inherited_fds(int first) {
   // Descriptors the launcher's process opened without O_CLOEXEC must not leak into ranks (a
   // leaked pipe end can keep a reader waiting forever). Async-signal-safe: a raw syscall.
 #ifdef SYS_close_range
-  if (::syscall(SYS_close_range, 3u, ~0u, 0u) == 0) return;
+  if (::syscall(SYS_close_range, unsigned(first), ~0u, 0u) == 0) return;
 #endif
   long max_fd = ::sysconf(_SC_OPEN_MAX);
-  for (long fd = 3; fd < (max_fd > 0 ? max_fd : 1024); ++fd) ::close(static_cast<int>(fd));
+  for (long fd = first; fd < (max_fd > 0 ? max_fd : 1024); ++fd) ::close(static_cast<int>(fd));
 }
 
 // Runs in the forked child; never returns.
-[[noreturn]] void exec_rank(int out_fd, int null_fd, pid_t launcher_pid, const char* path,
+// `listen_fd` (-1: none) is passed on as kRendezvousFdInRank.
+[[noreturn]] void exec_rank(int out_fd, int null_fd, int listen_fd, pid_t launcher_pid, const char* path,
                             char* const* argv, char* const* envp, const char* exec_error_prefix) {
   // Own process group: the terminal's Ctrl-C reaches only the launcher (which forwards it
   // exactly once), and killing the group also kills whatever the rank started.
@@ -407,7 +432,13 @@ void close_inherited_fds() {
   ::dup2(null_fd, STDIN_FILENO);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(out_fd, STDERR_FILENO);
-  close_inherited_fds();
+  if (listen_fd >= 0) {
+    // dup2 leaves the copy without FD_CLOEXEC, so it survives execve; a socket already at that
+    // number keeps its flag and needs it cleared.
+    if (listen_fd == kRendezvousFdInRank) ::fcntl(listen_fd, F_SETFD, 0);
+    else ::dup2(listen_fd, kRendezvousFdInRank);
+  }
+  close_inherited_fds(listen_fd >= 0 ? kRendezvousFdInRank + 1 : 3);
 
   ::execve(path, argv, envp);
   int err = errno;
@@ -484,10 +515,13 @@ int launch_local(const LaunchOptions& options) {
   if (ec) log_dir = options.log_dir;
 
   const int nproc = options.nproc;
-  const int port = options.master_port > 0 ? options.master_port : pick_free_port();
+  ListeningSocket rendezvous_socket;
+  if (options.master_port == 0) rendezvous_socket = open_rendezvous_socket();
+  const int port = options.master_port > 0 ? options.master_port : rendezvous_socket.port;
 
   // ---- 2. Prepare everything the children need, then start them.
   FdList fds;
+  if (rendezvous_socket.fd >= 0) fds.add(rendezvous_socket.fd);
   int null_fd = fds.add(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (null_fd < 0) throw Error(std::string(kPrefix) + "cannot open /dev/null: " + std::strerror(errno));
 
@@ -560,7 +594,9 @@ int launch_local(const LaunchOptions& options) {
   };
 
   for (int i = 0; i < nproc; ++i) {
-    std::vector<std::string> env = rank_environment(i, nproc, port, ranks[i].flight_path);
+    const int listen_fd = i == 0 ? rendezvous_socket.fd : -1;
+    std::vector<std::string> env =
+        rank_environment(i, nproc, port, ranks[i].flight_path, listen_fd >= 0 ? kRendezvousFdInRank : -1);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -568,7 +604,7 @@ int launch_local(const LaunchOptions& options) {
 
     pid_t pid = ::fork();
     if (pid == 0)
-      exec_rank(out_fd, null_fd, launcher_pid, program.path.c_str(), argv.data(), envp.data(),
+      exec_rank(out_fd, null_fd, listen_fd, launcher_pid, program.path.c_str(), argv.data(), envp.data(),
                 exec_error_prefix.c_str());
     const int fork_errno = errno;
     if (i == 0 && tee_write >= 0) {
@@ -576,6 +612,13 @@ int launch_local(const LaunchOptions& options) {
       // is gone (or at once, if the fork failed).
       ::close(tee_write);
       tee_write = -1;
+    }
+    if (i == 0 && rendezvous_socket.fd >= 0) {
+      // Rank 0 owns the rendezvous socket now: if it dies, the others' connections are refused
+      // rather than queued on a copy nobody accepts from.
+      std::replace(fds.fds.begin(), fds.fds.end(), rendezvous_socket.fd, -1);
+      ::close(rendezvous_socket.fd);
+      rendezvous_socket.fd = -1;
     }
     if (pid < 0) {
       // The job cannot run without every rank: stop the ones already started (unstarted ranks

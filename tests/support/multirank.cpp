@@ -4,6 +4,8 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 namespace zt::testing {
 
 bool MultiRankResult::all_succeeded() const {
@@ -30,7 +32,12 @@ MultiRankResult run_once(int world, const std::string& gtest_filter, const std::
                          std::chrono::seconds timeout) {
   MultiRankResult result;
   result.ranks.resize(size_t(world));
-  const std::string port = std::to_string(free_port());
+  // Rank 0 gets the rendezvous socket already listening: a port only picked and released can be
+  // taken (another test's ephemeral or Gloo port) before rank 0 binds it, and the other ranks
+  // would then reach the wrong socket.
+  ListeningSocket socket;
+  if (extra_env.count("MASTER_PORT") == 0) socket = listen_on_free_port();
+  const std::string port = std::to_string(socket.port);
   const std::string exe = self_executable();
   auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
@@ -42,9 +49,18 @@ MultiRankResult run_once(int world, const std::string& gtest_filter, const std::
                                            {"MASTER_ADDR", "127.0.0.1"},
                                            {"MASTER_PORT", port},
                                            {"ZT_TEST_RANK_ROLE", "1"}};
+    if (rank == 0 && socket.fd >= 0) env["ZT_RENDEZVOUS_LISTEN_FD"] = std::to_string(socket.fd);
     for (const auto& [k, v] : extra_env) env[k] = v;
-    threads.emplace_back([&, rank, env] {
-      result.ranks[size_t(rank)] = run_process({exe, "--gtest_filter=" + gtest_filter}, env, timeout);
+    const int inherit = rank == 0 ? socket.fd : -1;
+    threads.emplace_back([&, rank, env, inherit] {
+      // Once rank 0 holds the socket, ours goes: with it open here, the other ranks' connections
+      // would queue on it unanswered if rank 0 died, and rank 0 could not bind the port again
+      // for a second communicator.
+      auto close_ours = [&] {
+        if (inherit >= 0) close(inherit);
+      };
+      result.ranks[size_t(rank)] =
+          run_process({exe, "--gtest_filter=" + gtest_filter}, env, timeout, "", inherit, close_ours);
     });
   }
   for (auto& t : threads) t.join();

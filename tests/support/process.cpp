@@ -20,7 +20,8 @@ namespace zt::testing {
 
 ProcessResult run_process(const std::vector<std::string>& argv,
                           const std::map<std::string, std::string>& extra_env,
-                          std::chrono::seconds timeout, const std::string& cwd) {
+                          std::chrono::seconds timeout, const std::string& cwd, int inherit_fd,
+                          const std::function<void()>& on_started) {
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) throw std::runtime_error("pipe failed");
   pid_t pid = fork();
@@ -31,6 +32,7 @@ ProcessResult run_process(const std::vector<std::string>& argv,
     dup2(pipe_fds[1], 2);
     close(pipe_fds[0]);
     close(pipe_fds[1]);
+    if (inherit_fd >= 0) fcntl(inherit_fd, F_SETFD, 0);
     for (const auto& [key, value] : extra_env) setenv(key.c_str(), value.c_str(), 1);
     if (!cwd.empty() && chdir(cwd.c_str()) != 0) _exit(127);
     std::vector<char*> args;
@@ -41,6 +43,7 @@ ProcessResult run_process(const std::vector<std::string>& argv,
   }
   setpgid(pid, pid);
   close(pipe_fds[1]);
+  if (on_started) on_started();
   ProcessResult result;
   std::atomic<bool> done{false};
   std::thread reader([&] {
@@ -84,6 +87,28 @@ int free_port() {
   int port = ntohs(addr.sin_port);
   close(fd);
   return port;
+}
+
+ListeningSocket listen_on_free_port() {
+  ListeningSocket s;
+  s.fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s.fd < 0) throw std::runtime_error("socket failed");
+  // As rank 0's own socket: connections it accepted and closed stay in TIME_WAIT, and only a
+  // listener with SO_REUSEADDR lets a later store of the same rank bind the port again.
+  int one = 1;
+  setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(s.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(s.fd, 128) != 0 ||
+      getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(s.fd);
+    throw std::runtime_error("cannot listen on a free port of 127.0.0.1");
+  }
+  s.port = ntohs(addr.sin_port);
+  return s;
 }
 
 std::string cli_path() { return std::string(ZT_BIN_DIR) + "/zerotrain"; }
