@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -755,6 +756,16 @@ TEST(ConfigHostile, FilesThatAreNotConfigurations) {
   expect_one_line_error(load(dir + "/dup.json"), dir + "/dup.json: duplicate key 'train'");
 }
 
+// The configuration the overrides give, or a test failure with the error and nothing.
+std::optional<TrainConfig> parse_or_fail(const std::vector<std::string>& overrides) {
+  try {
+    return parse_config("{}", overrides, 1);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+    return std::nullopt;
+  }
+}
+
 // The audit of "no key accepted and silently ignored" as a table: every key of the schema with
 // what it does. A key added to the schema fails this test until it is classified here; a key
 // that lands in TrainConfig is checked to arrive there, a reserved one to be refused when it
@@ -1080,13 +1091,9 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       EXPECT_EQ(leaf.status, entry.behaviour == Noted ? cd::Status::Inert : cd::Status::Reporting);
       std::vector<std::string> overrides = context_of;
       overrides.push_back(leaf.path + "=" + entry.value);
-      TrainConfig config;
-      try {
-        config = parse_config("{}", overrides, 1);
-      } catch (const std::exception& e) {
-        ADD_FAILURE() << e.what();
-        continue;
-      }
+      const std::optional<TrainConfig> parsed = parse_or_fail(overrides);
+      if (!parsed) continue;
+      const TrainConfig& config = *parsed;
       if (entry.behaviour == Noted) {
         const std::string expected = leaf.path + " has no effect in zerotrain: ";
         EXPECT_TRUE(std::any_of(config.notes.begin(), config.notes.end(),
@@ -1119,14 +1126,9 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
     std::vector<std::string> overrides;
     if (auto c = with_tier.find(leaf.path); c != with_tier.end()) overrides = c->second;
     overrides.push_back(leaf.path + "=" + entry.value);
-    TrainConfig config;
-    try {
-      config = parse_config("{}", overrides, 1);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << e.what();
-      continue;
-    }
-    EXPECT_TRUE(entry.arrived(config)) << "the value does not reach TrainConfig (read by: " << entry.reader << ")";
+    const std::optional<TrainConfig> config = parse_or_fail(overrides);
+    if (!config) continue;
+    EXPECT_TRUE(entry.arrived(*config)) << "the value does not reach TrainConfig (read by: " << entry.reader << ")";
   }
   for (const auto& [key, entry] : table)
     EXPECT_TRUE(schema_keys.count(key)) << key << " is no longer in the schema";

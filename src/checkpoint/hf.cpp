@@ -590,7 +590,10 @@ int64_t HfModelReader::data_bytes() const {
 void HfModelReader::read(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
                          float* out) {
   State& s = *state_;
-  auto [file, entry] = s.find(name, shape);
+  // Not a structured binding: the lambdas below capture it (clang rejects captured bindings).
+  const auto located = s.find(name, shape);
+  const auto& file = located.first;
+  const auto& entry = located.second;
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   if (begin < 0 || count < 0 || begin + count > numel)
