@@ -1802,6 +1802,9 @@ TEST(ConfigDeepSpeedRules, DeepSpeedFeaturesAndTheirRefusals) {
   expect_one_line_error(error_of(R"({"optimizer": {"type": "ZeroOneAdam"}})"), "0/1 Adam");
   expect_one_line_error(error_of(R"({"optimizer": {"type": "adagrad", "params": {"lr": 0.01}}})"),
                         "optimizer.type \"Adagrad\" is not supported: Adagrad is not implemented");
+  // DeepSpeed builds any torch.optim class by its name: refused as not implemented, not unknown.
+  expect_one_line_error(error_of(R"({"optimizer": {"type": "RMSprop", "params": {"lr": 0.01, "alpha": 0.99}}})"),
+                        "optimizer.type \"RMSprop\" is not supported: torch.optim.RMSprop is not implemented");
   // Kernel choices are accepted with a note; the math is the same.
   const TrainConfig adam = parse_config(R"({"optimizer": {"type": "Adam", "params": {"torch_adam": true,
       "fused": true, "adam_w_mode": false}}})", {}, 1);

@@ -397,6 +397,17 @@ const std::map<std::string, std::string>& unimplemented_optimizers() {
       {"MuAdam", "Adam with muP learning-rate scaling"},
       {"MuAdamW", "AdamW with muP learning-rate scaling"},
       {"MuSGD", "SGD with muP learning-rate scaling"},
+      // DeepSpeed builds any other torch.optim class by its name.
+      {"Adadelta", "torch.optim.Adadelta"},
+      {"Adafactor", "torch.optim.Adafactor"},
+      {"Adamax", "torch.optim.Adamax"},
+      {"ASGD", "torch.optim.ASGD"},
+      {"LBFGS", "torch.optim.LBFGS"},
+      {"NAdam", "torch.optim.NAdam"},
+      {"RAdam", "torch.optim.RAdam"},
+      {"RMSprop", "torch.optim.RMSprop"},
+      {"Rprop", "torch.optim.Rprop"},
+      {"SparseAdam", "torch.optim.SparseAdam"},
   };
   return names;
 }

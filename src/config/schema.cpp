@@ -246,7 +246,10 @@ std::vector<Leaf> build_table() {
   {
     Leaf type = string("optimizer.type", "Adam", ZT_FIELD(optimizer.type),
                        {"Adam", "AdamW", "Lamb", "SGD", "OneBitAdam", "ZeroOneAdam", "OneBitLamb", "Adagrad", "Lion",
-                        "Muon", "MuAdam", "MuAdamW", "MuSGD"});
+                        "Muon", "MuAdam", "MuAdamW", "MuSGD",
+                        // Any other torch.optim class DeepSpeed builds by its name (torch 2.11's).
+                        "Adadelta", "Adafactor", "Adamax", "ASGD", "LBFGS", "NAdam", "RAdam", "RMSprop", "Rprop",
+                        "SparseAdam"});
     type.case_insensitive = true;
     t.push_back(std::move(type));
   }
