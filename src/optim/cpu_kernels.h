@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <optional>
 
-#include "optim/fused_adam.h"  // AdamHyperparameters, the CUDA twin
+#include "optim/fused_adam.h"  // AdamHyperparameters (shared with the device twins, device_kernels.h)
 
 namespace zt::optim {
 
