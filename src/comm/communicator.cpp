@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -707,6 +708,14 @@ class ProcessGroupCommunicator final : public Communicator {
 }  // namespace
 
 std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options) {
+  // A write to a peer that has died raises SIGPIPE, whose default action ends this rank before
+  // the failed collective can say what happened (and makes the launcher blame this rank). With
+  // SIGPIPE ignored the write fails with EPIPE and becomes a CommError naming the collective. A
+  // handler the program installed itself is left alone (docs/comm.md "Failures").
+  if (info.world_size > 1) {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+  }
   return std::make_shared<ProcessGroupCommunicator>(info, options);
 }
 

@@ -655,6 +655,8 @@ int launch_local(const LaunchOptions& options) {
   while (true) {
     handle_signals();
     bool any_running = false;
+    // Reap first, then report: ranks that ended within one pass are reported cause first (below).
+    std::vector<Rank*> exited;
     for (Rank& r : ranks) {
       if (!r.running) continue;
       int status = 0;
@@ -674,6 +676,20 @@ int launch_local(const LaunchOptions& options) {
       } else {
         r.status_text = describe_status(status, &r.exit_code);
       }
+      exited.push_back(&r);
+    }
+    // A rank killed by a signal (other than SIGPIPE, which a rank gets for writing to a peer that
+    // has died) is likelier the cause than one that failed by itself, and that likelier than
+    // one that succeeded: of ranks found ended in the same pass, the likeliest cause is named
+    // first, whatever their order.
+    auto cause_rank = [](const Rank& r) {
+      if (r.exit_code > 128 && r.exit_code != 128 + SIGPIPE) return 2;
+      return r.exit_code != 0 ? 1 : 0;
+    };
+    std::stable_sort(exited.begin(), exited.end(),
+                     [&](const Rank* a, const Rank* b) { return cause_rank(*a) > cause_rank(*b); });
+    for (Rank* exited_rank : exited) {
+      Rank& r = *exited_rank;
       // A rank failed by itself unless it ended by (or with the code of) a signal we sent it:
       // the 143 of a rank we stopped is not a failure of its own, a 7 or a SIGSEGV is.
       const bool by_our_signal =
