@@ -281,7 +281,7 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
       for (const StateFragment& f : fragments)
         for (const std::string& role : role_names(f)) {
           if (auto tensor = f.roles.find(role); tensor != f.roles.end()) {
-            writer.write(tensor->second.reshape({-1}).to(at::kFloat));
+            writer.write(tensor->second.reshape({-1}).to(at::kCPU, at::kFloat));  // device state too
             continue;
           }
           const FragmentSource& source = f.sources.at(role);

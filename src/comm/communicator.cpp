@@ -119,6 +119,9 @@ struct CollectiveHandle::State {
   int world_size = 1;
   std::chrono::milliseconds timeout{0};
   std::vector<c10::intrusive_ptr<c10d::Work>> works;  // empty when nothing was sent (world of one)
+  // NCCL (device tensors): wait() orders the caller's current stream after the collective instead
+  // of blocking the host; NCCL's watchdog enforces the timeout (docs/comm.md "CUDA").
+  bool stream_ordered = false;
   std::vector<at::Tensor> keep_alive;   // the caller's tensors and our temporaries
   std::function<void()> finalize;       // emulation steps after the transfer
   std::shared_ptr<FailureState> failure;
@@ -147,6 +150,10 @@ struct CollectiveHandle::State {
       try {
         // One deadline for the whole collective, however many backend operations it took.
         for (auto& work : works) {
+          if (stream_ordered) {
+            work->wait();
+            continue;
+          }
           auto left = std::chrono::duration_cast<std::chrono::milliseconds>(start + timeout - Clock::now());
           work->wait(std::max(left, std::chrono::milliseconds(1)));
         }
@@ -628,7 +635,7 @@ class ProcessGroupCommunicator final : public Communicator {
     throw CommError(error);
   }
 
-  c10d::Backend& backend_for(const at::Tensor& t, const CollectiveHandle::State& state) {
+  c10d::Backend& backend_for(const at::Tensor& t, CollectiveHandle::State& state) {
     if (t.device().is_cpu()) return *gloo_;
 #ifdef ZT_CUDA
     if (t.is_cuda()) {
@@ -639,6 +646,7 @@ class ProcessGroupCommunicator final : public Communicator {
         nccl_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(
             c10::make_intrusive<c10d::PrefixStore>("zt/nccl", store_), info_.rank, info_.world_size, nccl_options);
       }
+      state.stream_ordered = true;
       return *nccl_;
     }
 #endif

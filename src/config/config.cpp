@@ -321,16 +321,17 @@ bool given(const TrainConfig& c, const std::string& path) {
   return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine);
 }
 
-// The offload keys that cannot matter in this configuration. zerotrain trains on the CPU (the
-// CUDA build compiles GPU kernels but trains on the host), so the "cpu" tier is the memory in
-// use already and page-locking it speeds nothing up.
+// The offload keys that cannot matter in this configuration. The configuration does not know the
+// device the model will be on; the notes say for which device they hold (with parameters on the
+// CPU the "cpu" tier is the memory in use already and page-locking it speeds nothing up; on a
+// GPU both matter, docs/gpu.md).
 template <typename Note>
 void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
   const OffloadOptimizerConfig& opt = c.zero.offload_optimizer;
   const OffloadParamConfig& param = c.zero.offload_param;
   const std::string O = "zero_optimization.offload_optimizer.", P = "zero_optimization.offload_param.";
   const char* kNoPinning =
-      "zerotrain trains on the CPU, whose memory needs no pinning (page-locked buffers only speed copies to a GPU)";
+      "with parameters on the CPU nothing is copied to a GPU (page-locked buffers only speed those copies)";
   if (opt.device == OffloadDevice::None) {
     note_if_given({O + "nvme_path", O + "pin_memory", O + "buffer_count", O + "pipeline_read", O + "pipeline_write",
                    O + "fast_init", O + "ratio", O + "delayed_update", O + "delayed_update_after", O + "nvme_gradients"},
@@ -339,14 +340,15 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
     if (opt.device == OffloadDevice::Cpu) {
       if (!opt.delayed_update)
         note_if_given({O + "device"},
-                      "zerotrain trains on the CPU, so the optimizer state is in host memory already (\"cpu\" moves "
-                      "nothing; with delayed_update it still delays the step)");
+                      "with parameters on the CPU the optimizer state is in host memory already (\"cpu\" moves "
+                      "nothing; with delayed_update it still delays the step; on a GPU it moves the state and the step "
+                      "to host memory)");
       note_if_given({O + "nvme_path", O + "buffer_count", O + "pipeline_read", O + "pipeline_write", O + "fast_init",
                      O + "nvme_gradients"},
                     "zero_optimization.offload_optimizer.device is \"cpu\" (it applies to the nvme tier)");
       note_if_given({O + "ratio"},
-                    "zero_optimization.offload_optimizer.device is \"cpu\" and zerotrain trains on the CPU: the "
-                    "whole optimizer state is in host memory either way (ratio splits it between nvme and host memory)");
+                    "zero_optimization.offload_optimizer.device is \"cpu\": the whole optimizer state is in host "
+                    "memory (ratio splits it between nvme and host memory)");
     }
     if (opt.device == OffloadDevice::Nvme && opt.fast_init)
       note_if_given({O + "fast_init"},
@@ -362,8 +364,8 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
   } else {
     if (param.device == OffloadDevice::Cpu) {
       note_if_given({P + "device"},
-                    "zerotrain trains on the CPU, so the parameter shards are in host memory already (\"cpu\" moves "
-                    "nothing)");
+                    "with parameters on the CPU the parameter shards are in host memory already (\"cpu\" moves "
+                    "nothing; with parameters on a GPU, parameter offload is refused as not implemented)");
       note_if_given({P + "nvme_path", P + "buffer_count", P + "buffer_size", P + "max_in_cpu"},
                     "zero_optimization.offload_param.device is \"cpu\" (it applies to the nvme tier)");
     }

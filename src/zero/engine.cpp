@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "checkpoint/checkpoint.h"
+#include "zero/device_plan.h"
 #include "common/check.h"
 #include "io/aio.h"
 #include "io/swap_directory.h"
@@ -86,6 +87,7 @@ struct Engine::Impl {
   LossScaler scaler;
 
   // Composition, fixed at construction.
+  DevicePlan devices;  // where each role lives (zero/device_plan.h)
   bool shard_parameters = false;
   torch::ScalarType working_dtype = torch::kFloat32;
   bool separate_master = false;  // 16-bit working parameters
@@ -164,13 +166,22 @@ struct Engine::Impl {
     std::unordered_map<const void*, int> owner_of;  // TensorImpl -> marked module
     std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> owner_modules;
     if (shard_parameters) find_marked_modules(owner_of, owner_modules);
+    std::optional<c10::Device> model_device;
+    std::string first_name;
     for (auto& named : model->named_parameters(/*recurse=*/true)) {
       const torch::Tensor& p = named.value();
       if (!p.requires_grad()) continue;
-      if (p.scalar_type() != torch::kFloat32 || !p.device().is_cpu())
-        throw ConfigError("engine: expected fp32 CPU parameters (the engine makes the working copy), found " +
+      if (p.scalar_type() != torch::kFloat32)
+        throw ConfigError("engine: expected fp32 parameters (the engine makes the working copy), found " +
                           std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
                           named.key() + "'");
+      if (!model_device) {
+        model_device = p.device();
+        first_name = named.key();
+      } else if (p.device() != *model_device) {
+        throw ConfigError("engine: expected every trainable parameter on one device, found '" + first_name + "' on " +
+                          model_device->str() + " and '" + named.key() + "' on " + p.device().str());
+      }
       if (p.numel() > 0 && p.storage().nbytes() == 0 && !built_sharded.count(p.unsafeGetTensorImpl()))
         throw ConfigError("engine: parameter '" + named.key() +
                           "' has no data (its block was sharded by a stage-3 engine that has been destroyed)");
@@ -181,6 +192,13 @@ struct Engine::Impl {
     }
     if (trainable.empty())
       throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
+    devices = plan_devices(*model_device, config.zero, host_staging_forced_by_environment());
+    if (!devices.compute.is_cpu() && !pending.empty())
+      throw ConfigError("engine: block '" + pending.front().name +
+                        "' was built under ShardedConstruction, which builds on the CPU; the model's parameters are on " +
+                        devices.compute.str() + " (build the model whole and move it to the device instead)");
+    if (rank == 0 && (!devices.compute.is_cpu() || devices.stage_through_host))
+      std::fprintf(stderr, "zerotrain: engine: %s\n", devices.describe().c_str());
     for (const auto& spec : specs) registered.push_back({spec.name, spec.shape});
     if (shard_parameters) assign_blocks(trainable, specs, owners, owner_modules);
     LayoutOptions options;
@@ -192,10 +210,10 @@ struct Engine::Impl {
     // The parts, long-lived arenas first (so that the transients of the loop below leave no holes
     // beneath them): working parameters and optimizer state; the gradients follow the loop.
     const OffloadPlan plan = plan_offload();
-    auto working = torch::TensorOptions().dtype(working_dtype);
+    auto working = torch::TensorOptions().dtype(working_dtype).device(devices.compute);
     if (shard_parameters) {
       if (plan.parameters_on_disk.empty())
-        param_partition = TieredArray("params", working_dtype, layout.partition_numel);
+        param_partition = TieredArray("params", working_dtype, layout.partition_numel, devices.compute);
       else
         param_partition = TieredArray("params", working_dtype, groups, plan.parameters_on_disk, *io,
                                       plan.parameter_directory->file("params"));
@@ -210,6 +228,7 @@ struct Engine::Impl {
     optimizer_options.shard_rank = shard_rank;
     optimizer_options.shard_world = shard_world;
     optimizer_options.delayed = config.zero.offload_optimizer.delayed_update;
+    optimizer_options.devices = devices;
     if (io) {
       optimizer_options.tiers.groups = groups;
       optimizer_options.tiers.on_disk = plan.optimizer_on_disk;
@@ -228,14 +247,14 @@ struct Engine::Impl {
     optimizer = std::make_unique<OptimizerPartition>(layout, optimizer_options, *comm, optimizer_working);
     if (shard_parameters)
       gatherer = std::make_unique<ParameterGatherer>(layout, std::move(planned_blocks), config.zero, working_dtype,
-                                                     *comm, *parameter_tier);
+                                                     devices.compute, *comm, *parameter_tier);
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
     // anything is rounded to the working dtype. Bucket by bucket, so that with sharded
     // parameters construction holds at most the model as given plus one bucket (a model built
     // under ShardedConstruction: its shards plus about one block): each parameter moves into its
     // bucket (its own storage is freed) and a block's bucket is released at once.
-    auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
+    auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(devices.compute);
     torch::NoGradGuard no_grad;
     // A block built sharded is gathered whole just before its first bucket: with sharded
     // parameters construction then holds the shards plus about one block at a time.
@@ -286,6 +305,7 @@ struct Engine::Impl {
     reducer_options.shard_rank = shard_rank;
     reducer_options.world = world;
     reducer_options.working_dtype = working_dtype;
+    reducer_options.device = devices.compute;
     reducer_options.accumulation_steps = config.gradient_accumulation_steps;
     reducer_options.overlap_comm = config.zero.overlap_comm;
     // DeepSpeed's averaging keys: prescale divides by the world size before the sum, else by the
@@ -296,6 +316,8 @@ struct Engine::Impl {
       reducer_options.disk = GradientReducer::Options::Disk{groups, plan.gradients_on_disk, io.get(),
                                                             plan.optimizer_directory->file("grads")};
     reducer = std::make_unique<GradientReducer>(layout, reducer_options, *comm);
+    if (optimizer->takes_early_gradients())
+      reducer->set_on_final([this](int bucket) { optimizer->gradient_final(bucket, *reducer); });
 
     // Frozen parameters and floating-point buffers follow the working dtype so that the model's
     // operations see one dtype; they get no gradient or optimizer memory.
@@ -719,7 +741,7 @@ struct Engine::Impl {
         StateFragment f;
         f.parameter = name;
         f.numel = value.numel();
-        f.roles["frozen"] = value.detach().reshape({-1}).to(torch::kFloat32);
+        f.roles["frozen"] = value.detach().reshape({-1}).to(torch::kCPU, torch::kFloat32);
         fragments.push_back(std::move(f));
       }
     }

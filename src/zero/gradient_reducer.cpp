@@ -1,11 +1,13 @@
 #include "zero/gradient_reducer.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstring>
 
 #include "common/check.h"
+#include "optim/device_kernels.h"
 
 namespace zt {
 
@@ -14,7 +16,7 @@ GradientReducer::GradientReducer(const FlatLayout& layout, const Options& option
   ZT_CHECK_STATE(options.pre_divide > 0 && std::isfinite(options.pre_divide), "pre_divide must be positive");
   // A world of one reduces nothing; dividing there would only add rounding.
   pre_divide_ = options.world > 1 ? options.pre_divide : 1.0;
-  auto working = torch::TensorOptions().dtype(options.working_dtype);
+  auto working = torch::TensorOptions().dtype(options.working_dtype).device(options.device);
   if (sharded()) {
     const bool disk = options.disk && std::any_of(options.disk->on_disk.begin(), options.disk->on_disk.end(),
                                                   [](char d) { return d != 0; });
@@ -23,7 +25,7 @@ GradientReducer::GradientReducer(const FlatLayout& layout, const Options& option
                                *options.disk->io, options.disk->file);
       on_disk_ = true;
     } else {
-      partition_ = TieredArray("grads", options.working_dtype, layout.partition_numel);
+      partition_ = TieredArray("grads", options.working_dtype, layout.partition_numel, options.device);
       grad_partition_ = partition_.memory();
     }
     int64_t largest = 0;
@@ -66,6 +68,7 @@ GradientReducer::GradientReducer(const FlatLayout& layout, const Options& option
   }
   progress_.resize(layout.buckets.size());
   slots_.resize(layout.placements.size());
+  final_sent_.assign(layout.buckets.size(), 0);
 }
 
 void GradientReducer::attach(int placement, const at::Tensor& param) {
@@ -206,6 +209,10 @@ void GradientReducer::complete(int k) {
     grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel).add_(buffer.scratch.narrow(0, 0, lb.shard_numel));
   }
   b.state = BucketState::Idle;
+  if (boundary_ && on_final_ && !on_disk_) {
+    final_sent_[size_t(buffer.bucket)] = 1;
+    on_final_(buffer.bucket);
+  }
 }
 
 // End of a backward with sharded gradients: launch what is still filling (in bucket order, the
@@ -306,7 +313,13 @@ void GradientReducer::finish_window() {
     // reduced, in bucket order, so every rank issues the same collectives.
     for (int b = 0; b < int(progress_.size()); ++b)
       if (progress_[b].state != BucketState::InFlight) launch(b);
-    for (auto& b : progress_) b.handle->wait();
+    for (int b = 0; b < int(progress_.size()); ++b) {
+      progress_[b].handle->wait();
+      if (on_final_) {
+        final_sent_[size_t(b)] = 1;
+        on_final_(b);
+      }
+    }
   }
   reducing_ = false;
   if (sharded() && !on_disk_)
@@ -326,6 +339,10 @@ void GradientReducer::finish_window() {
       }
     }
   wait_writes();
+  if (on_final_ && !on_disk_)
+    for (int b = 0; b < int(progress_.size()); ++b)
+      if (!final_sent_[size_t(b)]) on_final_(b);
+  std::fill(final_sent_.begin(), final_sent_.end(), 0);
 }
 
 double GradientReducer::owned_square_sum() const {
@@ -334,12 +351,28 @@ double GradientReducer::owned_square_sum() const {
     for (double s : bucket_square_sum_) sum += s;
     return sum;
   }
-  for (int b = 0; b < int(layout_.buckets.size()); ++b) {
+  auto owned = [&](int b) {
     const BucketLayout& lb = layout_.buckets[b];
-    sum += square_sum(sharded() ? grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel)
-                                : flat_grads_.narrow(0, layout_.shard_offset(b, options_.shard_rank), lb.shard_numel));
+    return sharded() ? grad_partition_.narrow(0, lb.partition_offset, lb.shard_numel)
+                     : flat_grads_.narrow(0, layout_.shard_offset(b, options_.shard_rank), lb.shard_numel);
+  };
+  if (options_.device.is_cpu()) {
+    for (int b = 0; b < int(layout_.buckets.size()); ++b) sum += square_sum(owned(b));
+    return sum;
   }
-  return sum;
+  // On a device: the global norm's kernel adds every bucket's squares (in double) into one device
+  // value, read once: the step's one wait for the device before the optimizer (docs/gpu.md).
+  const at::Tensor total = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(options_.device));
+  c10::impl::VirtualGuardImpl impl(options_.device.type());
+  void* stream = impl.getStream(options_.device).native_handle();
+  const optim::DeviceGradType type = options_.working_dtype == at::kBFloat16 ? optim::DeviceGradType::BF16
+                                     : options_.working_dtype == at::kHalf   ? optim::DeviceGradType::F16
+                                                                             : optim::DeviceGradType::F32;
+  for (int b = 0; b < int(layout_.buckets.size()); ++b) {
+    const at::Tensor t = owned(b);
+    if (t.numel() > 0) optim::square_sum_device(t.data_ptr(), type, t.numel(), total.data_ptr<double>(), stream);
+  }
+  return total.item<double>();
 }
 
 at::Tensor GradientReducer::owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t n) const {

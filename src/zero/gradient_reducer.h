@@ -19,6 +19,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -43,6 +44,7 @@ class GradientReducer {
     int shard_rank = 0;
     int world = 1;
     at::ScalarType working_dtype = at::kFloat;
+    c10::Device device{c10::kCPU};  // the compute device: the arenas and bucket buffers live there
     int64_t accumulation_steps = 1;
     bool overlap_comm = false;
     // Divides every buffer by this before its reduction is launched (DeepSpeed's
@@ -73,6 +75,11 @@ class GradientReducer {
   bool after_gradient(int placement);
   // Boundary micro-step: every reduction of the window has completed into the owned region.
   void finish_window();
+  // Called with a bucket as soon as its owned slice holds the window's final sum (during the
+  // boundary backward with sharded gradients, at finish_window() otherwise; again should a late
+  // gradient refill the bucket), and for every bucket by the end of finish_window(). Memory
+  // sub-groups only (not with a disk tier). The offloaded step copies each slice to the host then.
+  void set_on_final(std::function<void(int bucket)> callback) { on_final_ = std::move(callback); }
 
   // The owned gradient is the sum over ranks divided by pre_divide (1 in a world of one, where
   // nothing is reduced); the mean over ranks is it divided by post_divisor() = world / that.
@@ -145,6 +152,8 @@ class GradientReducer {
   bool reducing_ = false;  // this window's reductions are launched (from the hooks, or after backward)
   bool reduce_whole_ = false;
   double pre_divide_ = 1.0;  // applied before each launch
+  std::function<void(int)> on_final_;
+  std::vector<char> final_sent_;  // per bucket, this window
 };
 
 }  // namespace zt

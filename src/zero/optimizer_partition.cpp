@@ -1,5 +1,6 @@
 #include "zero/optimizer_partition.h"
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 
 #include "common/check.h"
 #include "io/aio.h"
+#include "optim/device_kernels.h"
 #include "zero/gradient_reducer.h"
 #include "zerotrain/comm.h"
 
@@ -18,6 +20,21 @@ namespace {
 
 // Chunk of 16-bit gradients converted to fp32 before one kernel call; bounds the scratch buffer.
 constexpr int64_t kConversionChunk = 1 << 20;
+
+optim::DeviceGradType device_grad_type(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kBFloat16: return optim::DeviceGradType::BF16;
+    case at::kHalf: return optim::DeviceGradType::F16;
+    default: return optim::DeviceGradType::F32;
+  }
+}
+
+// The current stream of `device` (a cudaStream_t for CUDA): the device kernels run in order with
+// the rest of the compute stream's work.
+void* current_stream_handle(c10::Device device) {
+  c10::impl::VirtualGuardImpl impl(device.type());
+  return impl.getStream(device).native_handle();
+}
 
 }  // namespace
 
@@ -128,7 +145,11 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   sgd_ = {o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov};
   // The delayed update writes the working values while the caller reads the old ones: the fp32
   // masters cannot be the working parameters then.
-  separate_master_ = options.working_dtype != at::kFloat || options.delayed;
+  staged_ = options.devices.stage_through_host;
+  separate_master_ = options.working_dtype != at::kFloat || options.delayed || staged_;
+  ZT_CHECK_STATE(!(staged_ && options.devices.device_step()), "staged through the host yet stepping on the device");
+  ZT_CHECK_STATE(!options.devices.device_step() || (!options.delayed && (options.tiers.on_disk.empty() || !options.tiers.io)),
+                 "a device step with the delayed update or NVMe tiers");
   ZT_CHECK_STATE(!options.delayed || kind_ != Kind::Lamb || options.shard_world == 1,
                  "a delayed LAMB step would run its all-reduce beside the caller's collectives");
   const int64_t partition = layout.partition_numel;
@@ -137,29 +158,34 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   const bool tiered = !tiers.on_disk.empty() && tiers.io != nullptr;
   auto role = [&](const char* name, bool needed) {
     if (!needed) return TieredArray(name, at::kFloat, 0);
-    if (!tiered) return TieredArray(name, at::kFloat, partition);
+    // Not page-locked: only the staging copies below cross to the device.
+    if (!tiered) return TieredArray(name, at::kFloat, partition, options.devices.state);
     return TieredArray(name, at::kFloat, groups_, tiers.on_disk, *tiers.io, tiers.directory / (std::string(name) + ".swap"));
   };
   const bool first_moment = kind_ != Kind::Sgd || sgd_.momentum != 0.0;
   // The long-lived arenas come first, so that later transients leave no holes beneath them.
   master_ = role("master", separate_master_);
-  if (options.working_dtype != at::kFloat)
+  // The CPU kernels read fp32 gradients; the device kernels read the working dtype.
+  if (options.working_dtype != at::kFloat && !options.devices.device_step())
     grad_scratch_ = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, torch::kFloat32);
   exp_avg_ = role("exp_avg", first_moment);
   exp_avg_sq_ = role("exp_avg_sq", kind_ != Kind::Sgd);
-  if (options.delayed) {
-    // The next working copy has the working partition's tiers, so that installing it is a swap.
+  if (options.delayed || staged_) {
+    // The next working copy has the working partition's tiers, so that installing it is a swap
+    // (staged: host memory, installed by copies to the device).
     const TieredArray* w = working_.partition;
-    if (w && w->any_on_disk()) {
+    if (!staged_ && w && w->any_on_disk()) {
       std::vector<char> on_disk(groups_.size());
       for (int g = 0; g < int(groups_.size()); ++g) on_disk[size_t(g)] = w->on_disk(g);
       next_working_ = TieredArray("params.next", options.working_dtype, groups_, on_disk, *tiers.io,
                                   w->file().parent_path() / "params.next.swap");
     } else {
-      next_working_ = TieredArray("params.next", options.working_dtype, partition);
+      next_working_ = TieredArray("params.next", options.working_dtype, partition, c10::kCPU, options.devices.pin_host);
     }
-    grad_snapshot_ = torch::empty({partition}, torch::TensorOptions().dtype(options.working_dtype));
+    grad_snapshot_ = empty_host(partition, options.working_dtype, options.devices.pin_host);
   }
+  copies_ = std::make_unique<DeviceCopies>(options.devices.compute);
+  snapshot_has_.assign(layout.buckets.size(), 0);
   plan_chunks();
   const bool working_on_disk = working_.partition && working_.partition->any_on_disk();
   std::vector<int64_t> gradient_bytes;
@@ -209,6 +235,15 @@ void OptimizerPartition::plan_chunks() {
       done += take;
     }
   }
+  runs_.clear();
+  for (const auto& chunks : chunks_)
+    for (const Chunk& c : chunks) {
+      if (!runs_.empty() && runs_.back().flat_offset + runs_.back().numel == c.flat_offset &&
+          runs_.back().partition_offset + runs_.back().numel == c.partition_offset)
+        runs_.back().numel += c.numel;
+      else
+        runs_.push_back({c.flat_offset, c.partition_offset, c.numel});
+    }
 }
 
 void OptimizerPartition::store_master(int64_t begin, const at::Tensor& values) {
@@ -240,7 +275,7 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, b
     for (const Chunk& c : chunks_[size_t(g)]) {
       // This chunk's gradients: streamed in (on disk), the reducer's arena, or the delayed
       // update's snapshot; 16-bit ones converted to fp32 through the scratch.
-      const float* grads = nullptr;
+      const void* grads = nullptr;
       if (reads_gradients) {
         at::Tensor grad = gradient_tier && gradient_tier->on_disk(g)
                               ? torch::from_blob(disk_pointer(kGrad, c.partition_offset), {c.numel},
@@ -252,7 +287,7 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, b
           converted.copy_(grad);
           grads = converted.data_ptr<float>();
         } else {
-          grads = grad.data_ptr<float>();
+          grads = grad.data_ptr();  // fp32 for the CPU kernels; the working dtype for the device kernels
         }
       }
       float* p = params ? static_cast<float*>(address(params, kParams, g, c, disk_pointer))
@@ -264,7 +299,10 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, b
         o = out ? address(out, kOut, g, c, disk_pointer)
                 : static_cast<char*>(working_.flat.data_ptr()) + c.flat_offset * int64_t(working_.flat.element_size());
       kernel(c, p, grads, m, v, copy_fp32 ? nullptr : static_cast<uint16_t*>(o));
-      if (copy_fp32 && writes_params) std::memcpy(o, p, size_t(c.numel) * sizeof(float));
+      if (copy_fp32 && writes_params) {
+        ZT_CHECK_STATE(!options_.devices.device_step(), "an fp32 copy of device masters through the host");
+        std::memcpy(o, p, size_t(c.numel) * sizeof(float));
+      }
     }
   };
   if (!stream_) {
@@ -291,17 +329,44 @@ void OptimizerPartition::for_each_chunk(PassTarget target, bool writes_params, b
 void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
                               std::optional<Betas> betas) {
   ZT_CHECK_STATE(!in_flight_, "a synchronous step while a delayed one is in flight");
+  if (staged_) {
+    snapshot_gradients(gradients);
+    run_step(lr, betas, step, grad_scale, PassTarget{nullptr, true}, 0);
+    install_next_working();
+    return;
+  }
   run_step(lr, betas, step, grad_scale, PassTarget{&gradients, false}, 0);
+}
+
+// A bucket's owned slice, padding included (zero, and never read by the kernels).
+void OptimizerPartition::copy_bucket_to_snapshot(int bucket, const GradientReducer& gradients) {
+  const BucketLayout& lb = layout_.buckets[size_t(bucket)];
+  if (lb.shard_numel == 0) return;
+  copies_->to_host(grad_snapshot_.narrow(0, lb.partition_offset, lb.shard_numel),
+                   gradients.owned_gradient(layout_.shard_offset(bucket, options_.shard_rank), lb.partition_offset,
+                                            lb.shard_numel));
+}
+
+void OptimizerPartition::gradient_final(int bucket, const GradientReducer& gradients) {
+  ZT_CHECK_STATE(takes_early_gradients(), "early gradients without the staged, undelayed step");
+  copy_bucket_to_snapshot(bucket, gradients);
+  snapshot_has_[size_t(bucket)] = 1;
+}
+
+void OptimizerPartition::snapshot_gradients(const GradientReducer& gradients) {
+  for (int b = 0; b < int(layout_.buckets.size()); ++b)
+    if (!snapshot_has_[size_t(b)]) copy_bucket_to_snapshot(b, gradients);
+  std::fill(snapshot_has_.begin(), snapshot_has_.end(), 0);
+  // Also completes the copies of the last install, which read the next working copy the step is
+  // about to overwrite.
+  copies_->wait_host();
 }
 
 void OptimizerPartition::launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
                                      std::optional<Betas> betas) {
   ZT_CHECK_STATE(options_.delayed, "launch_step without the delayed update");
   ZT_CHECK_STATE(!in_flight_, "launch_step while a step is in flight");
-  for (const auto& chunks : chunks_)
-    for (const Chunk& c : chunks)
-      grad_snapshot_.narrow(0, c.partition_offset, c.numel)
-          .copy_(gradients.owned_gradient(c.flat_offset, c.partition_offset, c.numel));
+  snapshot_gradients(gradients);
   // The kernels' thread count is the caller's (a new thread would take OpenMP's default).
   const int threads = at::get_num_threads();
   in_flight_ = true;
@@ -332,13 +397,16 @@ void OptimizerPartition::finish_step() {
 // values are overwritten by the next step before they are read again); otherwise the owned region
 // of the flat buffer is copied from it.
 void OptimizerPartition::install_next_working() {
-  if (working_.partition) {
+  if (working_.partition && !staged_) {
     std::swap(*working_.partition, next_working_);
     return;
   }
-  for (const auto& chunks : chunks_)
-    for (const Chunk& c : chunks)
-      working_.flat.narrow(0, c.flat_offset, c.numel).copy_(next_working_.view(c.partition_offset, c.numel));
+  // Staged: asynchronous on a device, ordered before the compute stream's next use of the
+  // parameters; the host copy stays untouched until the next snapshot_gradients() waits.
+  for (const Run& r : runs_)
+    copies_->to_device(working_.partition ? working_.partition->view(r.partition_offset, r.numel)
+                                          : working_.flat.narrow(0, r.flat_offset, r.numel),
+                       next_working_.view(r.partition_offset, r.numel));
 }
 
 OptimizerPartition::IoCounters OptimizerPartition::io_counters() const {
@@ -364,52 +432,121 @@ void OptimizerPartition::run_step(double lr, std::optional<Betas> betas, int64_t
     o.half_out = h;
     return o;
   };
+  // State on a device: the device kernels, on the compute stream, gradients in the working dtype.
+  const bool on_device = options_.devices.device_step();
+  optim::DeviceStepOptions device_options;
+  if (on_device) {
+    device_options.grad_scale = grad_scale;
+    device_options.grad_type = device_grad_type(options_.working_dtype);
+    device_options.half = options.half;
+    device_options.stream = current_stream_handle(options_.devices.state);
+  }
+  auto device_with_half = [&](uint16_t* h) {
+    optim::DeviceStepOptions o = device_options;
+    o.half_out = h;
+    return o;
+  };
   switch (kind_) {
     case Kind::Adam:
       for_each_chunk(target, true, true,
-                     [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t* h) {
-                       optim::adam_step(p, g, m, v, c.numel, adam_, step, with_half(h));
+                     [&](const Chunk& c, float* p, const void* g, float* m, float* v, uint16_t* h) {
+                       if (on_device)
+                         optim::adam_step_device(p, g, m, v, c.numel, adam_, step, device_with_half(h));
+                       else
+                         optim::adam_step(p, static_cast<const float*>(g), m, v, c.numel, adam_, step, with_half(h));
                      });
       break;
     case Kind::Sgd:
       for_each_chunk(target, true, true,
-                     [&](const Chunk& c, float* p, const float* g, float* m, float*, uint16_t* h) {
-                       optim::sgd_step(p, g, m, c.numel, sgd_, step, with_half(h));
+                     [&](const Chunk& c, float* p, const void* g, float* m, float*, uint16_t* h) {
+                       if (on_device)
+                         optim::sgd_step_device(p, g, m, c.numel, sgd_, step, device_with_half(h));
+                       else
+                         optim::sgd_step(p, static_cast<const float*>(g), m, c.numel, sgd_, step, with_half(h));
                      });
       break;
-    case Kind::Lamb: {
-      const int tensors = int(layout_.placements.size());
-      // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
-      torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
-      double* s = sums.data_ptr<double>();
-      for_each_chunk(target, false, true,
-                     [&](const Chunk& c, float* p, const float* g, float* m, float* v, uint16_t*) {
-                       const int pieces = int(c.placements.size());
-                       std::vector<double> w_sq(pieces), u_sq(pieces);
-                       optim::lamb_partial_norms(p, g, m, v, c.numel, c.bounds.data(), pieces, lamb_, options,
-                                                 w_sq.data(), u_sq.data());
-                       for (int k = 0; k < pieces; ++k)
-                         if (c.placements[k] >= 0) {
-                           s[c.placements[k]] += w_sq[k];
-                           s[tensors + c.placements[k]] += u_sq[k];
-                         }
-                     });
-      if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
-      for_each_chunk(target, true, false,
-                     [&](const Chunk& c, float* p, const float*, float* m, float* v, uint16_t* h) {
-                       const int pieces = int(c.placements.size());
-                       std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
-                       for (int k = 0; k < pieces; ++k)
-                         if (c.placements[k] >= 0) {
-                           w_sq[k] = s[c.placements[k]];
-                           u_sq[k] = s[tensors + c.placements[k]];
-                         }
-                       optim::lamb_apply(p, m, v, c.numel, c.bounds.data(), pieces, w_sq.data(), u_sq.data(), lamb_,
-                                         step, with_half(h));
-                     });
+    case Kind::Lamb:
+      if (on_device) lamb_on_device(target, step, device_options);
+      else lamb_on_host(target, step, options);
       break;
-    }
   }
+}
+
+void OptimizerPartition::lamb_on_host(PassTarget target, int64_t step, const optim::StepOptions& options) {
+  const int tensors = int(layout_.placements.size());
+  // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
+  torch::Tensor sums = torch::zeros({2 * tensors}, torch::kFloat64);
+  double* s = sums.data_ptr<double>();
+  for_each_chunk(target, false, true, [&](const Chunk& c, float* p, const void* g, float* m, float* v, uint16_t*) {
+    const int pieces = int(c.placements.size());
+    std::vector<double> w_sq(pieces), u_sq(pieces);
+    optim::lamb_partial_norms(p, static_cast<const float*>(g), m, v, c.numel, c.bounds.data(), pieces, lamb_, options,
+                              w_sq.data(), u_sq.data());
+    for (int k = 0; k < pieces; ++k)
+      if (c.placements[k] >= 0) {
+        s[c.placements[k]] += w_sq[k];
+        s[tensors + c.placements[k]] += u_sq[k];
+      }
+  });
+  if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
+  for_each_chunk(target, true, false, [&](const Chunk& c, float* p, const void*, float* m, float* v, uint16_t* h) {
+    const int pieces = int(c.placements.size());
+    std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
+    for (int k = 0; k < pieces; ++k)
+      if (c.placements[k] >= 0) {
+        w_sq[k] = s[c.placements[k]];
+        u_sq[k] = s[tensors + c.placements[k]];
+      }
+    optim::StepOptions o = options;
+    o.half_out = h;
+    optim::lamb_apply(p, m, v, c.numel, c.bounds.data(), pieces, w_sq.data(), u_sq.data(), lamb_, step, o);
+  });
+}
+
+// The same two phases with the sums on the device: per chunk the kernel writes each piece's sums,
+// which are added into the per-tensor totals (index_add_), all-reduced there (NCCL), and handed
+// back per piece to the second kernel; nothing waits on the host.
+void OptimizerPartition::lamb_on_device(PassTarget target, int64_t step, const optim::DeviceStepOptions& options) {
+  const int tensors = int(layout_.placements.size());
+  const auto device = torch::TensorOptions().device(options_.devices.state);
+  torch::Tensor sums = torch::zeros({2 * tensors}, device.dtype(torch::kFloat64));
+  // Per chunk: the pieces that belong to a tensor (not padding) and their tensors.
+  auto piece_indices = [&](const Chunk& c) {
+    std::vector<int64_t> pieces, owners;
+    for (int k = 0; k < int(c.placements.size()); ++k)
+      if (c.placements[k] >= 0) {
+        pieces.push_back(k);
+        owners.push_back(c.placements[k]);
+      }
+    auto to_device = [&](const std::vector<int64_t>& v) {
+      return torch::tensor(v, torch::kLong).to(options_.devices.state, /*non_blocking=*/false);
+    };
+    return std::pair{to_device(pieces), to_device(owners)};
+  };
+  for_each_chunk(target, false, true, [&](const Chunk& c, float* p, const void* g, float* m, float* v, uint16_t*) {
+    const int pieces = int(c.placements.size());
+    torch::Tensor piece_sums = torch::zeros({2, pieces}, device.dtype(torch::kFloat64));
+    optim::lamb_partial_norms_device(p, g, m, v, c.numel, c.bounds.data(), pieces, lamb_, options,
+                                     piece_sums[0].data_ptr<double>(), piece_sums[1].data_ptr<double>());
+    auto [kept, owners] = piece_indices(c);
+    if (kept.numel() == 0) return;
+    sums.narrow(0, 0, tensors).index_add_(0, owners, piece_sums[0].index_select(0, kept));
+    sums.narrow(0, tensors, tensors).index_add_(0, owners, piece_sums[1].index_select(0, kept));
+  });
+  if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
+  for_each_chunk(target, true, false, [&](const Chunk& c, float* p, const void*, float* m, float* v, uint16_t* h) {
+    const int pieces = int(c.placements.size());
+    torch::Tensor totals = torch::zeros({2, pieces}, device.dtype(torch::kFloat64));  // padding: ratio 1, update 0
+    auto [kept, owners] = piece_indices(c);
+    if (kept.numel() > 0) {
+      totals[0].index_copy_(0, kept, sums.narrow(0, 0, tensors).index_select(0, owners));
+      totals[1].index_copy_(0, kept, sums.narrow(0, tensors, tensors).index_select(0, owners));
+    }
+    optim::DeviceStepOptions o = options;
+    o.half_out = h;
+    optim::lamb_apply_device(p, m, v, c.numel, c.bounds.data(), pieces, totals[0].data_ptr<double>(),
+                             totals[1].data_ptr<double>(), lamb_, step, o);
+  });
 }
 
 void OptimizerPartition::refresh_working_from_masters() {

@@ -20,6 +20,14 @@
 //   copy into the owned region of the flat buffer otherwise). Meanwhile the caller may run
 //   forward and backward: the worker touches only the masters, the moments, the snapshot and the
 //   next working copy. A synchronous step() in this mode gives the same values as without it.
+// - Staged through the host (Options::devices.stage_through_host: offload with parameters on a
+//   device, or forced on the CPU): the masters are a role of their own; every step copies the
+//   owned gradients into the host snapshot, runs the CPU kernels into the host next working copy
+//   and copies that into the device's working parameters (DeviceCopies: a copy stream, events).
+//   The values are those of the unstaged step, bit for bit.
+// - State on a device (Options::devices.device_step()): the roles live there and the step runs
+//   the device kernels (optim/device_kernels.h) on the compute stream, reading the gradients in
+//   the working dtype directly.
 // - Not thread-safe (one caller thread; the worker is this part's own). Collectives: LAMB's
 //   per-tensor norms (one all-reduce per step), so a delayed LAMB step needs shard_world 1.
 #pragma once
@@ -37,6 +45,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "optim/cpu_kernels.h"
+#include "optim/device_kernels.h"
+#include "zero/device_plan.h"
 #include "zero/partition_store.h"
 #include "zerotrain/config.h"
 #include "zerotrain/lr_schedule.h"
@@ -78,6 +88,10 @@ class OptimizerPartition {
     int shard_rank = 0, shard_world = 1;
     Tiers tiers;
     bool delayed = false;  // launch_step()/finish_step() are available
+    // Where the state lives and the step runs (zero/device_plan.h): on the host (the CPU kernels),
+    // on the device (the device kernels), or on the host staged through copies of the owned
+    // gradients and working values.
+    DevicePlan devices;
   };
 
   OptimizerPartition(const FlatLayout& layout, const Options& options, Communicator& comm, Working working);
@@ -100,6 +114,11 @@ class OptimizerPartition {
   void launch_step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
                    std::optional<Betas> betas = std::nullopt);
   bool step_in_flight() const { return in_flight_; }
+  // Staged without the delayed update: the bucket's owned gradients are final (the reducer says so
+  // during the boundary backward), so their copy to the host starts now, overlapping the rest of
+  // backward; step() copies only what has not come this way.
+  bool takes_early_gradients() const { return staged_ && !options_.delayed; }
+  void gradient_final(int bucket, const GradientReducer& gradients);
   // Waits for the launched step (the wait counts as a stall), rethrows what it threw, and installs
   // its working values. A no-op when none is in flight.
   void finish_step();
@@ -148,9 +167,18 @@ class OptimizerPartition {
   };
   void run_step(double lr, std::optional<Betas> betas, int64_t step, float grad_scale, PassTarget target,
                 int threads);
+  void lamb_on_host(PassTarget target, int64_t step, const optim::StepOptions& options);
+  void lamb_on_device(PassTarget target, int64_t step, const optim::DeviceStepOptions& options);
   template <class Kernel>
   void for_each_chunk(PassTarget target, bool writes_params, bool reads_gradients, Kernel&& kernel);
   void install_next_working();
+  // The owned gradients into the host snapshot (a device-to-host copy when staged).
+  void snapshot_gradients(const GradientReducer& gradients);
+  void copy_bucket_to_snapshot(int bucket, const GradientReducer& gradients);
+  std::vector<char> snapshot_has_;  // per bucket: copied during backward (takes_early_gradients)
+  struct Run {  // a stretch contiguous in both the flat buffer and the partition
+    int64_t flat_offset = 0, partition_offset = 0, numel = 0;
+  };
 
   const FlatLayout& layout_;
   Options options_;
@@ -163,6 +191,9 @@ class OptimizerPartition {
   optim::SgdHyperparameters sgd_;
   std::vector<SubGroup> groups_;
   std::vector<std::vector<Chunk>> chunks_;  // per sub-group
+  std::vector<Run> runs_;                   // the chunks merged: the units of the staging copies
+  bool staged_ = false;                     // devices.stage_through_host
+  std::unique_ptr<DeviceCopies> copies_;
   TieredArray master_, exp_avg_, exp_avg_sq_;
   at::Tensor grad_scratch_;
   std::unique_ptr<Stream> stream_;

@@ -1,6 +1,7 @@
 #include "zero/parameter_gatherer.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/torch.h>
 
@@ -27,7 +28,10 @@ c10::DataPtr GatherPool::take(int64_t bytes) {
     kept_.erase(kept_.begin());
   }
   live_bytes_ += bytes;
-  return c10::GetCPUAllocator()->allocate(size_t(bytes));
+  if (device_.is_cpu()) return c10::GetCPUAllocator()->allocate(size_t(bytes));
+  // The device's allocator (CUDA: the caching allocator, on the current stream of the device).
+  c10::DeviceGuard on_device(device_);
+  return c10::GetAllocator(device_.type())->allocate(size_t(bytes));
 }
 
 void GatherPool::give(c10::DataPtr data, int64_t bytes) {
@@ -73,7 +77,8 @@ struct Regather : public torch::autograd::Function<Regather> {
 }  // namespace
 
 ParameterGatherer::ParameterGatherer(const FlatLayout& layout, std::vector<Block> blocks, const ZeroConfig& zero,
-                                     at::ScalarType working_dtype, Communicator& comm, ParameterShards& shards)
+                                     at::ScalarType working_dtype, c10::Device device, Communicator& comm,
+                                     ParameterShards& shards)
     : layout_(layout), zero_(zero), working_dtype_(working_dtype), comm_(comm), shards_(shards),
       liveness_(c10::make_intrusive<GathererLiveness>()) {
   for (Block& b : blocks) {
@@ -90,7 +95,7 @@ ParameterGatherer::ParameterGatherer(const FlatLayout& layout, std::vector<Block
     if (int g = layout.buckets[p.bucket].group; g >= 0) ++blocks_[g].trainable;
   int64_t largest = 0;
   for (const BlockState& state : blocks_) largest = std::max(largest, state.bytes);
-  pool_ = GatherPool(2 * largest);
+  pool_ = GatherPool(2 * largest, device);
   bucket_params_.resize(layout.buckets.size());
   liveness_->gatherer = this;
 }
@@ -186,7 +191,7 @@ void ParameterGatherer::release(int block) {
 void ParameterGatherer::release_storage(int b) {
   c10::StorageImpl* storage = bucket_params_[b].storage().unsafeGetStorageImpl();
   const int64_t bytes = int64_t(bucket_params_[b].nbytes());
-  pool_.give(storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU))), bytes);
+  pool_.give(storage->set_data_ptr(c10::DataPtr(nullptr, pool_.device())), bytes);
   storage->set_nbytes(0);
 }
 

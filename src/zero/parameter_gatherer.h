@@ -57,7 +57,8 @@ class ParameterShards {
 // largest block plus two others), older kept buffers being freed first.
 class GatherPool {
  public:
-  explicit GatherPool(int64_t limit = 0) : limit_(limit) {}
+  explicit GatherPool(int64_t limit = 0, c10::Device device = c10::kCPU) : limit_(limit), device_(device) {}
+  c10::Device device() const { return device_; }
   c10::DataPtr take(int64_t bytes);
   void give(c10::DataPtr data, int64_t bytes);
   // Counts a buffer allocated elsewhere as live, so that it can be given back.
@@ -65,6 +66,7 @@ class GatherPool {
 
  private:
   int64_t limit_ = 0, live_bytes_ = 0, kept_bytes_ = 0;
+  c10::Device device_{c10::kCPU};  // the compute device: its allocator serves the gathers
   std::vector<std::pair<c10::DataPtr, int64_t>> kept_;  // oldest first
 };
 
@@ -77,7 +79,7 @@ class ParameterGatherer : public BlockRunner {
     std::shared_ptr<torch::nn::Module> module;
   };
   ParameterGatherer(const FlatLayout& layout, std::vector<Block> blocks, const ZeroConfig& zero,
-                    at::ScalarType working_dtype, Communicator& comm, ParameterShards& shards);
+                    at::ScalarType working_dtype, c10::Device device, Communicator& comm, ParameterShards& shards);
   ~ParameterGatherer() override;
 
   // Starts running the blocks' modules (install_block_runner).

@@ -24,9 +24,9 @@ std::vector<SubGroup> plan_sub_groups(const FlatLayout& layout, int64_t sub_grou
   return groups;
 }
 
-TieredArray::TieredArray(std::string role, at::ScalarType dtype, int64_t numel)
+TieredArray::TieredArray(std::string role, at::ScalarType dtype, int64_t numel, c10::Device device, bool pinned)
     : role_(std::move(role)), dtype_(dtype), numel_(numel),
-      memory_(torch::zeros({numel}, torch::TensorOptions().dtype(dtype))) {}
+      memory_(torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(device).pinned_memory(pinned))) {}
 
 int64_t TieredArray::element_size() const { return int64_t(c10::elementSize(dtype_)); }
 
@@ -193,6 +193,10 @@ void TieredArray::read_elements(int64_t begin, int64_t count, void* data, Transf
   char* out = static_cast<char*>(data);
   const char* memory = memory_.defined() ? static_cast<const char*>(memory_.data_ptr()) : nullptr;
   if (disk_.empty()) {
+    if (!memory_.is_cpu()) {  // device memory: a copy through the device's runtime
+      torch::from_blob(out, {count}, memory_.options().device(c10::kCPU)).copy_(memory_.narrow(0, begin, count));
+      return;
+    }
     std::memcpy(out, memory + begin * es, size_t(count * es));
     return;
   }
@@ -219,6 +223,11 @@ void TieredArray::write_elements(int64_t begin, int64_t count, const void* data,
   const char* in = static_cast<const char*>(data);
   char* memory = memory_.defined() ? static_cast<char*>(memory_.data_ptr()) : nullptr;
   if (disk_.empty()) {
+    if (!memory_.is_cpu()) {
+      memory_.narrow(0, begin, count)
+          .copy_(torch::from_blob(const_cast<void*>(data), {count}, memory_.options().device(c10::kCPU)));
+      return;
+    }
     std::memcpy(memory + begin * es, in, size_t(count * es));
     return;
   }

@@ -62,8 +62,9 @@ class TieredStaging;
 class TieredArray {
  public:
   TieredArray() = default;
-  // Every element in memory, zero-filled.
-  TieredArray(std::string role, at::ScalarType dtype, int64_t numel);
+  // Every element in memory, zero-filled, on `device` (host memory page-locked when `pinned`).
+  TieredArray(std::string role, at::ScalarType dtype, int64_t numel, c10::Device device = c10::kCPU,
+              bool pinned = false);
   // Sub-group g on disk where on_disk[g], in `file` (created, sized), the rest in memory (zeros).
   TieredArray(std::string role, at::ScalarType dtype, const std::vector<SubGroup>& groups,
               const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file);

@@ -1,0 +1,119 @@
+#include "zero/device_plan.h"
+
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+
+namespace zt {
+
+std::string DevicePlan::describe() const {
+  std::string text = "compute on " + compute.str() + ", optimizer state on " + state.str();
+  if (stage_through_host) text += pin_host ? " (staged through pinned host memory)" : " (staged through host memory)";
+  return text;
+}
+
+bool host_staging_forced_by_environment() {
+  const char* value = std::getenv("ZT_HOST_STAGING");
+  if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0) return false;
+  if (std::strcmp(value, "1") == 0) return true;
+  throw ConfigError(std::string("ZT_HOST_STAGING: expected 0 or 1, found '") + value + "'");
+}
+
+DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool force_host_staging) {
+  DevicePlan plan;
+  plan.compute = model_device;
+  const bool offload = zero.offload_optimizer.device != OffloadDevice::None;
+  if (model_device.is_cpu()) {
+    // Host memory is the state's memory already; staging only copies (tests force it). Where the
+    // device path refuses a tier (parameters or gradients on NVMe), there is nothing to mirror.
+    plan.stage_through_host = offload && force_host_staging && zero.offload_param.device != OffloadDevice::Nvme &&
+                              !zero.offload_optimizer.nvme_gradients;
+    return plan;
+  }
+  if (!model_device.is_cuda())
+    throw ConfigError("engine: expected parameters on the CPU or a CUDA device, found " + model_device.str());
+  if (zero.offload_param.device != OffloadDevice::None)
+    throw ConfigError(std::string("zero_optimization.offload_param.device: \"") + to_string(zero.offload_param.device) +
+                      "\" is not implemented for parameters on " + model_device.str() +
+                      " (stage-3 parameter offload runs on the CPU only); expected \"none\"");
+  if (zero.offload_optimizer.nvme_gradients)
+    throw ConfigError("zero_optimization.offload_optimizer.nvme_gradients: true is not implemented for parameters on " +
+                      model_device.str() + "; expected false");
+  if (offload) {
+    plan.state = c10::Device(c10::kCPU);
+    plan.stage_through_host = true;
+    plan.pin_host = zero.offload_optimizer.pin_memory;
+  } else {
+    plan.state = model_device;
+  }
+  return plan;
+}
+
+at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned) {
+  return torch::empty({numel}, torch::TensorOptions().dtype(dtype).pinned_memory(pinned));
+}
+
+DeviceCopies::DeviceCopies(c10::Device compute) : compute_(compute) {
+  if (compute.is_cpu()) return;
+  c10::impl::VirtualGuardImpl impl(compute.type());
+  copy_stream_ = impl.getStreamFromGlobalPool(compute, /*isHighPriority=*/false);
+}
+
+void DeviceCopies::to_host(const at::Tensor& host, const at::Tensor& device) {
+  if (!copy_stream_) {
+    host.copy_(device);
+    return;
+  }
+  c10::impl::VirtualGuardImpl impl(compute_.type());
+  c10::Event ready(compute_.type());
+  ready.record(impl.getStream(compute_));
+  ready.block(*copy_stream_);
+  {
+    c10::StreamGuard guard(*copy_stream_);
+    host.copy_(device, /*non_blocking=*/true);
+  }
+  in_flight_.push_back(host);
+  in_flight_.push_back(device);
+  record_done();
+}
+
+void DeviceCopies::to_device(const at::Tensor& device, const at::Tensor& host) {
+  if (!copy_stream_) {
+    device.copy_(host);
+    return;
+  }
+  c10::impl::VirtualGuardImpl impl(compute_.type());
+  const c10::Stream compute_stream = impl.getStream(compute_);
+  // The destination may still be read by work already enqueued (a forward on the old values).
+  c10::Event ready(compute_.type());
+  ready.record(compute_stream);
+  ready.block(*copy_stream_);
+  {
+    c10::StreamGuard guard(*copy_stream_);
+    device.copy_(host, /*non_blocking=*/true);
+  }
+  c10::Event copied(compute_.type());
+  copied.record(*copy_stream_);
+  copied.block(compute_stream);
+  in_flight_.push_back(host);
+  in_flight_.push_back(device);
+  record_done();
+}
+
+void DeviceCopies::record_done() {
+  if (!done_) done_.emplace(compute_.type());
+  done_->record(*copy_stream_);
+}
+
+void DeviceCopies::wait_host() {
+  if (done_) done_->synchronize();
+  in_flight_.clear();
+}
+
+}  // namespace zt

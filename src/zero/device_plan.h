@@ -1,0 +1,74 @@
+// Where each role of the engine lives, decided once (docs/gpu.md "What lives where"), and the
+// copies between the compute device and host memory. Internal to the engine.
+//
+// Contract
+// - plan_devices() is the one place a device is chosen. The compute device is the model's (all
+//   trainable parameters on one device): the working parameters, the gradients, the bucket
+//   buffers and the stage-3 gather buffers live there. The optimizer state (masters, moments) and
+//   the optimizer step live on the compute device, or in host memory when
+//   offload_optimizer.device is "cpu" or "nvme" and the compute device is not the CPU; the step
+//   then reads host copies of the owned gradients and writes host copies of the owned working
+//   values (`stage_through_host`), moved by DeviceCopies.
+// - On the CPU the same staging can be forced (ZT_HOST_STAGING=1 with an offload device set), so
+//   that every CI run executes the copies the GPU path makes; the result is bitwise the same.
+// - DeviceCopies on an accelerator issues its copies on a stream of its own, ordered by events
+//   after the work already enqueued on the compute stream (to_host) or before the work enqueued
+//   after it (to_device); wait_host() is the one point where the host waits for them. On the
+//   CPU every copy is a synchronous memcpy and wait_host() returns at once. Not thread-safe.
+//   Tensors handed to it are kept alive until wait_host().
+#pragma once
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace zt {
+
+struct ZeroConfig;
+
+struct DevicePlan {
+  c10::Device compute{c10::kCPU};  // working parameters, gradients, buckets, gather buffers
+  c10::Device state{c10::kCPU};    // masters, moments, the optimizer step
+  bool stage_through_host = false;  // the step works on host copies of the owned gradients and working values
+  bool pin_host = false;            // those host copies are page-locked (offload_optimizer.pin_memory)
+  // The optimizer step runs device kernels (state on an accelerator).
+  bool device_step() const { return !state.is_cpu(); }
+  std::string describe() const;
+};
+
+// `model_device`: the device of the model's trainable parameters. `force_host_staging`: stage
+// through host copies on the CPU too (tests; ZT_HOST_STAGING=1). Throws ConfigError for a
+// combination that is not implemented on the device.
+DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool force_host_staging);
+// ZT_HOST_STAGING: "1" forces the staging path on the CPU, "0" or unset leaves it to the plan;
+// any other value is a ConfigError.
+bool host_staging_forced_by_environment();
+
+// Host tensors for the staging copies: page-locked when `pinned` (an accelerator is present).
+at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned);
+
+class DeviceCopies {
+ public:
+  explicit DeviceCopies(c10::Device compute);
+  bool asynchronous() const { return copy_stream_.has_value(); }
+  // host <- device, after what the compute stream has enqueued so far.
+  void to_host(const at::Tensor& host, const at::Tensor& device);
+  // device <- host; the compute stream's later work waits for it. The host tensor must not
+  // change before wait_host().
+  void to_device(const at::Tensor& device, const at::Tensor& host);
+  // Blocks the host until every copy issued has completed.
+  void wait_host();
+
+ private:
+  void record_done();
+  c10::Device compute_;
+  std::optional<c10::Stream> copy_stream_;
+  std::optional<c10::Event> done_;
+  std::vector<at::Tensor> in_flight_;
+};
+
+}  // namespace zt

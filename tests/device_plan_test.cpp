@@ -1,0 +1,110 @@
+// Where the engine puts each role (zero/device_plan.h): the decisions for the CPU and for a CUDA
+// device (made without touching a GPU), the refusals, ZT_HOST_STAGING, and the CPU's synchronous
+// DeviceCopies.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "zero/device_plan.h"
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+
+namespace {
+
+zt::ZeroConfig zero_with(zt::OffloadDevice optimizer, zt::OffloadDevice param = zt::OffloadDevice::None) {
+  zt::ZeroConfig zero;
+  zero.stage = 3;
+  zero.offload_optimizer.device = optimizer;
+  zero.offload_param.device = param;
+  return zero;
+}
+
+const c10::Device kCuda(c10::kCUDA, 0);
+
+TEST(DevicePlan, OnTheCpuEverythingStaysOnTheHostAndStagingIsOnlyForced) {
+  const auto plain = zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::Cpu), false);
+  EXPECT_TRUE(plain.compute.is_cpu());
+  EXPECT_TRUE(plain.state.is_cpu());
+  EXPECT_FALSE(plain.stage_through_host);
+  EXPECT_FALSE(plain.device_step());
+  EXPECT_TRUE(zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::Cpu), true).stage_through_host);
+  EXPECT_TRUE(zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::Nvme), true).stage_through_host);
+  // Nothing offloaded: nothing to stage.
+  EXPECT_FALSE(zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::None), true).stage_through_host);
+  // Tiers the device path refuses are not mirrored.
+  EXPECT_FALSE(zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::Nvme, zt::OffloadDevice::Nvme), true)
+                   .stage_through_host);
+  auto gradients = zero_with(zt::OffloadDevice::Nvme);
+  gradients.offload_optimizer.nvme_gradients = true;
+  EXPECT_FALSE(zt::plan_devices(c10::kCPU, gradients, true).stage_through_host);
+}
+
+TEST(DevicePlan, OnCudaTheStateFollowsOffload) {
+  const auto resident = zt::plan_devices(kCuda, zero_with(zt::OffloadDevice::None), false);
+  EXPECT_EQ(resident.compute, kCuda);
+  EXPECT_EQ(resident.state, kCuda);
+  EXPECT_TRUE(resident.device_step());
+  EXPECT_FALSE(resident.stage_through_host);
+
+  auto offload = zero_with(zt::OffloadDevice::Cpu);
+  offload.offload_optimizer.pin_memory = true;
+  const auto host = zt::plan_devices(kCuda, offload, false);
+  EXPECT_EQ(host.compute, kCuda);
+  EXPECT_TRUE(host.state.is_cpu());
+  EXPECT_TRUE(host.stage_through_host);
+  EXPECT_TRUE(host.pin_host);
+  EXPECT_FALSE(host.device_step());
+  EXPECT_EQ(host.describe(), "compute on cuda:0, optimizer state on cpu (staged through pinned host memory)");
+  offload.offload_optimizer.pin_memory = false;
+  EXPECT_FALSE(zt::plan_devices(kCuda, offload, false).pin_host);
+
+  const auto nvme = zt::plan_devices(kCuda, zero_with(zt::OffloadDevice::Nvme), false);
+  EXPECT_TRUE(nvme.state.is_cpu());
+  EXPECT_TRUE(nvme.stage_through_host);
+}
+
+TEST(DevicePlan, WhatTheDevicePathLacksIsRefusedByName) {
+  try {
+    zt::plan_devices(kCuda, zero_with(zt::OffloadDevice::None, zt::OffloadDevice::Cpu), false);
+    FAIL() << "offload_param on a device was accepted";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param.device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+  auto gradients = zero_with(zt::OffloadDevice::Nvme);
+  gradients.offload_optimizer.nvme_gradients = true;
+  EXPECT_THROW(zt::plan_devices(kCuda, gradients, false), zt::ConfigError);
+  EXPECT_THROW(zt::plan_devices(c10::Device(c10::kMeta), zero_with(zt::OffloadDevice::None), false), zt::ConfigError);
+}
+
+TEST(DevicePlan, HostStagingEnvironmentIsCheckedStrictly) {
+  ::unsetenv("ZT_HOST_STAGING");
+  EXPECT_FALSE(zt::host_staging_forced_by_environment());
+  ::setenv("ZT_HOST_STAGING", "1", 1);
+  EXPECT_TRUE(zt::host_staging_forced_by_environment());
+  ::setenv("ZT_HOST_STAGING", "0", 1);
+  EXPECT_FALSE(zt::host_staging_forced_by_environment());
+  ::setenv("ZT_HOST_STAGING", "yes", 1);
+  try {
+    zt::host_staging_forced_by_environment();
+    FAIL() << "ZT_HOST_STAGING=yes was accepted";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'yes'"), std::string::npos) << e.what();
+  }
+  ::unsetenv("ZT_HOST_STAGING");
+}
+
+TEST(DeviceCopies, OnTheCpuCopiesAreSynchronous) {
+  zt::DeviceCopies copies(c10::kCPU);
+  EXPECT_FALSE(copies.asynchronous());
+  const at::Tensor source = torch::arange(10, torch::kFloat32);
+  at::Tensor host = zt::empty_host(10, at::kFloat, /*pinned=*/false);
+  copies.to_host(host, source);
+  EXPECT_TRUE(torch::equal(host, source));  // before any wait: the CPU copy is done
+  at::Tensor back = torch::zeros({10}, torch::kFloat32);
+  copies.to_device(back, host * 2);
+  copies.wait_host();
+  EXPECT_TRUE(torch::equal(back, source * 2));
+}
+
+}  // namespace
