@@ -255,3 +255,20 @@ TEST(GPTModel, TinyModelLearnsEmbeddedCorpus) {
 }
 
 }  // namespace
+
+// The GPT-3 shapes of the single-GPU offload benchmark (docs/gpu.md) at context 1024.
+TEST(GPTPreset, Gpt3ShapesAtContext1024) {
+  const auto small = zt::gpt_preset("gpt3-2.7b");
+  EXPECT_EQ(small.n_layer, 32);
+  EXPECT_EQ(small.n_embd, 2560);
+  EXPECT_EQ(small.n_head, 32);
+  EXPECT_EQ(small.context_length, 1024);
+  EXPECT_EQ(small.vocab_size, 50257);
+  EXPECT_EQ(zt::gpt_parameter_count(small), 2'648'931'840);
+  EXPECT_EQ(zt::gpt_parameter_count(zt::gpt_preset("gpt3-6.7b")), 6'654'210'048);
+  const auto large = zt::gpt_preset("gpt3-13b");
+  EXPECT_EQ(large.n_layer, 40);
+  EXPECT_EQ(large.n_embd, 5120);
+  EXPECT_EQ(large.n_head, 40);
+  EXPECT_EQ(zt::gpt_parameter_count(large), 12'848'143'360);
+}

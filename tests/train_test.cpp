@@ -686,3 +686,76 @@ TEST(TrainReporting, UnknownProfOpsIsAConfigError) {
   EXPECT_NE(r.output.find("comms_logger.prof_ops"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("reduce_scatter"), std::string::npos) << r.output;
 }
+
+namespace {
+
+// --device: cpu trains as before; a bad value names the valid ones; cuda is refused in one line
+// where it cannot run (a CPU build here; on a CUDA build without a visible GPU, that), before
+// any rank starts. `launch --device` is checked the same way.
+TEST(TrainDevice, CpuTrainsAndUnavailableOrUnknownDevicesAreRefused) {
+  auto dir = make_temp_dir("device");
+  auto config = parity_config(dir);
+  auto summary = dir + "/summary.json";
+  auto cpu = run_process({cli_path(), "train", config, "--nproc", "1", "--steps", "2", "--device", "cpu", "--summary",
+                          summary},
+                         {}, std::chrono::seconds(120));
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.output;
+  EXPECT_NE(cpu.output.find("device: cpu"), std::string::npos) << cpu.output;
+  const auto s = read_json(summary);
+  EXPECT_EQ(s["losses"].size(), 2u);
+  EXPECT_EQ(s["device"]["type"], "cpu");
+
+  auto bogus = run_process({cli_path(), "train", config, "--device", "bogus"}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(bogus.exit_code, 2) << bogus.output;
+  EXPECT_NE(bogus.output.find("--device: expected auto, cpu or cuda, found 'bogus'"), std::string::npos)
+      << bogus.output;
+  EXPECT_EQ(std::count(bogus.output.begin(), bogus.output.end(), '\n'), 1) << bogus.output;
+
+  auto bogus_env = run_process({cli_path(), "train", config}, {{"ZT_DEVICE", "tpu"}}, std::chrono::seconds(60));
+  EXPECT_EQ(bogus_env.exit_code, 2) << bogus_env.output;
+  EXPECT_NE(bogus_env.output.find("ZT_DEVICE: expected auto, cpu or cuda, found 'tpu'"), std::string::npos)
+      << bogus_env.output;
+
+  auto launch_bogus = run_process({cli_path(), "launch", "--nproc", "1", "--device", "bogus", "--", "/bin/true"}, {},
+                                  std::chrono::seconds(60));
+  EXPECT_EQ(launch_bogus.exit_code, 2) << launch_bogus.output;
+  EXPECT_NE(launch_bogus.output.find("expected auto, cpu or cuda"), std::string::npos) << launch_bogus.output;
+
+#ifndef ZT_CUDA
+  const bool cuda_refused = true;
+  const std::string why = "--device cuda: this zerotrain was built without CUDA (configure with -DZT_CUDA=ON)";
+#else
+  const bool cuda_refused = !torch::cuda::is_available();
+  const std::string why = "--device cuda: no CUDA device is visible";
+#endif
+  if (cuda_refused) {
+    auto quiet_dir = make_temp_dir("device-refused");
+    auto quiet_config = parity_config(quiet_dir);
+    for (const auto& argv : std::vector<std::vector<std::string>>{
+             {cli_path(), "train", quiet_config, "--nproc", "2", "--device", "cuda"},
+             {cli_path(), "launch", "--nproc", "1", "--device", "cuda", "--", "/bin/true"}}) {
+      auto r = run_process(argv, {}, std::chrono::seconds(60));
+      EXPECT_EQ(r.exit_code, 2) << argv[1] << ": " << r.output;
+      EXPECT_NE(r.output.find(why), std::string::npos) << argv[1] << ": " << r.output;
+      EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << argv[1] << ": " << r.output;
+    }
+    EXPECT_FALSE(std::filesystem::exists(quiet_dir + "/logs")) << "nothing may start";
+    // Under a launcher (torchrun's variables) the rank refuses it the same way.
+    auto port = std::to_string(zt::testing::free_port());
+    auto rank = run_process({cli_path(), "train", config, "--device", "cuda"},
+                            {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
+                             {"MASTER_PORT", port}},
+                            std::chrono::seconds(60));
+    EXPECT_EQ(rank.exit_code, 2) << rank.output;
+    EXPECT_NE(rank.output.find(why), std::string::npos) << rank.output;
+  }
+  // auto picks the CPU where CUDA cannot run, and says so.
+  if (cuda_refused) {
+    auto automatic = run_process({cli_path(), "train", config, "--nproc", "1", "--steps", "1"}, {},
+                                 std::chrono::seconds(120));
+    EXPECT_EQ(automatic.exit_code, 0) << automatic.output;
+    EXPECT_NE(automatic.output.find("device: cpu"), std::string::npos) << automatic.output;
+  }
+}
+
+}  // namespace

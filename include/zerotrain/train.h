@@ -22,6 +22,11 @@ struct TrainRunOptions {
   // With resume_dir: load the weights only, with fresh optimizer moments (zt::LoadOptions), as
   // needed to resume with another optimizer type.
   bool reset_optimizer = false;
+  // Where this rank trains (docs/gpu.md): "cpu", or "cuda" (a build with ZT_CUDA; the rank uses
+  // cuda:(LOCAL_RANK % visible GPUs): the model is built on the CPU and moved there before the
+  // engine takes it, batches follow it, and the memory estimate and summary describe that GPU).
+  // The CLI resolves --device auto to one of the two before it gets here.
+  std::string device = "cpu";
 };
 
 // Runs this process as one rank (rank and world from the environment, see comm.h). Returns 0 on

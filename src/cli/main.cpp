@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -65,8 +66,46 @@ void check_output_dir(const std::string& path, const std::string& flag) {
     throw zt::ConfigError(fmt::format("{}: expected a directory, found the file '{}'", flag, path));
 }
 
+// --device of `train` and `launch`: "auto" (CUDA when this build has it and a GPU is visible, else
+// the CPU), "cpu" or "cuda". Without the flag `train` takes ZT_DEVICE, which `launch --device`
+// sets for the ranks it starts. Returns "cpu" or "cuda"; throws ConfigError (one line, exit 2)
+// for another value, for cuda in a CPU build and for cuda where no GPU is visible.
+std::string resolve_device(const std::string& requested, const std::string& flag) {
+  if (requested != "auto" && requested != "cpu" && requested != "cuda")
+    throw zt::ConfigError(fmt::format("{}: expected auto, cpu or cuda, found '{}'", flag, requested));
+  if (requested == "cpu") return "cpu";
+#ifdef ZT_CUDA
+  const bool available = torch::cuda::is_available();
+  if (requested == "cuda" && !available)
+    throw zt::ConfigError(fmt::format("{} cuda: no CUDA device is visible (torch::cuda::is_available() is false; see "
+                                      "nvidia-smi and CUDA_VISIBLE_DEVICES)",
+                                      flag));
+  return available ? "cuda" : "cpu";
+#else
+  if (requested == "cuda")
+    throw zt::ConfigError(
+        fmt::format("{} cuda: this zerotrain was built without CUDA (configure with -DZT_CUDA=ON)", flag));
+  return "cpu";
+#endif
+}
+
+// The device `train` asked for: the flag, else ZT_DEVICE (set by `launch --device`), else auto.
+std::string requested_device(const std::string& flag_value, std::string& source) {
+  if (!flag_value.empty()) {
+    source = "--device";
+    return flag_value;
+  }
+  if (const char* env = std::getenv("ZT_DEVICE"); env != nullptr && *env != '\0') {
+    source = "ZT_DEVICE";
+    return env;
+  }
+  source = "--device";
+  return "auto";
+}
+
 struct TrainArgs {
   std::string config_path;
+  std::string device;  // "": ZT_DEVICE, else auto
   int nproc = 1;
   int master_port = 0;
   int64_t steps = 0;
@@ -86,6 +125,8 @@ zt::TrainRunOptions run_options(const TrainArgs& args) {
   options.keep_last = args.keep_last;
   options.resume_dir = args.resume_dir;
   options.reset_optimizer = args.reset_optimizer;
+  std::string source;
+  options.device = resolve_device(requested_device(args.device, source), source);
   return options;
 }
 
@@ -112,6 +153,8 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
     throw zt::DataError(fmt::format("--resume: no checkpoint in '{}' ('{}/latest' is missing)", args.resume_dir,
                                     args.resume_dir));
   // Validate everything before any process starts: bad input must not cost a launch.
+  std::string device_source;
+  resolve_device(requested_device(args.device, device_source), device_source);
   auto config = zt::load_config(args.config_path, overrides, args.nproc);
   zt::check_training_inputs(config);
   for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
@@ -434,12 +477,19 @@ int main(int argc, char** argv) {
                   "with --resume: load the weights only and start the optimizer moments afresh (to change the "
                   "optimizer type)");
 
+  train->add_option("--device", train_args.device,
+                    "auto (default: cuda when built with CUDA and a GPU is visible, else cpu), cpu or cuda; rank r "
+                    "uses cuda:(LOCAL_RANK % GPUs)");
+
   zt::LaunchOptions launch_options;
+  std::string launch_device;
   auto* launch = app.add_subcommand("launch", "start N local ranks of a program with torchrun's variables");
   launch->add_option("--nproc", launch_options.nproc, "number of ranks")->required()->check(CLI::Range(1, kMaxLocalRanks));
   launch->add_option("--master-port", launch_options.master_port, "rendezvous port (default: a free one)")
       ->check(CLI::Range(0, 65535));
   launch->add_option("--log-dir", launch_options.log_dir, "directory of the per-rank logs");
+  launch->add_option("--device", launch_device,
+                     "auto, cpu or cuda: checked here and passed to the ranks as ZT_DEVICE (zerotrain train reads it)");
   launch->add_option("command", launch_options.command, "-- PROGRAM ARGS...")->required();
 
   ExportArgs export_args;
@@ -530,6 +580,11 @@ int main(int argc, char** argv) {
     if (*launch) {
       if (launch_options.nproc < 1)
         throw zt::ConfigError(fmt::format("--nproc: expected at least 1, found {}", launch_options.nproc));
+      if (!launch_device.empty()) {
+        // Checked before any rank starts; the ranks inherit the choice through the environment.
+        resolve_device(launch_device, "--device");
+        ::setenv("ZT_DEVICE", launch_device.c_str(), 1);
+      }
       return zt::launch_local(launch_options);
     }
   } catch (const zt::Error& e) {

@@ -17,7 +17,10 @@ struct Preset {
 };
 
 // vocab, context, layers, heads, width. The GPT-2 family uses the GPT-2 BPE vocabulary (50257)
-// and context 1024; the larger memory-work shapes follow GPT-3's table (context 2048).
+// and context 1024; the larger memory-work shapes follow GPT-3's table (context 2048). The gpt3-*
+// presets are the same GPT-3 shapes (Brown et al. 2020, table 2.1; 13B's width 5140 rounded to
+// 5120 = 40 heads of 128) at context 1024, the sizes of the single-GPU offload benchmark
+// (docs/gpu.md).
 const Preset kPresets[] = {
     {"tiny", {256, 64, 2, 2, 64, 0.0}},
     {"small", {256, 128, 4, 4, 128, 0.0}},
@@ -28,6 +31,9 @@ const Preset kPresets[] = {
     {"gpt-2.7b", {50257, 2048, 32, 32, 2560, 0.0}},
     {"gpt-6.7b", {50257, 2048, 32, 32, 4096, 0.0}},
     {"gpt-13b", {50257, 2048, 40, 40, 5120, 0.0}},
+    {"gpt3-2.7b", {50257, 1024, 32, 32, 2560, 0.0}},
+    {"gpt3-6.7b", {50257, 1024, 32, 32, 4096, 0.0}},
+    {"gpt3-13b", {50257, 1024, 40, 40, 5120, 0.0}},
 };
 
 std::string join_names() {

@@ -11,6 +11,12 @@
 
 #include <unistd.h>
 
+#ifdef ZT_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include "checkpoint/hf.h"
 #include "common/check.h"
 #include "memory/estimate_report.h"
@@ -76,6 +82,70 @@ std::string human_rate(double per_second) {
   return fmt::format("{:.0f}", per_second);
 }
 
+// The device this rank trains on (TrainRunOptions::device) and what the run reports of it.
+struct RankDevice {
+  torch::Device device{torch::kCPU};
+  std::string name;          // the GPU's name; "" on the CPU
+  int64_t total_memory = 0;  // the GPU's memory in bytes; 0 on the CPU
+  int visible = 0;           // GPUs this process sees
+  bool cuda() const { return device.is_cuda(); }
+};
+
+// "cpu", or "cuda": cuda:(local_rank % visible GPUs), made this thread's current device so that
+// NCCL and the caching allocator use it.
+RankDevice select_device(const std::string& requested, int local_rank) {
+  RankDevice d;
+  if (requested == "cpu") return d;
+  if (requested != "cuda")
+    throw ConfigError(fmt::format("device: expected \"cpu\" or \"cuda\", found \"{}\"", requested));
+#ifdef ZT_CUDA
+  const int count = c10::cuda::device_count();
+  if (count <= 0)
+    throw ConfigError("--device cuda: no CUDA device is visible (see nvidia-smi and CUDA_VISIBLE_DEVICES)");
+  const auto index = static_cast<c10::DeviceIndex>(local_rank % count);
+  c10::cuda::set_device(index);
+  d.device = torch::Device(torch::kCUDA, index);
+  const cudaDeviceProp* properties = at::cuda::getDeviceProperties(index);
+  d.name = properties->name;
+  d.total_memory = static_cast<int64_t>(properties->totalGlobalMem);
+  d.visible = count;
+  return d;
+#else
+  (void)local_rank;
+  throw ConfigError("--device cuda: this zerotrain was built without CUDA (configure with -DZT_CUDA=ON)");
+#endif
+}
+
+// Waits for the work queued on this rank's GPU (nothing on the CPU, whose kernels are synchronous):
+// timers read after it measure the work, not its launch.
+void synchronize(const RankDevice& d) {
+#ifdef ZT_CUDA
+  if (d.cuda()) c10::cuda::device_synchronize();
+#else
+  (void)d;
+#endif
+}
+
+// Peak bytes of the CUDA caching allocator on this rank's GPU: handed to tensors, and reserved
+// from the driver (what nvidia-smi shows, less the context). Zero on the CPU.
+struct DevicePeak {
+  int64_t allocated = 0, reserved = 0;
+};
+DevicePeak device_peak(const RankDevice& d) {
+#ifdef ZT_CUDA
+  if (d.cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(d.device.index());
+    constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return {stats.allocated_bytes[all].peak, stats.reserved_bytes[all].peak};
+  }
+#else
+  (void)d;
+#endif
+  return {};
+}
+
+int64_t physical_memory_bytes() { return int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE)); }
+
 // Per-rank figures gathered onto every rank: peak RSS and model-state bytes by role.
 struct RankStats {
   int64_t peak_rss = 0;
@@ -120,24 +190,29 @@ int64_t max_over_ranks(Communicator& comm, int64_t value, const char* label) {
   return t.item<int64_t>();
 }
 
-// The sustained rate of a square matrix product in `dtype` on this rank's intra-op threads for
-// about `seconds`: the flops profiler's peak on a CPU, where no datasheet figure applies. The
-// size grows until one product takes a few milliseconds, so that call overhead does not count.
-double measure_matmul_peak(at::ScalarType dtype, double seconds, std::string& how) {
+// The sustained rate of a square matrix product in `dtype` on this rank's intra-op threads (or
+// its GPU) for about `seconds`: the flops profiler's peak, measured, as no datasheet figure
+// applies to a CPU and a GPU's clocks and power limit vary. The size grows until one product
+// takes a few milliseconds (up to 2048 on a CPU, 8192 on a GPU), so that call overhead does not
+// count.
+double measure_matmul_peak(at::ScalarType dtype, double seconds, const RankDevice& device, std::string& how) {
   torch::NoGradGuard no_grad;
   using clock = std::chrono::steady_clock;
+  const int64_t largest = device.cuda() ? 8192 : 2048;
   int64_t n = 256;
   torch::Tensor a, b, c;
   double one = 0;
   for (;;) {
-    a = torch::randn({n, n}).to(dtype);
-    b = torch::randn({n, n}).to(dtype);
+    a = torch::randn({n, n}).to(device.device, dtype);
+    b = torch::randn({n, n}).to(device.device, dtype);
     c = torch::empty({n, n}, a.options());
-    at::mm_out(c, a, b);  // warm-up: packing buffers, thread pool
+    at::mm_out(c, a, b);  // warm-up: packing buffers, thread pool (cuBLAS handle and workspace)
+    synchronize(device);
     const auto t0 = clock::now();
     at::mm_out(c, a, b);
+    synchronize(device);
     one = std::chrono::duration<double>(clock::now() - t0).count();
-    if (one >= 0.01 || n >= 2048) break;
+    if (one >= 0.01 || n >= largest) break;
     n *= 2;
   }
   int64_t products = 0;
@@ -145,11 +220,13 @@ double measure_matmul_peak(at::ScalarType dtype, double seconds, std::string& ho
   double elapsed = 0;
   do {
     at::mm_out(c, a, b);
+    synchronize(device);
     ++products;
     elapsed = std::chrono::duration<double>(clock::now() - start).count();
   } while (elapsed < seconds);
-  how = fmt::format("measured matmul peak: {} {}x{} for {:.2f} s on {} thread(s)", c10::toString(dtype), n, n, elapsed,
-                    at::get_num_threads());
+  const std::string where = device.cuda() ? fmt::format("{} ({})", device.device.str(), device.name)
+                                          : fmt::format("{} thread(s)", at::get_num_threads());
+  how = fmt::format("measured matmul peak: {} {}x{} for {:.2f} s on {}", c10::toString(dtype), n, n, elapsed, where);
   return 2.0 * double(n) * double(n) * double(n) * double(products) / elapsed;
 }
 
@@ -226,6 +303,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   if (config.comms_logger.enabled)
     comms_logger = std::make_shared<CommsLogger>(config.comms_logger, rendezvous.rank, rendezvous.world_size);
   comm_options.comms_logger = comms_logger;
+  // The GPU first: NCCL's communicator and the caching allocator use the current device.
+  const RankDevice device = select_device(options.device, rendezvous.local_rank);
   auto comm = make_communicator(rendezvous, comm_options);
   const int rank = comm->rank();
   const int world = comm->world_size();
@@ -248,6 +327,13 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     machine.nodes = world / std::max(1, rendezvous.local_world_size);
     machine.device_memory = int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE)) /
                             std::max(1, rendezvous.local_world_size);
+    if (device.cuda()) {
+      // Each GPU's memory, shared by the local ranks placed on it; the host's memory per node.
+      const int per_gpu = (rendezvous.local_world_size + device.visible - 1) / std::max(1, device.visible);
+      machine.device = DeviceKind::Cuda;
+      machine.device_memory = device.total_memory / std::max(1, per_gpu);
+      machine.host_memory = physical_memory_bytes();
+    }
     const ModelFigures figures = gpt_model_figures(gpt_config, seq_len, config.zero.stage3_param_persistence_threshold);
     Recompute chosen = Recompute::Full;
     int64_t need = 0;
@@ -261,8 +347,9 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
     config.activation_checkpointing.policy = to_string(chosen);
     policy_note = fmt::format("activation_checkpointing.policy \"auto\" chose \"{}\": estimated peak {} per rank of {} "
-                              "(this machine's memory over {} local rank(s), keeping {:.0f}% free){}",
+                              "({} over {} local rank(s), keeping {:.0f}% free){}",
                               to_string(chosen), human_bytes(need), human_bytes(machine.device_memory),
+                              device.cuda() ? "the GPUs' memory" : "this machine's memory",
                               rendezvous.local_world_size, 100 * machine.headroom,
                               need > int64_t(double(machine.device_memory) * (1 - machine.headroom))
                                   ? "; even full recomputation does not fit, the run may run out of memory"
@@ -272,6 +359,11 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   if (leader) {
     fmt::print("zerotrain: {} rank(s), {} intra-op thread(s) per rank, rendezvous from {}\n", world,
                runtime.intra_op_threads, rendezvous.source);
+    if (device.cuda())
+      fmt::print("device: {} ({}, {:.1f} GiB); {} GPU(s) visible, rank r on cuda:(LOCAL_RANK % {})\n", device.device.str(),
+                 device.name, device.total_memory / 1073741824.0, device.visible, device.visible);
+    else
+      fmt::print("device: cpu\n");
     fmt::print("resolved configuration:\n{}", describe(config));
   }
 
@@ -280,10 +372,19 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   const int64_t baseline_rss = current_rss_bytes();
   torch::manual_seed(config.train.seed);
   // With sharded parameters the model is built already sharded: no rank ever holds all of it.
+  // On a GPU the model is built whole on the CPU and moved before the engine takes it (sharded
+  // construction is CPU-only).
   std::optional<ShardedConstruction> sharded;
-  if (config.zero.shard_parameters) sharded.emplace(rank, world);
+  if (config.zero.shard_parameters && !device.cuda()) sharded.emplace(rank, world);
   GPT model(gpt_config);
   sharded.reset();
+  if (device.cuda()) {
+    if (leader && config.zero.shard_parameters)
+      fmt::print("note: on {} each rank builds the whole model on the CPU and moves it to its GPU; sharded "
+                 "construction is CPU-only\n",
+                 device.device.str());
+    model->to(device.device);
+  }
   const int64_t n_params = gpt_parameter_count(gpt_config);
   {
     const ActivationCheckpointingConfig& ac = config.activation_checkpointing;
@@ -362,7 +463,24 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   nlohmann::json flops_summary;
   DistributedSampler train_sampler(data.train, seq_len, micro, world, rank, config.train.seed);
   DistributedSampler val_sampler(data.val, seq_len, micro, world, rank, config.train.seed ^ 0x5eedULL);
-  BatchPrefetcher prefetcher([&](int64_t i) { return train_sampler.batch(i / accum, i % accum); }, first_step * accum);
+  // On a GPU the prefetch thread pins each batch, so that the copy to the device runs asynchronously.
+  BatchPrefetcher prefetcher(
+      [&](int64_t i) {
+        Batch batch = train_sampler.batch(i / accum, i % accum);
+        if (device.cuda()) {
+          batch.inputs = batch.inputs.pin_memory();
+          batch.targets = batch.targets.pin_memory();
+        }
+        return batch;
+      },
+      first_step * accum);
+  auto to_device = [&](Batch batch) {
+    if (device.cuda()) {
+      batch.inputs = batch.inputs.to(device.device, /*non_blocking=*/true);
+      batch.targets = batch.targets.to(device.device, /*non_blocking=*/true);
+    }
+    return batch;
+  };
 
   if (leader)
     fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
@@ -391,7 +509,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     model->eval();
     double sum = 0;
     for (int64_t i = 0; i < config.train.eval_iters; ++i) {
-      auto batch = val_sampler.eval_batch(i);
+      auto batch = to_device(val_sampler.eval_batch(i));
       sum += model->loss(batch.inputs, batch.targets).item<double>();
     }
     model->train();
@@ -424,16 +542,26 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     torch::manual_seed(config.train.seed + 1000003ull * (rank + 1) + 7919ull * uint64_t(step));
     const auto step_start = clock::now();
     double loss_sum = 0;
+    // On a GPU the micro-steps' losses are added on the device (in double, as here) and read once
+    // per step, so that the host can queue the next forward while the device still runs.
+    torch::Tensor device_loss_sum;
     StepResult result;
     for (int64_t a = 0; a < accum; ++a) {
-      Batch batch = prefetcher.next();
+      Batch batch = to_device(prefetcher.next());
       const auto t0 = clock::now();
       auto loss = model->loss(batch.inputs, batch.targets);
-      loss_sum += loss.item<double>();
+      if (device.cuda()) {
+        const torch::Tensor value = loss.detach().to(torch::kFloat64);
+        device_loss_sum = device_loss_sum.defined() ? device_loss_sum + value : value;
+      } else {
+        loss_sum += loss.item<double>();
+      }
       const auto t1 = clock::now();
       engine.backward(loss);
+      if (config.wall_clock_breakdown) synchronize(device);
       const auto t2 = clock::now();
       result = engine.step();
+      if (config.wall_clock_breakdown) synchronize(device);
       const auto t3 = clock::now();
       breakdown.forward += std::chrono::duration<double>(t1 - t0).count();
       breakdown.backward += std::chrono::duration<double>(t2 - t1).count();
@@ -441,6 +569,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
     ++breakdown.steps;
     ZT_CHECK_STATE(result.boundary, "the last micro-step of a window must end it");
+    if (device_loss_sum.defined()) loss_sum = device_loss_sum.item<double>();
+    synchronize(device);  // the step's device work is part of the step's time
     const double loss = mean_over_ranks(*comm, loss_sum / double(accum), "train.loss");
     // This step's rate on this rank: its micro-steps and the loss's reduction, not the evaluation,
     // checkpoint or printing that may follow.
@@ -450,7 +580,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       // Every rank measures its peak at once, as it shares the machine while training; the step
       // counts as long as its slowest rank took.
       std::string how;
-      const double peak = mean_over_ranks(*comm, measure_matmul_peak(working_dtype_of(config.precision), 0.2, how),
+      const double peak = mean_over_ranks(*comm, measure_matmul_peak(working_dtype_of(config.precision), 0.2, device, how),
                                           "flops.peak");
       auto slowest = torch::full({1}, step_seconds, torch::kFloat64);
       comm->all_reduce(slowest, ReduceOp::Max, "flops.step_time").wait();
@@ -556,6 +686,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
         io_before = io_now;
         io_window_start = clock::now();
       }
+      if (device.cuda()) scaling = fmt::format(" | GPU peak {:.0f} MiB", device_peak(device).allocated / 1048576.0) + scaling;
       fmt::print("step {:>{}}/{} | loss {:.4f} | lr {:.3e} | {} tok/s | left {} | peak RSS {} MiB{}{}{}\n", step + 1,
                  std::to_string(steps).size(), steps, loss, result.lr, human_rate(last_rate), human_duration(eta),
                  peaks, scaling, times, eval_now ? fmt::format(" | held-out loss {:.4f}", eval_loss) : "");
@@ -570,12 +701,31 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   cluster.device = DeviceKind::Cpu;
   cluster.devices_per_node = rendezvous.local_world_size;
   cluster.nodes = world / std::max(1, rendezvous.local_world_size);
+  if (device.cuda()) {
+    cluster.device = DeviceKind::Cuda;
+    cluster.device_memory = device.total_memory;
+    cluster.host_memory = physical_memory_bytes();
+  }
   const MemoryEstimate estimate = estimate_memory(
       gpt_model_figures(gpt_config, seq_len, config.zero.stage3_param_persistence_threshold), cluster, config);
   int64_t measured_peak = 0;  // the largest peak RSS above the pre-model baseline over ranks
   for (const auto& s : stats) measured_peak = std::max(measured_peak, s.peak_rss - s.baseline_rss);
   const bool heap_retained = runtime.retain_freed_memory;
-  if (leader)
+  // On a GPU the estimate's per-device figure is the GPU's: set beside the caching allocator's
+  // peaks (largest over ranks), and the host's beside the peak RSS.
+  DevicePeak gpu_peak;
+  if (device.cuda()) {
+    const DevicePeak mine = device_peak(device);
+    gpu_peak.allocated = max_over_ranks(*comm, mine.allocated, "device.peak_allocated");
+    gpu_peak.reserved = max_over_ranks(*comm, mine.reserved, "device.peak_reserved");
+  }
+  if (leader && device.cuda())
+    fmt::print("memory per rank: GPU estimated peak {}, measured {} allocated / {} reserved of {} ({}); host "
+               "estimated {} per node, peak RSS {} above the pre-model baseline\n",
+               human_bytes(estimate.per_device.total()), human_bytes(gpu_peak.allocated),
+               human_bytes(gpu_peak.reserved), human_bytes(device.total_memory), device.name,
+               human_bytes(estimate.per_host.total()), human_bytes(measured_peak));
+  else if (leader)
     fmt::print("memory per rank: estimated peak {}, measured {} above the pre-model baseline ({:+.1f}%){}\n",
                human_bytes(estimate.per_device.total()), human_bytes(measured_peak),
                measured_peak > 0 ? 100.0 * double(estimate.per_device.total() - measured_peak) / double(measured_peak) : 0.0,
@@ -670,6 +820,15 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     summary["memory"] = {{"estimate", estimate_to_json(estimate)},
                          {"measured_peak_above_baseline_bytes", measured_peak},
                          {"heap_retained", heap_retained}};
+    if (device.cuda())
+      summary["device"] = {{"type", "cuda"},
+                           {"name", device.name},
+                           {"index", device.device.index()},
+                           {"total_memory_bytes", device.total_memory},
+                           {"peak_allocated_bytes", gpu_peak.allocated},
+                           {"peak_reserved_bytes", gpu_peak.reserved}};
+    else
+      summary["device"] = {{"type", "cpu"}};
     summary["loss_scale"] = engine.loss_scale();
     if (!flops_summary.is_null()) summary["flops_profiler"] = flops_summary;
     if (comms_logger) {

@@ -59,7 +59,8 @@ struct GPTConfig {
 
 // Named presets. `tiny` (~0.1M parameters, tests), `small` (byte-level demo, ~0.8M),
 // gpt2-124m / -350m / -774m / -1.5b (the GPT-2 family, vocab 50257, context 1024), and larger
-// shapes for memory work: gpt-2.7b, gpt-6.7b, gpt-13b (context 2048 as GPT-3).
+// shapes for memory work: gpt-2.7b, gpt-6.7b, gpt-13b (context 2048 as GPT-3), and the same
+// GPT-3 shapes at context 1024 for GPU benchmarks: gpt3-2.7b, gpt3-6.7b, gpt3-13b.
 // Throws zt::ConfigError listing the valid names for an unknown one.
 GPTConfig gpt_preset(const std::string& name);
 std::vector<std::string> gpt_preset_names();
