@@ -25,6 +25,18 @@ else
   stamp "build (CUDA): skipped, nvcc not found"
 fi
 
+# The GPU checks (docs/gpu.md) run on a machine with a GPU; here their dry run must list every
+# command: the build and both benchmarks.
+stamp "GPU checks: dry run (scripts/gpu-check.sh --dry-run)"
+gpu_plan=$(scripts/gpu-check.sh --dry-run)
+for expected in "cmake -S . -B" "cmake --build" "dpkg -x" "ZT_TEST_DEVICE=cuda" "configs/gpu_gpt2_1.5b_stage0.json" \
+  "estimate configs/gpu_offload.json" "train configs/gpu_offload.json" "gpu-bench.md"; do
+  if ! grep -qF -- "$expected" <<< "$gpu_plan"; then
+    echo "scripts/gpu-check.sh --dry-run does not mention '$expected'" >&2
+    exit 1
+  fi
+done
+
 stamp "python test dependencies (transformers, scripts/python_deps.sh)"
 hf_note=""
 if ! scripts/python_deps.sh >/dev/null; then
