@@ -155,7 +155,8 @@ TEST(DeviceParity, HostStagingEqualsUnstagedBitwise) {
 
 // GPU tolerance: the device's reductions run in another order than the CPU's, and its fp32
 // matmuls and attention are other kernels: fp32 losses agree to 1e-4 relative over six steps
-// of clipped AdamW; bf16 rounds differently wherever the order differs, so 3e-2.
+// of clipped AdamW (gradient norms to 1e-3, the weights' relative L2 distance to 1e-3); bf16
+// rounds differently wherever the order differs, so 3e-2 (3e-1 for norms and weights).
 TEST(DeviceParity, StagesAndOffloadOnTheTestDeviceEqualTheCpu) {
   const zt::testing::TestDevice device = zt::testing::test_device();
   if (!device.skip_reason.empty()) GTEST_SKIP() << device.skip_reason;
@@ -177,10 +178,13 @@ TEST(DeviceParity, StagesAndOffloadOnTheTestDeviceEqualTheCpu) {
           EXPECT_NEAR(run.grad_norms[i], reference.grad_norms[i], 10 * tolerance * std::abs(reference.grad_norms[i]))
               << describe(o) << " step " << i;
         }
-        if (reference.final_parameters.defined())
-          EXPECT_TRUE(torch::allclose(run.final_parameters, reference.final_parameters, 10 * tolerance, 10 * tolerance))
-              << describe(o) << ": largest difference "
-              << (run.final_parameters - reference.final_parameters).abs().max().item<double>();
+        // The weights as a whole (a relative L2 distance): an element whose gradient is near zero
+        // may take Adam's step in the other direction on the other device, by design of Adam.
+        if (reference.final_parameters.defined()) {
+          const double distance = (run.final_parameters - reference.final_parameters).norm().item<double>() /
+                                  reference.final_parameters.norm().item<double>();
+          EXPECT_LT(distance, 10 * tolerance) << describe(o);
+        }
       }
 }
 
