@@ -14,6 +14,7 @@
 
 #include "support/device.h"
 #include "support/multirank.h"
+#include "support/parity.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -35,10 +36,7 @@ struct RunOptions {
   int steps = 6;
 };
 
-struct RunResult {
-  std::vector<double> losses, grad_norms;
-  torch::Tensor final_parameters;  // stages 0-2: the trainable parameters, fp32, on the host
-};
+using RunResult = zt::testing::TrainingTrace;  // stages 0-2 fill final_parameters
 
 std::string describe(const RunOptions& o) {
   return "stage " + std::to_string(o.stage) + " " + o.precision + " " + o.optimizer_name + " optimizer->" +
@@ -111,14 +109,7 @@ std::shared_ptr<zt::Communicator> rank_communicator() {
 }
 
 void expect_identical(const RunResult& reference, const RunResult& run, const RunOptions& o) {
-  const std::string what = describe(o);
-  ASSERT_EQ(reference.losses.size(), run.losses.size()) << what;
-  for (size_t i = 0; i < run.losses.size(); ++i) {
-    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i;
-    EXPECT_EQ(run.grad_norms[i], reference.grad_norms[i]) << what << " step " << i;
-  }
-  if (reference.final_parameters.defined())
-    EXPECT_TRUE(torch::equal(run.final_parameters, reference.final_parameters)) << what;
+  zt::testing::expect_bitwise_equal(reference, run, describe(o));
 }
 
 // Rank body: each variant staged and unstaged, compared bit for bit.

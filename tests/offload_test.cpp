@@ -16,6 +16,7 @@
 
 #include "support/counting_allocator.h"
 #include "support/multirank.h"
+#include "support/parity.h"
 #include "support/process.h"
 #include "zero/partition_store.h"
 #include "zerotrain/comm.h"
@@ -64,9 +65,8 @@ struct RunOptions {
   int64_t aio_block_size = 0;  // 0: the default
 };
 
-struct RunResult {
-  std::vector<double> losses, grad_norms;
-  torch::Tensor final_parameters;  // stages 0-2: all trainable parameters, fp32
+// Stages 0-2 fill final_parameters (all trainable parameters, fp32).
+struct RunResult : zt::testing::TrainingTrace {
   zt::OffloadReport report;
 };
 
@@ -146,14 +146,7 @@ std::string describe(const RunOptions& o) {
 
 // Bit for bit: the same kernels on the same values in the same order, wherever the state lives.
 void expect_identical(const RunResult& reference, const RunResult& run, const RunOptions& o) {
-  const std::string what = describe(o);
-  ASSERT_EQ(reference.losses.size(), run.losses.size()) << what;
-  for (size_t i = 0; i < run.losses.size(); ++i) {
-    EXPECT_EQ(run.losses[i], reference.losses[i]) << what << " step " << i;
-    EXPECT_EQ(run.grad_norms[i], reference.grad_norms[i]) << what << " step " << i;
-  }
-  if (reference.final_parameters.defined())
-    EXPECT_TRUE(torch::equal(run.final_parameters, reference.final_parameters)) << what;
+  zt::testing::expect_bitwise_equal(reference, run, describe(o));
 }
 
 void expect_ranks_pass(const std::string& filter, std::vector<int> worlds) {

@@ -144,19 +144,7 @@ void adam_step(float* params, const float* grads, float* exp_avg, float* exp_avg
                const AdamHyperparameters& hp, int64_t step, const StepOptions& o) {
   check_half(o, n);
   const KernelTable& k = table_for(resolve(o));
-  const double bias1 = hp.bias_correction ? 1.0 - std::pow(hp.beta1, double(step)) : 1.0;
-  const double bias2 = hp.bias_correction ? 1.0 - std::pow(hp.beta2, double(step)) : 1.0;
-  // Same algebra as torch::optim::AdamW: p -= lr/bias1 * m / (sqrt(v)/sqrt(bias2) + eps).
-  const detail::AdamConsts c{o.grad_scale,
-                             hp.decoupled_weight_decay ? 0.0f : float(hp.weight_decay),
-                             float(hp.beta1),
-                             float(hp.beta2),
-                             float(1.0 - hp.beta1),
-                             float(1.0 - hp.beta2),
-                             float(hp.eps),
-                             float(1.0 / std::sqrt(bias2)),
-                             float(hp.lr / bias1),
-                             hp.decoupled_weight_decay ? float(1.0 - hp.lr * hp.weight_decay) : 1.0f};
+  const detail::AdamConsts c = detail::adam_consts(hp, step, o.grad_scale);
   split(n, thread_count(o), [&](int64_t b, int64_t e, int, int) {
     k.adam(params + b, grads + b, exp_avg + b, exp_avg_sq + b, e - b, c, o.half, half_ptr(o, b));
   });
@@ -167,38 +155,19 @@ void sgd_step(float* params, const float* grads, float* buf, int64_t n, const Sg
   check_half(o, n);
   const KernelTable& k = table_for(resolve(o));
   const bool momentum = hp.momentum != 0.0;
-  const bool first = step <= 1;
-  detail::SgdConsts c{o.grad_scale,
-                      float(hp.weight_decay),
-                      first ? 0.0f : float(hp.momentum),
-                      first ? 1.0f : float(1.0 - hp.dampening),
-                      hp.nesterov ? 1.0f : 0.0f,
-                      hp.nesterov ? float(hp.momentum) : 1.0f,
-                      float(hp.lr),
-                      momentum};
+  const detail::SgdConsts c = detail::sgd_consts(hp, step, o.grad_scale);
   split(n, thread_count(o), [&](int64_t b, int64_t e, int, int) {
     k.sgd(params + b, grads + b, momentum ? buf + b : nullptr, e - b, c, o.half, half_ptr(o, b));
   });
 }
 
-namespace {
-detail::LambConsts lamb_consts(const LambHyperparameters& hp, float grad_scale) {
-  return detail::LambConsts{grad_scale,
-                            float(hp.beta1),
-                            float(hp.beta2),
-                            float(1.0 - hp.beta1),
-                            float(1.0 - hp.beta2),
-                            float(hp.eps),
-                            float(hp.weight_decay)};
-}
-}  // namespace
 
 void lamb_partial_norms(const float* p, const float* g, float* m, float* v, int64_t n, const int64_t* bounds,
                         int segments, const LambHyperparameters& hp, const StepOptions& o, double* w_sq,
                         double* u_sq) {
   check_bounds(bounds, segments, n);
   const KernelTable& k = table_for(resolve(o));
-  const auto c = lamb_consts(hp, o.grad_scale);
+  const auto c = detail::lamb_consts(hp, o.grad_scale);
   const int threads = thread_count(o);
   // One row of partial sums per thread, summed in thread order: deterministic for a thread count.
   std::vector<double> partial(size_t(std::max(threads, 1)) * segments * 2, 0.0);
@@ -233,7 +202,7 @@ void lamb_apply(float* p, const float* m, const float* v, int64_t n, const int64
   check_bounds(bounds, segments, n);
   check_half(o, n);
   const KernelTable& k = table_for(resolve(o));
-  const auto c = lamb_consts(hp, o.grad_scale);
+  const auto c = detail::lamb_consts(hp, o.grad_scale);
   double step_size = hp.lr;
   if (hp.bias_correction)
     step_size = hp.lr * std::sqrt(1.0 - std::pow(hp.beta2, double(step))) / (1.0 - std::pow(hp.beta1, double(step)));

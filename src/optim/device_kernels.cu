@@ -346,10 +346,6 @@ struct SgdK {
   static constexpr auto kernel = &sgd_kernel<T, H>;
 };
 
-LambConsts lamb_consts(const LambHyperparameters& hp, float grad_scale) {
-  return LambConsts{grad_scale,           float(hp.beta1),         float(hp.beta2),         float(1.0 - hp.beta1),
-                    float(1.0 - hp.beta2), float(hp.eps), float(hp.weight_decay)};
-}
 
 // The piece table on the device, and room for `partials_per_chunk` doubles per block after it.
 // The host copy is a member vector: cudaMemcpyAsync from pageable memory stages it before
@@ -399,19 +395,7 @@ void adam_step_device(float* params, const void* grads, float* exp_avg, float* e
   constexpr const char* fn = "adam_step_device";
   check_half(o, n, fn);
   if (n <= 0) return;
-  // cpu_kernels.cpp's adam_step constants, computed the same way in double.
-  const double bias1 = hp.bias_correction ? 1.0 - std::pow(hp.beta1, double(step)) : 1.0;
-  const double bias2 = hp.bias_correction ? 1.0 - std::pow(hp.beta2, double(step)) : 1.0;
-  const AdamConsts c{o.grad_scale,
-                     hp.decoupled_weight_decay ? 0.0f : float(hp.weight_decay),
-                     float(hp.beta1),
-                     float(hp.beta2),
-                     float(1.0 - hp.beta1),
-                     float(1.0 - hp.beta2),
-                     float(hp.eps),
-                     float(1.0 / std::sqrt(bias2)),
-                     float(hp.lr / bias1),
-                     hp.decoupled_weight_decay ? float(1.0 - hp.lr * hp.weight_decay) : 1.0f};
+  const AdamConsts c = detail::adam_consts(hp, step, o.grad_scale);  // the CPU's very constants
   const cudaStream_t s = as_stream(o.stream);
   launch_gh<AdamK>(o.grad_type, o.half, elementwise_blocks(n, fn), s, params, grads, exp_avg, exp_avg_sq, n, c,
                    o.half == HalfType::None ? nullptr : o.half_out);
@@ -426,16 +410,7 @@ void sgd_step_device(float* params, const void* grads, float* momentum_buffer, i
   if (momentum && momentum_buffer == nullptr && n > 0)
     throw std::invalid_argument(std::string(fn) + ": momentum without a momentum buffer");
   if (n <= 0) return;
-  // cpu_kernels.cpp's sgd_step constants: on step 1 the buffer becomes the gradient.
-  const bool first = step <= 1;
-  const SgdConsts c{o.grad_scale,
-                    float(hp.weight_decay),
-                    first ? 0.0f : float(hp.momentum),
-                    first ? 1.0f : float(1.0 - hp.dampening),
-                    hp.nesterov ? 1.0f : 0.0f,
-                    hp.nesterov ? float(hp.momentum) : 1.0f,
-                    float(hp.lr),
-                    momentum};
+  const SgdConsts c = detail::sgd_consts(hp, step, o.grad_scale);
   launch_gh<SgdK>(o.grad_type, o.half, elementwise_blocks(n, fn), as_stream(o.stream), params, grads,
                   momentum ? momentum_buffer : nullptr, n, c, o.half == HalfType::None ? nullptr : o.half_out);
   check_launch(fn);
@@ -448,7 +423,7 @@ void lamb_partial_norms_device(const float* params, const void* grads, float* ex
   check_bounds(bounds, segments, n, fn);
   const cudaStream_t s = as_stream(o.stream);
   const DevicePieces pieces(bounds, segments, 2, s, fn);
-  const LambConsts c = lamb_consts(hp, o.grad_scale);
+  const LambConsts c = detail::lamb_consts(hp, o.grad_scale);
   if (pieces.chunks() > 0) {
     const int blocks = pieces.chunks();
     switch (o.grad_type) {
@@ -485,7 +460,7 @@ void lamb_apply_device(float* params, const float* exp_avg, const float* exp_avg
   if (hp.bias_correction)
     step_size = hp.lr * std::sqrt(1.0 - std::pow(hp.beta2, double(step))) / (1.0 - std::pow(hp.beta1, double(step)));
   const LambApplyScalars a{step_size, hp.min_coeff, hp.max_coeff};
-  const LambConsts c = lamb_consts(hp, o.grad_scale);
+  const LambConsts c = detail::lamb_consts(hp, o.grad_scale);
   const DevicePieces pieces(bounds, segments, 0, s, fn);
   const int blocks = pieces.chunks();
   uint16_t* h = o.half == HalfType::None ? nullptr : o.half_out;
