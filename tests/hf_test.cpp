@@ -164,6 +164,91 @@ TEST(HfExport, TransformersLoadsItWithTheSameLogits) {
   EXPECT_NE(p.output.find(dirs[1] + ": max_abs_diff"), std::string::npos) << p.output;
 }
 
+// The BERT, post-LN with and without the NSP head, written as transformers' BertForPreTraining
+// (BertForMaskedLM without the head), loads with zerotrain's MLM logits at every position and
+// its NSP logits (fp32, within 1e-5), padding and two token types included; a pre-LN BERT and a
+// foreign tensor are refused before anything is written.
+TEST(HfBertExport, TransformersLoadsItWithTheSameLogits) {
+  REQUIRE_TRANSFORMERS();
+  const std::string dir = make_temp_dir("hf-bert");
+  std::vector<std::string> dirs;
+  for (bool nsp : {true, false}) {
+    zt::BertConfig config = zt::bert_preset("bert-tiny");
+    config.next_sentence = nsp;
+    torch::manual_seed(nsp ? 5 : 6);
+    zt::Bert model(config);
+    // Non-trivial values where BERT initialises constants (LayerNorm, biases).
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : model->parameters()) p.add_(torch::randn_like(p) * 0.05);
+    }
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const int64_t B = 3, T = 20;
+    torch::Tensor input_ids = torch::randint(0, config.vocab_size, {B, T}, torch::kLong);
+    torch::Tensor token_type_ids = (torch::arange(T).ge(9)).to(torch::kLong).expand({B, T}).contiguous();
+    torch::Tensor attention_mask = torch::ones({B, T}, torch::kLong);
+    attention_mask[1].narrow(0, 15, 5).zero_();  // padding at the end of one sequence
+    const torch::Tensor hidden = model->forward(input_ids, token_type_ids, attention_mask);
+    const torch::Tensor mlm = model->mlm_logits(hidden.reshape({-1, config.hidden})).reshape({B, T, -1});
+    std::vector<zt::TensorRecord> records = {{"input_ids", torch::kLong, {B, T}},
+                                             {"token_type_ids", torch::kLong, {B, T}},
+                                             {"attention_mask", torch::kLong, {B, T}},
+                                             {"mlm_logits", torch::kFloat, mlm.sizes().vec()}};
+    torch::Tensor nsp_logits;
+    if (nsp) {
+      nsp_logits = model->nsp_logits(hidden);
+      records.push_back({"nsp_logits", torch::kFloat, nsp_logits.sizes().vec()});
+    }
+    const std::string out = dir + (nsp ? "/pretraining" : "/masked-lm");
+    {
+      zt::SafetensorsWriter writer(out + ".reference.safetensors", records);
+      writer.write(input_ids);
+      writer.write(token_type_ids);
+      writer.write(attention_mask);
+      writer.write(mlm.contiguous());
+      if (nsp) writer.write(nsp_logits.contiguous());
+      writer.finish();
+    }
+    std::vector<zt::HfTensor> tensors;
+    for (const auto& named : model->named_parameters(true)) {
+      const torch::Tensor value = named.value();
+      tensors.push_back({named.key(), value.sizes().vec(), [value] { return value.detach().to(torch::kFloat); }});
+    }
+    zt::write_hf_bert_model(tensors, config, out, torch::kFloat, nsp ? zt::hf_default_max_shard_bytes() : 20000);
+    const auto hf_config = read_json(out + "/config.json");
+    EXPECT_EQ(hf_config["model_type"], "bert");
+    EXPECT_EQ(hf_config["architectures"][0], nsp ? "BertForPreTraining" : "BertForMaskedLM");
+    EXPECT_EQ(hf_config["hidden_act"], "gelu");
+    if (!nsp) {  // 20 kB shards: an index without the decoder (tied)
+      const auto index = read_json(out + "/model.safetensors.index.json");
+      EXPECT_FALSE(index["weight_map"].contains("cls.predictions.decoder.weight"));
+      EXPECT_TRUE(index["weight_map"].contains("bert.encoder.layer.1.attention.self.query.weight"));
+    }
+    auto p = python({"bert-logits", out + ".reference.safetensors", out});
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    EXPECT_NE(p.output.find(out + ": mlm max_abs_diff"), std::string::npos) << p.output;
+    if (nsp) EXPECT_NE(p.output.find(out + ": nsp max_abs_diff"), std::string::npos) << p.output;
+  }
+
+  zt::BertConfig pre_ln = zt::bert_preset("bert-tiny");
+  pre_ln.pre_layer_norm = true;
+  zt::Bert pre_ln_model(pre_ln);
+  std::vector<zt::HfTensor> tensors;
+  for (const auto& named : pre_ln_model->named_parameters(true)) {
+    const torch::Tensor value = named.value();
+    tensors.push_back({named.key(), value.sizes().vec(), [value] { return value.detach(); }});
+  }
+  EXPECT_THROW(zt::write_hf_bert_model(tensors, pre_ln, dir + "/pre-ln", torch::kFloat, zt::hf_default_max_shard_bytes()),
+               zt::ConfigError);
+  EXPECT_FALSE(fs::exists(dir + "/pre-ln"));
+  std::vector<zt::HfTensor> foreign = {{"lm_head.weight", {2, 2}, [] { return torch::zeros({2, 2}); }}};
+  EXPECT_THROW(zt::write_hf_bert_model(foreign, zt::bert_preset("bert-tiny"), dir + "/foreign", torch::kFloat,
+                                       zt::hf_default_max_shard_bytes()),
+               zt::DataError);
+  EXPECT_FALSE(fs::exists(dir + "/foreign"));
+}
+
 // (b) + (c) A transformers-saved GPT-2 as model.init_from: zerotrain's first loss on 2 ranks at
 // stages 0-3 equals transformers' loss on the same batch; fp16/bf16 files are converted; a sharded
 // directory (index) is read; at stage 3 each rank reads about half of the tensor bytes (its shards),

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/json_bounds.h"
@@ -183,31 +182,39 @@ GPTConfig gpt_config_from_resolved(const std::map<std::string, std::string>& res
 
 namespace {
 
-// The tensors in GPT-2 order, each checked against the expected name and shape.
-std::vector<const HfTensor*> ordered_gpt_tensors(const std::vector<HfTensor>& tensors, const GPTConfig& config) {
+// The tensors in the model's order, each checked against the expected name and shape; `model`
+// names the model in messages ("GPT", "BERT") and `configured` its configured shape.
+std::vector<const HfTensor*> order_tensors(const std::vector<HfTensor>& tensors,
+                                           const std::vector<CheckpointParameter>& expected, const std::string& model,
+                                           const std::string& configured) {
   std::map<std::string, const HfTensor*> by_name;
-  for (const HfTensor& t : tensors) {
-    if (hf_gpt2_name(t.name).empty())
-      throw DataError("export --format hf: tensor '" + t.name + "' is not one of the GPT's (a Hugging Face GPT-2 "
-                      "export needs the reference GPT model)");
+  for (const HfTensor& t : tensors)
     if (!by_name.emplace(t.name, &t).second) throw DataError("export --format hf: tensor '" + t.name + "' is given twice");
-  }
   std::vector<const HfTensor*> out;
-  for (const CheckpointParameter& p : gpt_tensors(config)) {
+  for (const CheckpointParameter& p : expected) {
     auto it = by_name.find(p.name);
     if (it == by_name.end())
       throw DataError("export --format hf: the model has no tensor '" + p.name + "' (expected by its shape: " +
-                      std::to_string(config.n_layer) + " layers, width " + std::to_string(config.n_embd) + ")");
+                      configured + ")");
     if (it->second->shape != p.shape)
       throw DataError("export --format hf: tensor '" + p.name + "' has shape " + shape_text(it->second->shape) +
-                      ", expected " + shape_text(p.shape) + " for the configured GPT");
+                      ", expected " + shape_text(p.shape) + " for the configured " + model);
     out.push_back(it->second);
     by_name.erase(it);
   }
   if (!by_name.empty())
-    throw DataError("export --format hf: tensor '" + by_name.begin()->first + "' is not part of a GPT of " +
-                    std::to_string(config.n_layer) + " layers");
+    throw DataError("export --format hf: tensor '" + by_name.begin()->first + "' is not part of a " + model + " of " +
+                    configured);
   return out;
+}
+
+std::vector<const HfTensor*> ordered_gpt_tensors(const std::vector<HfTensor>& tensors, const GPTConfig& config) {
+  for (const HfTensor& t : tensors)
+    if (hf_gpt2_name(t.name).empty())
+      throw DataError("export --format hf: tensor '" + t.name + "' is not one of the GPT's (a Hugging Face GPT-2 "
+                      "export needs the reference GPT model)");
+  return order_tensors(tensors, gpt_tensors(config), "GPT",
+                       std::to_string(config.n_layer) + " layers, width " + std::to_string(config.n_embd));
 }
 
 std::string hf_config_json(const GPTConfig& c, at::ScalarType dtype) {
@@ -241,12 +248,14 @@ std::string hf_config_json(const GPTConfig& c, at::ScalarType dtype) {
 
 }  // namespace
 
-int64_t write_hf_model(const std::vector<HfTensor>& tensors, const GPTConfig& config, const fs::path& dir,
-                       at::ScalarType dtype, int64_t max_shard_bytes) {
-  if (dtype != at::kFloat && dtype != at::kBFloat16)
-    throw ConfigError(std::string("export: expected dtype fp32 or bf16, found ") + c10::toString(dtype));
-  if (max_shard_bytes <= 0) throw ConfigError("--max-shard-size: expected a positive size");
-  const std::vector<const HfTensor*> ordered = ordered_gpt_tensors(tensors, config);
+namespace {
+
+// The layout of transformers' save_pretrained for `ordered` tensors (checked, in the model's
+// order): `hf_name` gives transformers' name of ours, `transposed` whether it is stored so.
+int64_t write_hf_layout(const std::vector<const HfTensor*>& ordered,
+                        const std::function<std::string(const std::string&)>& hf_name,
+                        const std::function<bool(const std::string&)>& transposed, const std::string& config_text,
+                        const fs::path& dir, at::ScalarType dtype, int64_t max_shard_bytes) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw ConfigError("--out: expected a directory for --format hf, found the file '" + dir.string() + "'");
@@ -295,9 +304,9 @@ int64_t write_hf_model(const std::vector<HfTensor>& tensors, const GPTConfig& co
     std::vector<TensorRecord> records;
     for (const HfTensor* t : shards[size_t(k)]) {
       std::vector<int64_t> shape = t->shape;
-      if (hf_gpt2_transposed(t->name)) std::swap(shape[0], shape[1]);
-      records.push_back({hf_gpt2_name(t->name), dtype, shape});
-      weight_map[hf_gpt2_name(t->name)] = file_name(k);
+      if (transposed(t->name)) std::swap(shape[0], shape[1]);
+      records.push_back({hf_name(t->name), dtype, shape});
+      weight_map[hf_name(t->name)] = file_name(k);
     }
     const fs::path path = dir / file_name(k), partial = path.string() + ".partial";
     try {
@@ -307,7 +316,7 @@ int64_t write_hf_model(const std::vector<HfTensor>& tensors, const GPTConfig& co
         if (value.sizes().vec() != t->shape)
           throw DataError("export: tensor '" + t->name + "' came with shape " + shape_text(value.sizes().vec()) +
                           ", expected " + shape_text(t->shape));
-        if (hf_gpt2_transposed(t->name)) value = value.t();
+        if (transposed(t->name)) value = value.t();
         writer.write(value.to(dtype).contiguous());
       }
       writer.finish();
@@ -326,9 +335,142 @@ int64_t write_hf_model(const std::vector<HfTensor>& tensors, const GPTConfig& co
     write_json_atomically(dir / kIndexFile, text);
     written += int64_t(text.size());
   }
-  const std::string config_text = hf_config_json(config, dtype);
   write_json_atomically(dir / kConfigFile, config_text);
   return written + int64_t(config_text.size());
+}
+
+void check_export_options(at::ScalarType dtype, int64_t max_shard_bytes) {
+  if (dtype != at::kFloat && dtype != at::kBFloat16)
+    throw ConfigError(std::string("export: expected dtype fp32 or bf16, found ") + c10::toString(dtype));
+  if (max_shard_bytes <= 0) throw ConfigError("--max-shard-size: expected a positive size");
+}
+
+}  // namespace
+
+int64_t write_hf_model(const std::vector<HfTensor>& tensors, const GPTConfig& config, const fs::path& dir,
+                       at::ScalarType dtype, int64_t max_shard_bytes) {
+  check_export_options(dtype, max_shard_bytes);
+  return write_hf_layout(ordered_gpt_tensors(tensors, config), hf_gpt2_name, hf_gpt2_transposed,
+                         hf_config_json(config, dtype), dir, dtype, max_shard_bytes);
+}
+
+
+
+// ---------------------------------------------------------------- BERT
+
+std::string hf_bert_name(const std::string& name) {
+  // Prefix rules, checked in order; the layer index is carried over.
+  static const std::vector<std::pair<std::string, std::string>> kFixed = {
+      {"embeddings.word_embeddings.", "bert.embeddings.word_embeddings."},
+      {"embeddings.position_embeddings.", "bert.embeddings.position_embeddings."},
+      {"embeddings.token_type_embeddings.", "bert.embeddings.token_type_embeddings."},
+      {"embeddings.layer_norm.", "bert.embeddings.LayerNorm."},
+      {"mlm.dense.", "cls.predictions.transform.dense."},
+      {"mlm.layer_norm.", "cls.predictions.transform.LayerNorm."},
+      {"nsp.pooler.", "bert.pooler.dense."},
+      {"nsp.classifier.", "cls.seq_relationship."}};
+  static const std::vector<std::pair<std::string, std::string>> kLayer = {
+      {"attention.query.", "attention.self.query."},   {"attention.key.", "attention.self.key."},
+      {"attention.value.", "attention.self.value."},   {"attention.output.", "attention.output.dense."},
+      {"attention_norm.", "attention.output.LayerNorm."}, {"intermediate.", "intermediate.dense."},
+      {"output.", "output.dense."},                     {"output_norm.", "output.LayerNorm."}};
+  if (name == "mlm.bias") return "cls.predictions.bias";
+  for (const auto& [ours, theirs] : kFixed)
+    if (name.rfind(ours, 0) == 0) return theirs + name.substr(ours.size());
+  if (name.rfind("layers.", 0) == 0) {
+    const size_t dot = name.find('.', 7);
+    if (dot == std::string::npos) return "";
+    const std::string index = name.substr(7, dot - 7), rest = name.substr(dot + 1);
+    if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos) return "";
+    for (const auto& [ours, theirs] : kLayer)
+      if (rest.rfind(ours, 0) == 0) return "bert.encoder.layer." + index + "." + theirs + rest.substr(ours.size());
+  }
+  return "";  // final_norm (pre-LN) has no place in transformers' BERT
+}
+
+namespace {
+
+// BertImpl's registration order (models/bert.h), with shapes.
+std::vector<CheckpointParameter> bert_tensors(const BertConfig& c) {
+  const int64_t H = c.hidden, I = c.intermediate;
+  std::vector<CheckpointParameter> t = {{"embeddings.word_embeddings.weight", {c.vocab_size, H}},
+                                        {"embeddings.position_embeddings.weight", {c.max_positions, H}},
+                                        {"embeddings.token_type_embeddings.weight", {c.type_vocab_size, H}},
+                                        {"embeddings.layer_norm.weight", {H}},
+                                        {"embeddings.layer_norm.bias", {H}}};
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    for (const char* m : {"attention.query", "attention.key", "attention.value", "attention.output"}) {
+      t.push_back({p + m + ".weight", {H, H}});
+      t.push_back({p + m + ".bias", {H}});
+    }
+    t.push_back({p + "attention_norm.weight", {H}});
+    t.push_back({p + "attention_norm.bias", {H}});
+    t.push_back({p + "intermediate.weight", {I, H}});
+    t.push_back({p + "intermediate.bias", {I}});
+    t.push_back({p + "output.weight", {H, I}});
+    t.push_back({p + "output.bias", {H}});
+    t.push_back({p + "output_norm.weight", {H}});
+    t.push_back({p + "output_norm.bias", {H}});
+  }
+  t.push_back({"mlm.bias", {c.vocab_size}});
+  t.push_back({"mlm.dense.weight", {H, H}});
+  t.push_back({"mlm.dense.bias", {H}});
+  t.push_back({"mlm.layer_norm.weight", {H}});
+  t.push_back({"mlm.layer_norm.bias", {H}});
+  if (c.next_sentence) {
+    t.push_back({"nsp.pooler.weight", {H, H}});
+    t.push_back({"nsp.pooler.bias", {H}});
+    t.push_back({"nsp.classifier.weight", {2, H}});
+    t.push_back({"nsp.classifier.bias", {2}});
+  }
+  return t;
+}
+
+std::string hf_bert_config_json(const BertConfig& c, at::ScalarType dtype) {
+  ordered_json j;
+  // With the NSP head the pre-training model; without it the masked-LM one (no pooler).
+  j["architectures"] = {c.next_sentence ? "BertForPreTraining" : "BertForMaskedLM"};
+  j["model_type"] = "bert";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden;
+  j["num_hidden_layers"] = c.n_layer;
+  j["num_attention_heads"] = c.n_head;
+  j["intermediate_size"] = c.intermediate;
+  j["hidden_act"] = "gelu";  // exact (erf), as ours
+  j["hidden_dropout_prob"] = c.dropout;
+  j["attention_probs_dropout_prob"] = c.dropout;
+  j["max_position_embeddings"] = c.max_positions;
+  j["type_vocab_size"] = c.type_vocab_size;
+  j["initializer_range"] = 0.02;
+  j["layer_norm_eps"] = c.layer_norm_eps;
+  j["position_embedding_type"] = "absolute";
+  j["tie_word_embeddings"] = true;
+  j["use_cache"] = true;
+  j["dtype"] = dtype_name(dtype);
+  j["torch_dtype"] = dtype_name(dtype);
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+int64_t write_hf_bert_model(const std::vector<HfTensor>& tensors, const BertConfig& config, const fs::path& dir,
+                            at::ScalarType dtype, int64_t max_shard_bytes) {
+  check_export_options(dtype, max_shard_bytes);
+  if (config.pre_layer_norm)
+    throw ConfigError("export --format hf: model.pre_layer_norm true has no Hugging Face BERT layout (transformers' "
+                      "BERT is post-LayerNorm); expected false, or export --format safetensors");
+  for (const HfTensor& t : tensors)
+    if (hf_bert_name(t.name).empty())
+      throw DataError("export --format hf: tensor '" + t.name + "' is not one of the BERT's (a Hugging Face BERT "
+                      "export needs the reference BERT model)");
+  const std::vector<const HfTensor*> ordered =
+      order_tensors(tensors, bert_tensors(config), "BERT",
+                    std::to_string(config.n_layer) + " layers, width " + std::to_string(config.hidden) +
+                        (config.next_sentence ? ", with the NSP head" : ", without the NSP head"));
+  return write_hf_layout(
+      ordered, hf_bert_name, [](const std::string&) { return false; }, hf_bert_config_json(config, dtype), dir, dtype,
+      max_shard_bytes);
 }
 
 int64_t write_safetensors_model(const std::vector<HfTensor>& tensors, const fs::path& out, at::ScalarType dtype,

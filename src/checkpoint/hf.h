@@ -1,5 +1,6 @@
-// Hugging Face GPT-2 weights in and out (docs/checkpoint.md "Hugging Face"). Internal; the CLI's
-// `export --format hf` and `export --init`, and the trainer's model.init_from use it.
+// Hugging Face GPT-2 weights in and out, and BERT weights out (docs/checkpoint.md "Hugging
+// Face"). Internal; the CLI's `export --format hf` and `export --init`, and the trainer's
+// model.init_from use it.
 //
 // Names: zerotrain's GPT (models/gpt.h) and transformers' GPT2LMHeadModel hold the same tensors;
 // "wte.weight" is "transformer.wte.weight", "blocks.N.*" is "transformer.h.N.*", "ln_f.*" is
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "zerotrain/engine.h"
+#include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
 
 namespace zt {
@@ -59,6 +61,20 @@ struct HfTensor {
 // Returns the bytes written (all files).
 int64_t write_hf_model(const std::vector<HfTensor>& tensors, const GPTConfig& config,
                        const std::filesystem::path& dir, at::ScalarType dtype, int64_t max_shard_bytes);
+
+// The same for the reference BERT (models/bert.h) as transformers' BertForPreTraining (with the
+// NSP head) or BertForMaskedLM (without): "embeddings.*" is "bert.embeddings.*" (layer_norm:
+// LayerNorm), "layers.N.attention.{query,key,value}" is "bert.encoder.layer.N.attention.self.*",
+// "attention.output" "attention.output.dense", "attention_norm" "attention.output.LayerNorm",
+// "intermediate" "intermediate.dense", "output" "output.dense", "output_norm" "output.LayerNorm";
+// "mlm.bias" is "cls.predictions.bias", "mlm.{dense,layer_norm}" "cls.predictions.transform.*",
+// "nsp.pooler" "bert.pooler.dense", "nsp.classifier" "cls.seq_relationship". Every Linear is
+// stored as ours ([out, in]); the decoder is tied to the word embeddings in both, so no
+// cls.predictions.decoder.weight is written. A pre-LayerNorm BERT has no transformers layout
+// (zt::ConfigError).
+std::string hf_bert_name(const std::string& name);
+int64_t write_hf_bert_model(const std::vector<HfTensor>& tensors, const BertConfig& config,
+                            const std::filesystem::path& dir, at::ScalarType dtype, int64_t max_shard_bytes);
 
 // Plain zerotrain-named single safetensors file of the same tensors (export --format safetensors).
 int64_t write_safetensors_model(const std::vector<HfTensor>& tensors, const std::filesystem::path& out,

@@ -7,6 +7,11 @@ scripts/python_deps.sh on PYTHONPATH; nothing is downloaded).
   logits REFERENCE HF_DIR...
       loads each HF_DIR with GPT2LMHeadModel.from_pretrained and compares its logits on the tokens
       of REFERENCE (a safetensors file with "tokens" and zerotrain's "logits") within 1e-5
+  bert-logits REFERENCE HF_DIR...
+      loads each HF_DIR with BertForPreTraining (or BertForMaskedLM, as its config.json names)
+      and compares its MLM logits at every position, and its NSP logits when it has the head, on
+      REFERENCE's "input_ids", "token_type_ids" and "attention_mask" with zerotrain's
+      "mlm_logits" (and "nsp_logits") within 1e-5
   loss TOKENS_BIN SEED SEQ MICRO WORLD HF_DIR...
       transformers' loss on the batch of zerotrain's first step (its sampler: SplitMix64 over
       (seed, step, sample)), averaged over the ranks as the trainer does, for each HF_DIR
@@ -18,7 +23,7 @@ import sys
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import BertForMaskedLM, BertForPreTraining, GPT2Config, GPT2LMHeadModel
 
 TINY = dict(vocab_size=256, n_positions=64, n_embd=64, n_layer=2, n_head=2)
 M = (1 << 64) - 1
@@ -54,6 +59,29 @@ def logits(argv):
         assert diff <= 1e-5, diff
 
 
+def bert_logits(argv):
+    ref = load_file(argv[0])
+    for hf_dir in argv[1:]:
+        with open(hf_dir + "/config.json") as f:
+            pretraining = json.load(f)["architectures"] == ["BertForPreTraining"]
+        cls = BertForPreTraining if pretraining else BertForMaskedLM
+        model = cls.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        decoder = model.cls.predictions.decoder.weight
+        assert decoder.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr(), "decoder not tied"
+        with torch.no_grad():
+            out = model(input_ids=ref["input_ids"].long(), token_type_ids=ref["token_type_ids"].long(),
+                        attention_mask=ref["attention_mask"].long())
+        mlm = out.prediction_logits if pretraining else out.logits
+        diff = (mlm - ref["mlm_logits"]).abs().max().item()
+        print(f"{hf_dir}: mlm max_abs_diff {diff:.3e}")
+        assert diff <= 1e-5, diff
+        assert pretraining == ("nsp_logits" in ref), "the NSP head is exported exactly when the model has it"
+        if pretraining:
+            nsp_diff = (out.seq_relationship_logits - ref["nsp_logits"]).abs().max().item()
+            print(f"{hf_dir}: nsp max_abs_diff {nsp_diff:.3e}")
+            assert nsp_diff <= 1e-5, nsp_diff
+
+
 def loss(argv):
     tokens_bin = argv[0]
     seed, seq, micro, world = (int(v) for v in argv[1:5])
@@ -72,4 +100,4 @@ def loss(argv):
 
 
 if __name__ == "__main__":
-    {"make-models": make_models, "logits": logits, "loss": loss}[sys.argv[1]](sys.argv[2:])
+    {"make-models": make_models, "logits": logits, "bert-logits": bert_logits, "loss": loss}[sys.argv[1]](sys.argv[2:])
