@@ -20,6 +20,7 @@
 #include "support/process.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
 
 namespace {
@@ -970,6 +971,11 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"tensorboard.enabled", {Reported, "true", nullptr, ""}},
       {"tensorboard.output_path", {Reported, "\"out\"", nullptr, ""}},
       {"tensorboard.job_name", {Reported, "\"job\"", nullptr, ""}},
+      {"model.type", {Used, "\"bert\"", [](C c) { return c.model.type == "bert" && c.model.preset == "bert-tiny"; }, "trainer (which model), bert_config_of"}},
+      {"model.pre_layer_norm", {Used, "true", [](C c) { return c.model.pre_layer_norm && zt::bert_config_of(c).pre_layer_norm; }, "bert_config_of (BERT only; refused with gpt)"}},
+      {"model.next_sentence", {Used, "false", [](C c) { return c.model.next_sentence == false && !zt::bert_config_of(c).next_sentence; }, "bert_config_of (BERT only; refused with gpt)"}},
+      {"data.mlm_probability", {Used, "0.25", [](C c) { return c.data.mlm_probability == 0.25; }, "trainer (MlmMasker; BERT only)"}},
+      {"data.max_predictions", {Used, "7", [](C c) { return c.data.max_predictions == 7; }, "trainer (MlmMasker; BERT only)"}},
       {"model.preset", {Used, "\"small\"", [](C c) { return c.model.preset == "small"; }, "gpt_config_of"}},
       {"model.n_layer", {Used, "3", [](C c) { return c.model.n_layer == 3; }, "gpt_config_of"}},
       {"model.n_head", {Used, "3", [](C c) { return c.model.n_head == 3; }, "gpt_config_of"}},
@@ -1027,6 +1033,10 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"scheduler.params.warmup_type", {"scheduler.type=\"WarmupLR\""}},
       {"scheduler.params.total_num_steps", {"scheduler.type=\"WarmupCosineLR\"", "scheduler.params.warmup_num_steps=5"}},
       {"data.path", {"data.source=\"text\""}},
+      {"model.pre_layer_norm", {"model.type=\"bert\""}},
+      {"model.next_sentence", {"model.type=\"bert\""}},
+      {"data.mlm_probability", {"model.type=\"bert\""}},
+      {"data.max_predictions", {"model.type=\"bert\""}},
       {"data.source", {"data.path=\"p\""}},
       {"gradient_accumulation_steps", {"train_micro_batch_size_per_gpu=2"}},
       {"scheduler.params.cos_min_ratio", {"scheduler.type=\"WarmupCosineLR\"", "scheduler.params.warmup_num_steps=5"}},
@@ -1859,4 +1869,72 @@ TEST(ConfigDocs, EveryKeyIsDocumented) {
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   for (const cd::Leaf& leaf : cd::leaves())
     EXPECT_NE(text.find("`" + leaf.path + "`"), std::string::npos) << leaf.path << " is not in docs/config.md";
+}
+
+// --- model.type "bert" (docs/bert.md): its keys, the GPT's keys, its presets and positions.
+TEST(ConfigBert, DefaultsToBertTinyWithThePresetsHeads) {
+  const TrainConfig c = parse_config(R"({"model": {"type": "bert"}})", {}, 1);
+  EXPECT_EQ(c.model.preset, "bert-tiny");
+  EXPECT_EQ(c.sources.at("model.preset"), ValueSource::Derived);
+  const zt::BertConfig b = zt::bert_config_of(c);
+  EXPECT_EQ(b.vocab_size, 260);
+  EXPECT_EQ(b.max_positions, 128);
+  EXPECT_TRUE(b.next_sentence);
+  EXPECT_FALSE(b.pre_layer_norm);
+  EXPECT_EQ(parse_config("{}", {}, 1).model.type, "gpt");
+  // The size overrides apply to the BERT: hidden and intermediate 4·hidden, positions.
+  const TrainConfig o = parse_config(
+      R"({"model": {"type": "bert", "preset": "bert-base", "n_layer": 1, "n_embd": 32, "n_head": 4, "context_length": 64,
+          "vocab_size": 300, "dropout": 0.0, "next_sentence": false, "pre_layer_norm": true}, "data": {"sequence_length": 64}})",
+      {}, 1);
+  const zt::BertConfig ob = zt::bert_config_of(o);
+  EXPECT_EQ(ob.n_layer, 1);
+  EXPECT_EQ(ob.hidden, 32);
+  EXPECT_EQ(ob.intermediate, 128);
+  EXPECT_EQ(ob.n_head, 4);
+  EXPECT_EQ(ob.max_positions, 64);
+  EXPECT_EQ(ob.vocab_size, 300);
+  EXPECT_EQ(ob.dropout, 0.0);
+  EXPECT_FALSE(ob.next_sentence);
+  EXPECT_TRUE(ob.pre_layer_norm);
+}
+
+TEST(ConfigBert, KeysOfTheOtherTypeArePresetsAndPositionsAreChecked) {
+  for (const char* key : {"model.pre_layer_norm=true", "model.next_sentence=false", "data.mlm_probability=0.2",
+                          "data.max_predictions=20"}) {
+    SCOPED_TRACE(key);
+    const std::string name = std::string(key).substr(0, std::string(key).find('='));
+    expect_one_line_error(error_of("{}", {key}), name + ": applies to model.type \"bert\" only, found model.type \"gpt\"");
+  }
+  expect_one_line_error(error_of(R"({"model": {"type": "bert", "init_from": "hf/gpt2"}})"),
+                        "model.init_from: applies to model.type \"gpt\" only");
+  expect_one_line_error(error_of(R"({"model": {"type": "bert", "loss_chunk_tokens": 512}})"),
+                        "model.loss_chunk_tokens: applies to model.type \"gpt\" only");
+  // A GPT preset with type bert: the valid BERT presets are listed.
+  const std::string unknown = error_of(R"({"model": {"type": "bert", "preset": "tiny"}})");
+  expect_one_line_error(unknown, "model.preset: expected a BERT preset with model.type \"bert\"");
+  EXPECT_NE(unknown.find("found \"tiny\""), std::string::npos) << unknown;
+  for (const std::string& name : zt::bert_preset_names()) EXPECT_NE(unknown.find(name), std::string::npos) << unknown;
+  expect_one_line_error(error_of(R"({"model": {"type": "bart"}})"), "model.type");
+  expect_one_line_error(error_of(R"({"model": {"type": "bert"}, "data": {"sequence_length": 129}})"),
+                        "data.sequence_length: expected at most the BERT's max_positions 128");
+  EXPECT_NO_THROW(parse_config(R"({"model": {"type": "bert"}, "data": {"sequence_length": 128}})", {}, 1));
+  expect_one_line_error(error_of(R"({"model": {"type": "bert", "preset": "bert-base"}, "data": {"sequence_length": 513}})"),
+                        "max_positions 512");
+  expect_one_line_error(error_of(R"({"model": {"type": "bert"}, "data": {"sequence_length": 4}})"),
+                        "data.sequence_length: expected at least 5");
+  expect_one_line_error(error_of(R"({"model": {"type": "bert", "n_head": 3}})"), "model.n_embd: expected a multiple");
+  expect_one_line_error(error_of(R"({"model": {"type": "bert"}, "data": {"mlm_probability": 0}})"),
+                        "data.mlm_probability");
+  expect_one_line_error(error_of(R"({"model": {"type": "bert"}, "activation_checkpointing": {"policy": "auto"}})"),
+                        "activation_checkpointing.policy: expected \"none\", \"selective\" or \"full\" with model.type "
+                        "\"bert\", found \"auto\"");
+  // The flops profiler's FLOPs model is the GPT's: noted once, not refused.
+  const TrainConfig profiled =
+      parse_config(R"({"model": {"type": "bert"}, "flops_profiler": {"enabled": true, "profile_step": 3}})", {}, 1);
+  for (const std::string key : {"flops_profiler.enabled", "flops_profiler.profile_step"})
+    EXPECT_TRUE(std::any_of(profiled.notes.begin(), profiled.notes.end(), [&](const std::string& n) {
+      return n.starts_with(key + " has no effect: ");
+    })) << key;
+  EXPECT_TRUE(parse_config(R"({"flops_profiler": {"enabled": true}})", {}, 1).notes.empty());
 }

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "support/process.h"
+#include "zerotrain/data.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/gpt_flops.h"
 
@@ -759,3 +760,120 @@ TEST(TrainDevice, CpuTrainsAndUnavailableOrUnknownDevicesAreRefused) {
 }
 
 }  // namespace
+
+// --- model.type "bert" through `zerotrain train` (docs/bert.md "Training from the CLI").
+namespace {
+
+// bert-tiny with LAMB and WarmupDecayLR, global batch 8 in two micro-steps on two ranks, masked
+// sentence pairs of `sequence` tokens from the embedded corpus, 16 steps, evaluation every 8.
+std::string bert_config(const std::string& dir, int sequence) {
+  return write_file(dir, "config.json", R"({
+    "train_batch_size": 8, "gradient_accumulation_steps": 2, "steps_per_print": 1,
+    "optimizer": {"type": "Lamb", "params": {"lr": 0.05, "weight_decay": 0.01, "min_coeff": 0.01, "max_coeff": 5.0}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 2, "warmup_max_lr": 0.05, "total_num_steps": 40}},
+    "model": {"type": "bert", "preset": "bert-tiny"},
+    "data": {"source": "embedded", "sequence_length": )" + std::to_string(sequence) + R"(, "max_predictions": 10},
+    "train": {"steps": 16, "seed": 5, "threads": 1, "eval_interval": 8, "eval_iters": 2, "log_dir": ")" + dir + R"("}})");
+}
+
+struct BertRun {
+  nlohmann::json summary;
+  std::string output;
+};
+
+BertRun train_bert(const std::string& dir, int world, std::vector<std::string> extra, const std::string& name) {
+  const std::string summary = dir + "/" + name + ".json";
+  std::vector<std::string> args{cli_path(), "train", dir + "/config.json", "--nproc", std::to_string(world),
+                                "--summary", summary};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = run_process(args, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << name << ":\n" << r.output;
+  return {r.exit_code == 0 ? read_json(summary) : nlohmann::json(), r.output};
+}
+
+}  // namespace
+
+// Stage 0 and stage 3 on two ranks: the BERT is built, the masked-LM loss is finite and falls,
+// held-out pairs are evaluated, and stage 3 (built sharded) gives stage 0's losses.
+TEST(TrainBert, TrainsAtStagesZeroAndThreeOnTwoRanks) {
+  const auto dir = make_temp_dir("bert");
+  bert_config(dir, 64);
+  const auto zero = train_bert(dir, 2, {"--set", "zero_optimization.stage=0"}, "stage0");
+  const auto three = train_bert(dir, 2, {"--set", "zero_optimization.stage=3"}, "stage3");
+  ASSERT_FALSE(zero.summary.is_null() || three.summary.is_null());
+  EXPECT_NE(zero.output.find("model: bert preset 'bert-tiny' (2 layers, 2 heads, hidden 64"), std::string::npos)
+      << zero.output;
+  EXPECT_NE(zero.output.find("no estimate: the memory estimate models the GPT"), std::string::npos) << zero.output;
+  EXPECT_NE(zero.output.find("held-out loss"), std::string::npos) << zero.output;
+  EXPECT_EQ(zero.summary["model"]["type"], "bert");
+  EXPECT_EQ(zero.summary["parameters"], 133894);
+  const auto& losses = zero.summary["losses"];
+  ASSERT_EQ(losses.size(), 16u);
+  for (const auto& l : losses) EXPECT_TRUE(std::isfinite(l.get<double>())) << losses;
+  // ln(260) + ln(2) ≈ 6.25 at the start (MLM + NSP); the token frequencies alone bring it down.
+  EXPECT_GT(losses[0].get<double>(), 5.5) << losses;
+  EXPECT_LT(losses[15].get<double>(), losses[0].get<double>() - 0.3) << losses;
+  ASSERT_EQ(zero.summary["eval_losses"].size(), 2u);
+  ASSERT_EQ(three.summary["losses"].size(), 16u);
+  for (size_t i = 0; i < 16; ++i) {
+    const double a = losses[i], b = three.summary["losses"][i];
+    EXPECT_LE(std::abs(a - b) / a, 1e-4) << "step " << i + 1 << ": " << a << " vs " << b;
+  }
+}
+
+// BERT's two phases: phase 1 at 64 tokens saves, phase 2 resumes it at 128 tokens with another
+// micro-batch and accumulation (the same global batch), continuing from the saved step.
+TEST(TrainBert, PhaseTwoResumesPhaseOneWithLongerSequencesAndAnotherMicroBatch) {
+  const auto dir = make_temp_dir("bert-phases");
+  bert_config(dir, 64);
+  const std::string ckpt1 = dir + "/phase1", ckpt2 = dir + "/phase2";
+  const auto one = train_bert(dir, 2, {"--steps", "4", "--save-dir", ckpt1}, "phase1");
+  ASSERT_FALSE(one.summary.is_null());
+  ASSERT_TRUE(std::filesystem::exists(ckpt1 + "/step-4")) << one.output;
+  const auto two = train_bert(dir, 2,
+                              {"--steps", "7", "--resume", ckpt1, "--save-dir", ckpt2, "--set", "data.sequence_length=128",
+                               "--set", "train_micro_batch_size_per_gpu=4", "--set", "gradient_accumulation_steps=1"},
+                              "phase2");
+  ASSERT_FALSE(two.summary.is_null());
+  EXPECT_NE(two.output.find("at step 4"), std::string::npos) << two.output;
+  EXPECT_NE(two.output.find("global batch 8 x 128 tokens"), std::string::npos) << two.output;
+  EXPECT_EQ(two.summary["first_step"], 4);
+  ASSERT_EQ(two.summary["losses"].size(), 3u);
+  for (const auto& l : two.summary["losses"]) {
+    EXPECT_TRUE(std::isfinite(l.get<double>())) << two.summary["losses"];
+    // Phase 1's progress is kept: nowhere near the untrained loss.
+    EXPECT_LT(l.get<double>(), one.summary["losses"][0].get<double>()) << two.summary["losses"];
+  }
+  EXPECT_TRUE(std::filesystem::exists(ckpt2 + "/step-7")) << two.output;
+}
+
+// The other data sources: a text file (the byte tokenizer: 260 ids), and a .bin file of another
+// tokenizer's ids, refused with the preset's vocabulary (naming the file) and trained once
+// model.vocab_size covers them.
+TEST(TrainBert, TrainsOnTextAndOnBinDataWithTheFilesVocabulary) {
+  const auto dir = make_temp_dir("bert-data");
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "Sentence number " + std::to_string(i) + " ends here. ";
+  write_file(dir, "corpus.txt", text);
+  bert_config(dir, 32);
+  const auto from_text = train_bert(dir, 1, {"--steps", "2", "--set", "data.source=text", "--set",
+                                             "data.path=" + dir + "/corpus.txt"},
+                                    "text");
+  ASSERT_FALSE(from_text.summary.is_null());
+  EXPECT_EQ(from_text.summary["losses"].size(), 2u);
+  std::vector<uint16_t> tokens(6000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7919) % 1000);
+  zt::TokenDataset::write_bin_file(dir + "/train.bin", tokens);
+  const std::vector<std::string> bin{"--steps", "2", "--set", "data.source=bin", "--set", "data.path=" + dir + "/train.bin"};
+  std::vector<std::string> args{cli_path(), "train", dir + "/config.json"};
+  args.insert(args.end(), bin.begin(), bin.end());
+  const auto refused = run_process(args, {}, std::chrono::seconds(60));
+  EXPECT_NE(refused.exit_code, 0) << refused.output;
+  EXPECT_NE(refused.output.find("train.bin"), std::string::npos) << refused.output;
+  std::vector<std::string> wider = bin;
+  wider.insert(wider.end(), {"--set", "model.vocab_size=1004"});
+  const auto from_bin = train_bert(dir, 1, wider, "bin");
+  ASSERT_FALSE(from_bin.summary.is_null());
+  EXPECT_NE(from_bin.output.find("vocab 1004 with 4 specials"), std::string::npos) << from_bin.output;
+  for (const auto& l : from_bin.summary["losses"]) EXPECT_TRUE(std::isfinite(l.get<double>()));
+}

@@ -14,6 +14,8 @@
 
 namespace zt {
 
+struct BertConfig;  // zerotrain/models/bert.h
+
 // Auto: the file said "auto" (the Hugging Face convention) and a rule of docs/config.md chose the value.
 enum class ValueSource { Default, File, CommandLine, Derived, Auto };
 const char* to_string(ValueSource source);
@@ -145,7 +147,11 @@ struct LossScaleConfig {  // the "fp16" block
 };
 
 struct ModelConfig {
-  std::string preset = "tiny";  // see models/gpt.h presets
+  // "gpt" (models/gpt.h) or "bert" (models/bert.h: masked language modelling, docs/bert.md).
+  std::string type = "gpt";
+  // A preset of the type: models/gpt.h's, or bert_preset_names() ("bert-tiny" when model.type is
+  // "bert" and no preset is given).
+  std::string preset = "tiny";
   // Overrides of the preset; 0 / negative means "from the preset".
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, context_length = 0;
   double dropout = -1.0;
@@ -154,6 +160,10 @@ struct ModelConfig {
   // model.safetensors.index.json) whose weights start the run instead of the preset's random
   // initialisation; its config.json must match the model's shape. "": none.
   std::string init_from;
+  // BERT only (refused with model.type "gpt"): pre-LN layers, and the next-sentence head and loss
+  // (unset: the preset's, which is on for every BERT preset).
+  bool pre_layer_norm = false;
+  std::optional<bool> next_sentence;
 };
 
 struct DataConfig {
@@ -161,7 +171,10 @@ struct DataConfig {
   std::string path;                 // for "bin": train file; for "text": a UTF-8 text file
   std::string val_path;             // for "bin": optional held-out file
   double val_fraction = 0.1;        // held-out split when there is no val_path
-  int64_t sequence_length = 0;      // 0: the model's context length
+  int64_t sequence_length = 0;      // 0: the model's context length (BERT: max_positions)
+  // BERT's masking (MlmOptions, models/bert_data.h); refused with model.type "gpt".
+  double mlm_probability = 0.15;    // share of each sequence's content positions predicted
+  int64_t max_predictions = 0;      // cap per sequence; 0: none
 };
 
 struct TrainLoopConfig {
@@ -284,6 +297,13 @@ TrainConfig parse_config(const std::string& json_text, const std::vector<std::st
 // 1 MiB), then parse_config(). An empty file is refused: "{}" asks for all defaults explicitly.
 TrainConfig load_config(const std::string& path, const std::vector<std::string>& overrides,
                         int world_size);
+
+// The BERT a configuration with model.type "bert" trains: model.preset's BertConfig with the size
+// overrides model.n_layer, n_head, n_embd (hidden; intermediate 4·hidden), vocab_size (content
+// ids plus the four specials), context_length (max_positions) and dropout, and
+// model.pre_layer_norm / model.next_sentence. Throws ConfigError for an unknown BERT preset (listing
+// the valid ones) or an inconsistent shape.
+BertConfig bert_config_of(const TrainConfig& config);
 
 // The resolved configuration, one "key = value  (source)" line per key, sorted by key.
 std::string describe(const TrainConfig& config);

@@ -462,6 +462,12 @@ void add_notes(TrainConfig& c) {
     note_if_given({A + "cpu_checkpointing", A + "contiguous_memory_optimization", A + "synchronize_checkpoint_boundary",
                    A + "profile", A + "number_checkpoints"},
                   "activation_checkpointing.policy is \"none\" (nothing is recomputed)");
+  // The flops profiler's FLOPs model is the GPT's (zerotrain/models/gpt_flops.h).
+  const std::string F = "flops_profiler.";
+  if (c.model.type == "bert" && c.flops_profiler.enabled)
+    note_if_given({F + "enabled", F + "recompute_fwd_factor", F + "profile_step", F + "module_depth", F + "top_modules",
+                   F + "detailed", F + "output_file"},
+                  "the flops profiler's FLOPs model covers model.type \"gpt\" only; a BERT run is not profiled");
 }
 
 // The notes of Inert keys and the warning lines of ignored reports and keys (docs/config.md

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "config/schema.h"
+#include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/error.h"
 
@@ -225,6 +226,12 @@ bool has_auto_rule(const std::string& path) {
 // The rules of docs/config.md "auto": Hugging Face's Trainer fills these from its arguments; here
 // the rest of the configuration and zerotrain's defaults take the arguments' place.
 void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>& autos) {
+  // model.type "bert" without a preset: "bert-tiny" (the GPT's default "tiny" is no BERT preset).
+  // First, as the rules below read the model's width.
+  if (c.model.type == "bert" && !given(c, "model.preset")) {
+    c.model.preset = "bert-tiny";
+    set_derived(c, values, "model.preset", "bert-tiny");
+  }
   const std::set<std::string> is_auto(autos.begin(), autos.end());
   auto set = [&](const std::string& path, const json& value) {
     values[path] = value;
@@ -233,6 +240,7 @@ void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>
   // The model's width, for the bucket sizes Hugging Face derives from hidden_size.
   auto hidden = [&]() -> int64_t {
     if (c.model.n_embd > 0) return c.model.n_embd;
+    if (c.model.type == "bert") return zt::bert_config_of(c).hidden;
     return zt::gpt_preset(c.model.preset).n_embd;
   };
   // lr and warmup_max_lr are both the Trainer's learning rate: one given, the other follows.
@@ -322,6 +330,38 @@ void derive(TrainConfig& c, Values& values) {
   c.zero.shard_parameters = c.zero.stage >= 3;
 }
 
+namespace {
+// Keys of one model type given with the other would be silently ignored: refused, naming the type.
+void validate_model_type(const TrainConfig& c) {
+  if (c.model.type != "bert") {
+    for (const char* key : {"model.pre_layer_norm", "model.next_sentence", "data.mlm_probability", "data.max_predictions"})
+      if (given(c, key))
+        throw ConfigError(fmt::format("{}: applies to model.type \"bert\" only, found model.type \"{}\"", key,
+                                      c.model.type));
+    return;
+  }
+  if (given(c, "model.loss_chunk_tokens"))
+    throw ConfigError("model.loss_chunk_tokens: applies to model.type \"gpt\" only, found model.type \"bert\" (the "
+                      "BERT's MLM head projects only the masked positions)");
+  if (given(c, "model.init_from"))
+    throw ConfigError("model.init_from: applies to model.type \"gpt\" only (it reads Hugging Face GPT-2 "
+                      "directories), found model.type \"bert\"");
+  if (c.activation_checkpointing.policy == "auto")
+    throw ConfigError("activation_checkpointing.policy: expected \"none\", \"selective\" or \"full\" with model.type "
+                      "\"bert\", found \"auto\" (the memory estimate that chooses models the GPT only)");
+  const BertConfig bert = bert_config_of(c);  // the preset (listing the valid ones) and the shape
+  const int64_t seq = c.data.sequence_length;
+  if (seq > bert.max_positions)
+    throw ConfigError(fmt::format("data.sequence_length: expected at most the BERT's max_positions {} (model.preset "
+                                  "\"{}\"{}), found {}",
+                                  bert.max_positions, c.model.preset,
+                                  c.model.context_length > 0 ? ", model.context_length" : "", seq));
+  if (seq > 0 && seq < 5)
+    throw ConfigError(fmt::format(
+        "data.sequence_length: expected at least 5 with model.type \"bert\" ([CLS] A [SEP] B [SEP]), found {}", seq));
+}
+}  // namespace
+
 void validate_semantics(const TrainConfig& c, const Values& values) {
   // Optimizer parameters that the chosen optimizer does not take would be silently ignored.
   if (auto it = optimizer_params().find(c.optimizer.type); it != optimizer_params().end()) {
@@ -382,6 +422,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
   if (!c.data.val_path.empty() && given(c, "data.val_fraction"))
     throw ConfigError("data.val_fraction: not used when data.val_path names the held-out file (give one of them)");
   if (c.model.preset.empty()) throw ConfigError("model.preset: expected a preset name, found \"\"");
+  validate_model_type(c);
   if (c.train.log_dir.empty()) throw ConfigError("train.log_dir: expected a directory path, found \"\"");
 }
 
@@ -454,3 +495,41 @@ void validate_support(const TrainConfig& c, const Values& values) {
 }
 
 }  // namespace zt::config_detail
+
+namespace zt {
+
+BertConfig bert_config_of(const TrainConfig& config) {
+  const ModelConfig& m = config.model;
+  const std::vector<std::string> names = bert_preset_names();
+  if (std::find(names.begin(), names.end(), m.preset) == names.end())
+    throw ConfigError(fmt::format("model.preset: expected a BERT preset with model.type \"bert\" ({}), found \"{}\"",
+                                  [&] {
+                                    std::string list;
+                                    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+                                    return list;
+                                  }(),
+                                  m.preset));
+  BertConfig bert = bert_preset(m.preset);
+  if (m.n_layer > 0) bert.n_layer = m.n_layer;
+  if (m.n_head > 0) bert.n_head = m.n_head;
+  if (m.n_embd > 0) {
+    bert.hidden = m.n_embd;
+    bert.intermediate = 4 * m.n_embd;
+  }
+  if (m.vocab_size > 0) bert.vocab_size = m.vocab_size;
+  if (m.context_length > 0) bert.max_positions = m.context_length;
+  if (m.dropout >= 0) bert.dropout = m.dropout;
+  bert.pre_layer_norm = m.pre_layer_norm;
+  if (m.next_sentence) bert.next_sentence = *m.next_sentence;
+  if (bert.hidden % bert.n_head != 0)
+    throw ConfigError(fmt::format("model.n_embd: expected a multiple of model.n_head ({}), found {}", bert.n_head,
+                                  bert.hidden));
+  if (bert.vocab_size < 5)
+    throw ConfigError(fmt::format("model.vocab_size: expected at least 5 with model.type \"bert\" (content ids and the "
+                                  "four special tokens), found {}",
+                                  bert.vocab_size));
+  bert.validate();
+  return bert;
+}
+
+}  // namespace zt

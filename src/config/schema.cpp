@@ -565,6 +565,7 @@ std::vector<Leaf> build_table() {
   t.push_back(boolean("aio.overlap_events", true, ZT_FIELD(aio.overlap_events)));
 
   // --- zerotrain's own blocks
+  t.push_back(string("model.type", "gpt", ZT_FIELD(model.type), {"gpt", "bert"}));
   t.push_back(string("model.preset", "tiny", ZT_FIELD(model.preset)));
   // Upper bounds far beyond any model this library can build, low enough that the size
   // arithmetic of the estimate and the model (layers x 12 x width^2 + (vocab + context) x width)
@@ -585,11 +586,19 @@ std::vector<Leaf> build_table() {
   t.push_back(number("model.dropout", -1.0, 0.0, false, 1.0, true, ZT_FIELD(model.dropout)));
   t.push_back(integer("model.loss_chunk_tokens", 0, 0, 1LL << 40, ZT_FIELD(model.loss_chunk_tokens)));
   t.push_back(string("model.init_from", "", ZT_FIELD(model.init_from)));
+  // BERT only (validate_semantics refuses them with model.type "gpt").
+  t.push_back(boolean("model.pre_layer_norm", false, ZT_FIELD(model.pre_layer_norm)));
+  t.push_back(nullable(boolean("model.next_sentence", false, [](TrainConfig& c, const json& v) {
+    c.model.next_sentence = v.is_null() ? std::nullopt : std::optional<bool>(v.get<bool>());
+  })));
+  t.back().def = nullptr;
   t.push_back(string("data.source", "embedded", ZT_FIELD(data.source), {"embedded", "bin", "text"}));
   t.push_back(string("data.path", "", ZT_FIELD(data.path)));
   t.push_back(string("data.val_path", "", ZT_FIELD(data.val_path)));
   t.push_back(number("data.val_fraction", 0.1, 0.0, false, 1.0, true, ZT_FIELD(data.val_fraction)));
   t.push_back(integer("data.sequence_length", 0, 0, std::nullopt, ZT_FIELD(data.sequence_length)));
+  t.push_back(number("data.mlm_probability", 0.15, 0.0, true, 1.0, false, ZT_FIELD(data.mlm_probability)));
+  t.push_back(integer("data.max_predictions", 0, 0, 1LL << 24, ZT_FIELD(data.max_predictions)));
   // The trainer keeps one loss per step; a hundred million steps is beyond any run and its
   // bookkeeping still fits in memory (a value past it is a typo or damage, refused up front).
   t.push_back(integer("train.steps", 200, 1, 100'000'000, ZT_FIELD(train.steps)));

@@ -29,6 +29,8 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/estimate.h"
+#include "zerotrain/models/bert.h"
+#include "zerotrain/models/bert_data.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/gpt_flops.h"
 
@@ -310,17 +312,25 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   const int world = comm->world_size();
   const bool leader = rank == 0 && !options.quiet;
 
-  const GPTConfig gpt_config = gpt_config_of(config);
-  const int64_t seq_len = config.data.sequence_length > 0 ? config.data.sequence_length : gpt_config.context_length;
-  if (seq_len > gpt_config.context_length)
+  // model.type "bert": the encoder of docs/bert.md, trained on masked sentence pairs; the GPT's
+  // figures below stay at their defaults and are not read.
+  const bool is_bert = config.model.type == "bert";
+  const GPTConfig gpt_config = is_bert ? GPTConfig{} : gpt_config_of(config);
+  const BertConfig bert_config = is_bert ? bert_config_of(config) : BertConfig{};
+  // BERT's content vocabulary: its ids, then [CLS], [SEP], [MASK], [PAD] (bert_data.h).
+  const BertSpecialTokens bert_specials{bert_config.vocab_size - 4};
+  const int64_t context = is_bert ? bert_config.max_positions : gpt_config.context_length;
+  const int64_t seq_len = config.data.sequence_length > 0 ? config.data.sequence_length : context;
+  if (seq_len > context)
     throw ConfigError(fmt::format("data.sequence_length: expected at most the model's context length {}, found {}",
-                                  gpt_config.context_length, seq_len));
-  Splits data = load_data(config, gpt_config.vocab_size);
+                                  context, seq_len));
+  Splits data = load_data(config, is_bert ? bert_specials.content_vocab : gpt_config.vocab_size);
+  const int64_t n_layer = is_bert ? bert_config.n_layer : gpt_config.n_layer;
 
   // activation_checkpointing.policy "auto": the cheapest recomputation whose estimated peak fits
   // this machine's memory shared by its ranks (docs/activation_checkpointing.md).
   std::string policy_note;
-  if (config.activation_checkpointing.policy == "auto") {
+  if (config.activation_checkpointing.policy == "auto" && !is_bert) {
     ClusterSpec machine;
     machine.device = DeviceKind::Cpu;
     machine.devices_per_node = rendezvous.local_world_size;
@@ -376,16 +386,26 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   // construction is CPU-only).
   std::optional<ShardedConstruction> sharded;
   if (config.zero.shard_parameters && !device.cuda()) sharded.emplace(rank, world);
-  GPT model(gpt_config);
+  GPT model{nullptr};
+  Bert bert{nullptr};
+  std::shared_ptr<torch::nn::Module> module;
+  if (is_bert) {
+    bert = Bert(bert_config);
+    module = bert.ptr();
+  } else {
+    model = GPT(gpt_config);
+    module = model.ptr();
+  }
   sharded.reset();
   if (device.cuda()) {
     if (leader && config.zero.shard_parameters)
       fmt::print("note: on {} each rank builds the whole model on the CPU and moves it to its GPU; sharded "
                  "construction is CPU-only\n",
                  device.device.str());
-    model->to(device.device);
+    module->to(device.device);
   }
-  const int64_t n_params = gpt_parameter_count(gpt_config);
+  const int64_t n_params = is_bert ? bert_parameter_count(bert_config) : gpt_parameter_count(gpt_config);
+  auto is_checkpointed = [&](int64_t i) { return is_bert ? bert->is_checkpointed(i) : model->is_checkpointed(i); };
   {
     const ActivationCheckpointingConfig& ac = config.activation_checkpointing;
     GPTImpl::Checkpointing settings;
@@ -395,20 +415,31 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     settings.contiguous_memory = ac.contiguous_memory_optimization;
     settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
     settings.profile = ac.profile;
-    model->set_checkpointing(settings);
+    if (is_bert) {
+      BertImpl::Checkpointing b;
+      b.recompute = settings.recompute;
+      b.number_checkpoints = settings.number_checkpoints;
+      b.keep_inputs_on_host = settings.keep_inputs_on_host;
+      b.contiguous_memory = settings.contiguous_memory;
+      b.synchronize_boundary = settings.synchronize_boundary;
+      b.profile = settings.profile;
+      bert->set_checkpointing(b);
+    } else {
+      model->set_checkpointing(settings);
+    }
     if (leader && !policy_note.empty()) fmt::print("{}\n", policy_note);
     if (leader && settings.recompute != Recompute::None) {
       int64_t checkpointed = 0;
-      for (int64_t i = 0; i < gpt_config.n_layer; ++i) checkpointed += model->is_checkpointed(i) ? 1 : 0;
+      for (int64_t i = 0; i < n_layer; ++i) checkpointed += is_checkpointed(i) ? 1 : 0;
       fmt::print("activation checkpointing: {} recomputation in {} of {} blocks{}{}\n", to_string(settings.recompute),
-                 checkpointed, gpt_config.n_layer, ac.contiguous_memory_optimization ? ", inputs in one contiguous buffer" : "",
+                 checkpointed, n_layer, ac.contiguous_memory_optimization ? ", inputs in one contiguous buffer" : "",
                  ac.profile ? ", profiled (summary: activation_checkpointing.blocks)" : "");
       if (ac.cpu_checkpointing || ac.synchronize_checkpoint_boundary)
         fmt::print("note: activation_checkpointing.cpu_checkpointing and synchronize_checkpoint_boundary act on CUDA "
                    "devices; on the CPU the kept inputs are in host memory already and every kernel is synchronous\n");
     }
   }
-  Engine engine(model.ptr(), config, comm);
+  Engine engine(module, config, comm);
   // Resuming: the checkpoint holds the engine's state; the sampler position is the step (batches
   // are a function of seed, step and micro-step) and so are the dropout masks (reseeded every step
   // below), so nothing else is needed for an exact continuation.
@@ -456,24 +487,50 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   const int64_t micro = config.train_micro_batch_size_per_gpu;
   const int64_t accum = config.gradient_accumulation_steps;
   const FlopsProfilerConfig& fp = config.flops_profiler;
-  if (leader && fp.enabled && (fp.profile_step <= first_step || fp.profile_step > config.train.steps))
+  if (leader && fp.enabled && !is_bert && (fp.profile_step <= first_step || fp.profile_step > config.train.steps))
     fmt::print("note: flops_profiler.profile_step {} is outside the steps this run takes ({} to {}): nothing is "
                "profiled\n",
                fp.profile_step, first_step + 1, config.train.steps);
   nlohmann::json flops_summary;
-  DistributedSampler train_sampler(data.train, seq_len, micro, world, rank, config.train.seed);
-  DistributedSampler val_sampler(data.val, seq_len, micro, world, rank, config.train.seed ^ 0x5eedULL);
-  // On a GPU the prefetch thread pins each batch, so that the copy to the device runs asynchronously.
-  BatchPrefetcher prefetcher(
-      [&](int64_t i) {
-        Batch batch = train_sampler.batch(i / accum, i % accum);
-        if (device.cuda()) {
-          batch.inputs = batch.inputs.pin_memory();
-          batch.targets = batch.targets.pin_memory();
-        }
-        return batch;
-      },
-      first_step * accum);
+  std::optional<DistributedSampler> train_sampler, val_sampler;
+  std::optional<BatchPrefetcher> prefetcher;
+  // BERT: sentence pairs of seq_len tokens masked as BERT's pre-training data; a batch is a
+  // function of (seed, step, micro-step) as the GPT's, so resuming needs only the step. The
+  // held-out pairs are drawn only when the run evaluates (the split may be too short otherwise).
+  std::optional<SentencePairSampler> train_pairs, val_pairs;
+  std::optional<MlmMasker> masker;
+  if (is_bert) {
+    SentencePairOptions pair_options;
+    pair_options.max_length = seq_len;
+    pair_options.specials = bert_specials;
+    // A .bin file's ids are another tokenizer's: the byte values of '.', '!', '?' and newline
+    // mean nothing there, so its segments are cut at lengths only.
+    if (config.data.source == "bin") {
+      pair_options.sentence_ends.clear();
+      pair_options.leading_skip.clear();
+    }
+    MlmOptions mlm_options;
+    mlm_options.probability = config.data.mlm_probability;
+    mlm_options.max_predictions = config.data.max_predictions;
+    masker.emplace(mlm_options, bert_specials, config.train.seed);
+    train_pairs.emplace(data.train, pair_options, micro, world, rank, config.train.seed);
+    if (config.train.eval_interval > 0)
+      val_pairs.emplace(data.val, pair_options, micro, world, rank, config.train.seed ^ 0x5eedULL);
+  } else {
+    train_sampler.emplace(data.train, seq_len, micro, world, rank, config.train.seed);
+    val_sampler.emplace(data.val, seq_len, micro, world, rank, config.train.seed ^ 0x5eedULL);
+    // On a GPU the prefetch thread pins each batch, so that the copy to the device runs asynchronously.
+    prefetcher.emplace(
+        [&](int64_t i) {
+          Batch batch = train_sampler->batch(i / accum, i % accum);
+          if (device.cuda()) {
+            batch.inputs = batch.inputs.pin_memory();
+            batch.targets = batch.targets.pin_memory();
+          }
+          return batch;
+        },
+        first_step * accum);
+  }
   auto to_device = [&](Batch batch) {
     if (device.cuda()) {
       batch.inputs = batch.inputs.to(device.device, /*non_blocking=*/true);
@@ -481,8 +538,34 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
     return batch;
   };
+  auto bert_to_device = [&](BertBatch batch) {
+    if (device.cuda())
+      for (at::Tensor* t : {&batch.input_ids, &batch.token_type_ids, &batch.attention_mask, &batch.masked_positions,
+                            &batch.masked_labels, &batch.nsp_labels})
+        if (t->defined()) *t = t->to(device.device);
+    return batch;
+  };
+  // The loss of this rank's micro-batch `a` of `step`.
+  auto micro_loss = [&](int64_t step, int64_t a) {
+    if (is_bert) return bert->mlm_loss(bert_to_device(train_pairs->batch(step, a, *masker)));
+    (void)step;
+    (void)a;
+    Batch batch = to_device(prefetcher->next());
+    return model->loss(batch.inputs, batch.targets);
+  };
 
-  if (leader)
+  if (leader && is_bert)
+    fmt::print("model: bert preset '{}' ({} layers, {} heads, hidden {}, intermediate {}, vocab {} with 4 specials, "
+               "{} positions, {}, {}), {:.2f}M parameters; data: {} train / {} held-out tokens; global batch {} x {} "
+               "tokens, {:.0f}% of the content positions predicted{}\n",
+               config.model.preset, bert_config.n_layer, bert_config.n_head, bert_config.hidden,
+               bert_config.intermediate, bert_config.vocab_size, bert_config.max_positions,
+               bert_config.pre_layer_norm ? "pre-LN" : "post-LN",
+               bert_config.next_sentence ? "MLM + NSP loss" : "MLM loss", n_params / 1e6, data.train.size(),
+               data.val.size(), config.train_batch_size, seq_len, 100 * config.data.mlm_probability,
+               config.data.max_predictions > 0 ? fmt::format(" (at most {} per sequence)", config.data.max_predictions)
+                                               : "");
+  else if (leader)
     fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
                "data: {} train / {} held-out tokens; global batch {} x {} tokens\n",
                config.model.preset, gpt_config.n_layer, gpt_config.n_head, gpt_config.n_embd, gpt_config.vocab_size,
@@ -506,13 +589,17 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
 
   auto evaluate = [&]() {
     torch::NoGradGuard no_grad;
-    model->eval();
     double sum = 0;
+    module->eval();
     for (int64_t i = 0; i < config.train.eval_iters; ++i) {
-      auto batch = to_device(val_sampler.eval_batch(i));
+      if (is_bert) {
+        sum += bert->mlm_loss(bert_to_device(val_pairs->batch(i, 0, *masker))).item<double>();
+        continue;
+      }
+      auto batch = to_device(val_sampler->eval_batch(i));
       sum += model->loss(batch.inputs, batch.targets).item<double>();
     }
-    model->train();
+    module->train();
     return mean_over_ranks(*comm, sum / double(std::max<int64_t>(1, config.train.eval_iters)), "eval.loss");
   };
 
@@ -547,9 +634,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     torch::Tensor device_loss_sum;
     StepResult result;
     for (int64_t a = 0; a < accum; ++a) {
-      Batch batch = to_device(prefetcher.next());
       const auto t0 = clock::now();
-      auto loss = model->loss(batch.inputs, batch.targets);
+      auto loss = micro_loss(step, a);
       if (device.cuda()) {
         const torch::Tensor value = loss.detach().to(torch::kFloat64);
         device_loss_sum = device_loss_sum.defined() ? device_loss_sum + value : value;
@@ -576,7 +662,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     // checkpoint or printing that may follow.
     const double step_seconds = std::chrono::duration<double>(clock::now() - step_start).count();
     const double step_rate = tokens_per_step / step_seconds;
-    if (fp.enabled && step + 1 == fp.profile_step) {
+    if (fp.enabled && !is_bert && step + 1 == fp.profile_step) {
       // Every rank measures its peak at once, as it shares the machine while training; the step
       // counts as long as its slowest rank took.
       std::string how;
@@ -706,8 +792,11 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     cluster.device_memory = device.total_memory;
     cluster.host_memory = physical_memory_bytes();
   }
-  const MemoryEstimate estimate = estimate_memory(
-      gpt_model_figures(gpt_config, seq_len, config.zero.stage3_param_persistence_threshold), cluster, config);
+  // The estimate models the GPT (gpt_model_figures): a BERT run reports what it measured only.
+  const MemoryEstimate estimate =
+      is_bert ? MemoryEstimate{}
+              : estimate_memory(gpt_model_figures(gpt_config, seq_len, config.zero.stage3_param_persistence_threshold),
+                                cluster, config);
   int64_t measured_peak = 0;  // the largest peak RSS above the pre-model baseline over ranks
   for (const auto& s : stats) measured_peak = std::max(measured_peak, s.peak_rss - s.baseline_rss);
   const bool heap_retained = runtime.retain_freed_memory;
@@ -719,7 +808,16 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     gpu_peak.allocated = max_over_ranks(*comm, mine.allocated, "device.peak_allocated");
     gpu_peak.reserved = max_over_ranks(*comm, mine.reserved, "device.peak_reserved");
   }
-  if (leader && device.cuda())
+  if (leader && is_bert && device.cuda())
+    fmt::print("memory per rank: measured {} allocated / {} reserved of {} ({}); peak RSS {} above the pre-model "
+               "baseline (no estimate: the memory estimate models the GPT)\n",
+               human_bytes(gpu_peak.allocated), human_bytes(gpu_peak.reserved), human_bytes(device.total_memory),
+               device.name, human_bytes(measured_peak));
+  else if (leader && is_bert)
+    fmt::print("memory per rank: measured {} above the pre-model baseline (no estimate: the memory estimate models "
+               "the GPT)\n",
+               human_bytes(measured_peak));
+  else if (leader && device.cuda())
     fmt::print("memory per rank: GPU estimated peak {}, measured {} allocated / {} reserved of {} ({}); host "
                "estimated {} per node, peak RSS {} above the pre-model baseline\n",
                human_bytes(estimate.per_device.total()), human_bytes(gpu_peak.allocated),
@@ -761,16 +859,16 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     {
       nlohmann::json ac = {{"policy", config.activation_checkpointing.policy}};
       nlohmann::json blocks = nlohmann::json::array();
-      const auto timings = model->checkpoint_timings();
+      const auto timings = is_bert ? bert->checkpoint_timings() : model->checkpoint_timings();
       for (size_t i = 0; i < timings.size(); ++i)
         blocks.push_back({{"block", i},
-                          {"checkpointed", model->is_checkpointed(int64_t(i))},
+                          {"checkpointed", is_checkpointed(int64_t(i))},
                           {"forward_calls", timings[i].forward_calls},
                           {"recomputations", timings[i].recomputations},
                           {"forward_seconds", timings[i].forward_seconds},
                           {"recompute_seconds", timings[i].recompute_seconds}});
       if (!timings.empty()) ac["blocks"] = blocks;
-      if (auto arena = model->checkpoint_arena_stats())
+      if (auto arena = is_bert ? std::nullopt : model->checkpoint_arena_stats())
         ac["contiguous_buffer"] = {{"slots", arena->slots},
                                    {"slot_bytes", arena->slot_bytes},
                                    {"buffer_allocations", arena->buffer_allocations},
@@ -817,9 +915,9 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                        {"shard_gradients", config.zero.shard_gradients},
                        {"shard_parameters", config.zero.shard_parameters}};
     summary["precision"] = to_string(config.precision);
-    summary["memory"] = {{"estimate", estimate_to_json(estimate)},
-                         {"measured_peak_above_baseline_bytes", measured_peak},
-                         {"heap_retained", heap_retained}};
+    summary["memory"] = {{"measured_peak_above_baseline_bytes", measured_peak}, {"heap_retained", heap_retained}};
+    if (!is_bert) summary["memory"]["estimate"] = estimate_to_json(estimate);
+    summary["model"] = {{"type", config.model.type}, {"preset", config.model.preset}};
     if (device.cuda())
       summary["device"] = {{"type", "cuda"},
                            {"name", device.name},
