@@ -249,6 +249,65 @@ TEST(HfBertExport, TransformersLoadsItWithTheSameLogits) {
   EXPECT_FALSE(fs::exists(dir + "/foreign"));
 }
 
+// `zerotrain export --format hf` of a BERT checkpoint (trained 2 steps on 2 ranks at stage 3)
+// writes transformers' BertForPreTraining, whose logits equal those of the checkpoint loaded into
+// our model; `export --init` of a BERT configuration writes one too.
+TEST(HfBertExport, CheckpointsOfTrainingExportThroughTheCli) {
+  REQUIRE_TRANSFORMERS();
+  const std::string dir = make_temp_dir("hf-bert-cli");
+  const std::string config = write_file(dir + "/config.json", R"({
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "Lamb", "params": {"lr": 0.01}}, "zero_optimization": {"stage": 3},
+    "model": {"type": "bert", "preset": "bert-tiny", "next_sentence": true},
+    "data": {"source": "embedded", "sequence_length": 32},
+    "train": {"steps": 2, "seed": 3, "threads": 1, "log_dir": ")" + dir + R"("}})");
+  auto r = run_process({cli_path(), "train", config, "--nproc", "2", "--save-dir", dir + "/ckpt"}, {},
+                       std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  torch::manual_seed(99);
+  zt::BertConfig bert = zt::bert_preset("bert-tiny");
+  bert.next_sentence = true;
+  zt::Bert model(bert);
+  {
+    auto engine_config =
+        zt::parse_config(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Lamb"}})", {}, 1);
+    zt::Engine engine(model.ptr(), engine_config, zt::make_communicator(zt::RendezvousInfo{}, {}));
+    engine.load_checkpoint(dir + "/ckpt");
+    model->eval();
+    torch::NoGradGuard no_grad;
+    const torch::Tensor input_ids = torch::randint(0, 256, {2, 24}, torch::kLong);
+    const torch::Tensor token_type_ids = torch::zeros({2, 24}, torch::kLong);
+    const torch::Tensor attention_mask = torch::ones({2, 24}, torch::kLong);
+    const torch::Tensor hidden = model->forward(input_ids, token_type_ids, attention_mask);
+    const torch::Tensor mlm = model->mlm_logits(hidden.reshape({-1, bert.hidden})).reshape({2, 24, -1});
+    const torch::Tensor nsp = model->nsp_logits(hidden);
+    zt::SafetensorsWriter writer(dir + "/reference.safetensors", {{"input_ids", torch::kLong, {2, 24}},
+                                                                  {"token_type_ids", torch::kLong, {2, 24}},
+                                                                  {"attention_mask", torch::kLong, {2, 24}},
+                                                                  {"mlm_logits", torch::kFloat, mlm.sizes().vec()},
+                                                                  {"nsp_logits", torch::kFloat, nsp.sizes().vec()}});
+    for (const torch::Tensor& t : {input_ids, token_type_ids, attention_mask, mlm.contiguous(), nsp.contiguous()})
+      writer.write(t);
+    writer.finish();
+  }
+  r = run_process({cli_path(), "export", dir + "/ckpt", "--format", "hf", "--out", dir + "/hf"}, {},
+                  std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Hugging Face BERT directory"), std::string::npos) << r.output;
+  EXPECT_EQ(read_json(dir + "/hf/config.json")["architectures"][0], "BertForPreTraining");
+  auto p = python({"bert-logits", dir + "/reference.safetensors", dir + "/hf"});
+  EXPECT_EQ(p.exit_code, 0) << p.output;
+  EXPECT_NE(p.output.find(dir + "/hf: nsp max_abs_diff"), std::string::npos) << p.output;
+
+  r = run_process({cli_path(), "export", "--init", config, "--format", "hf", "--out", dir + "/init"}, {},
+                  std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_json(dir + "/init/config.json")["model_type"], "bert");
+  r = run_process({cli_path(), "estimate", config}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("the memory estimate models the GPT"), std::string::npos) << r.output;
+}
+
 // (b) + (c) A transformers-saved GPT-2 as model.init_from: zerotrain's first loss on 2 ranks at
 // stages 0-3 equals transformers' loss on the same batch; fp16/bf16 files are converted; a sharded
 // directory (index) is read; at stage 3 each rank reads about half of the tensor bytes (its shards),

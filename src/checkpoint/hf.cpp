@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/json_bounds.h"
 #include "checkpoint/safetensors.h"
+#include "zerotrain/config.h"
 #include "zerotrain/error.h"
 
 namespace zt {
@@ -175,6 +176,38 @@ GPTConfig gpt_config_from_resolved(const std::map<std::string, std::string>& res
     throw DataError(where + ": the saved configuration's model keys are malformed (" + e.what() + ")");
   } catch (const ConfigError& e) {
     throw DataError(where + ": the saved configuration's model is not a GPT this build knows (" + e.what() + ")");
+  }
+}
+
+std::string model_type_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where) {
+  auto it = resolved.find("model.type");
+  if (it == resolved.end()) return "gpt";  // saved before the key existed: the GPT
+  try {
+    const std::string type = json::parse(it->second).get<std::string>();
+    if (type != "gpt" && type != "bert")
+      throw DataError(where + ": the saved configuration's model.type is \"" + type + "\"; expected gpt or bert");
+    return type;
+  } catch (const json::exception&) {
+    throw DataError(where + ": the saved configuration's 'model.type' is not a JSON string: " + it->second);
+  }
+}
+
+BertConfig bert_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where) {
+  // The configuration again, from the saved keys of its model block: bert_config_of applies the
+  // preset and the overrides exactly as the run that saved it did.
+  std::vector<std::string> overrides = {"model.type=bert"};
+  for (const char* key : {"model.preset", "model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size",
+                          "model.context_length", "model.dropout", "model.pre_layer_norm", "model.next_sentence"})
+    if (auto it = resolved.find(key); it != resolved.end() && it->second != "null") {
+      // The sizes' "from the preset" (0, and -1 for dropout) is no value to set.
+      const json v = json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+      if (v.is_number() && (v.get<double>() < 0 || (v.is_number_integer() && v.get<int64_t>() == 0))) continue;
+      overrides.push_back(std::string(key) + "=" + it->second);
+    }
+  try {
+    return bert_config_of(parse_config("{}", overrides, 1));
+  } catch (const ConfigError& e) {
+    throw DataError(where + ": the saved configuration's model is not a BERT this build knows (" + e.what() + ")");
   }
 }
 

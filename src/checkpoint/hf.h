@@ -84,6 +84,11 @@ int64_t write_safetensors_model(const std::vector<HfTensor>& tensors, const std:
 // keys), checked against the saved tensors' shapes. zt::DataError when it cannot be known.
 GPTConfig gpt_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
 
+// The model type a checkpoint was trained with ("gpt", also when the saved configuration predates
+// model.type, or "bert"), and the BERT shape from its model.* keys; zt::DataError otherwise.
+std::string model_type_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
+BertConfig bert_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
+
 class HfModelReader : public WeightReader {
  public:
   // Opens `dir` and checks config.json against `config` (see above).

@@ -287,6 +287,9 @@ int run_estimate(const EstimateArgs& args) {
       model.largest_parameter = std::min(model.parameters, model.largest_block);
     model_text = fmt::format("{:.3f}B parameters", model.parameters / 1e9);
   } else {
+    if (config.model.type == "bert")
+      throw zt::ConfigError("model.type: the memory estimate models the GPT; expected \"gpt\", found \"bert\" (estimate "
+                            "a BERT with --params and --layers/--hidden/--heads/--seq/--vocab)");
     const zt::GPTConfig gpt = zt::gpt_config_of(config);
     const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
     model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);
@@ -394,14 +397,25 @@ int run_export(const ExportArgs& args) {
   const at::ScalarType dtype = args.dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   const auto started = std::chrono::steady_clock::now();
   int64_t bytes = 0;
+  bool bert = false;  // the model is the reference BERT (else the GPT)
   std::string source;
   if (!args.init_config.empty()) {
     const zt::TrainConfig config = load_init_config(args);
     for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
-    const zt::GPTConfig gpt = zt::gpt_config_of(config);
+    bert = config.model.type == "bert";
     // As the trainer: the seed right before construction (rank 0's values are every rank's).
-    torch::manual_seed(config.train.seed);
-    zt::GPT model(gpt);
+    zt::GPTConfig gpt;
+    zt::BertConfig bert_config;
+    std::shared_ptr<torch::nn::Module> model;
+    if (bert) {
+      bert_config = zt::bert_config_of(config);
+      torch::manual_seed(config.train.seed);
+      model = zt::Bert(bert_config).ptr();
+    } else {
+      gpt = zt::gpt_config_of(config);
+      torch::manual_seed(config.train.seed);
+      model = zt::GPT(gpt).ptr();
+    }
     torch::NoGradGuard no_grad;
     if (!config.model.init_from.empty()) {
       zt::HfModelReader reader(config.model.init_from, gpt);
@@ -425,16 +439,22 @@ int run_export(const ExportArgs& args) {
       torch::Tensor value = named.value();
       tensors.push_back({named.key(), value.sizes().vec(), [value] { return value.detach().to(torch::kFloat32); }});
     }
-    bytes = hf ? zt::write_hf_model(tensors, gpt, args.out, dtype, max_shard)
+    bytes = hf && bert ? zt::write_hf_bert_model(tensors, bert_config, args.out, dtype, max_shard)
+            : hf       ? zt::write_hf_model(tensors, gpt, args.out, dtype, max_shard)
                : zt::write_safetensors_model(tensors, args.out, dtype,
                                              {{"format", "pt"}, {"zerotrain.init", args.init_config}});
   } else if (hf) {
     zt::CheckpointModel checkpoint(args.checkpoint, args.tag);
-    const zt::GPTConfig gpt = zt::gpt_config_from_resolved(checkpoint.configuration(), checkpoint.where());
+    bert = zt::model_type_from_resolved(checkpoint.configuration(), checkpoint.where()) == "bert";
     std::vector<zt::HfTensor> tensors;
     for (const auto& p : checkpoint.tensors())
       tensors.push_back({p.name, p.shape, [&checkpoint, name = p.name] { return checkpoint.read(name); }});
-    bytes = zt::write_hf_model(tensors, gpt, args.out, dtype, max_shard);
+    bytes = bert ? zt::write_hf_bert_model(tensors, zt::bert_config_from_resolved(checkpoint.configuration(),
+                                                                                   checkpoint.where()),
+                                           args.out, dtype, max_shard)
+                 : zt::write_hf_model(tensors, zt::gpt_config_from_resolved(checkpoint.configuration(),
+                                                                            checkpoint.where()),
+                                      args.out, dtype, max_shard);
     source = "checkpoint " + checkpoint.root();
   } else {
     bytes = zt::export_checkpoint(args.checkpoint, args.tag, args.out, dtype);
@@ -442,7 +462,7 @@ int run_export(const ExportArgs& args) {
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   std::cout << fmt::format("wrote {} ({}, {:.1f} MB, {}) from {} in {:.2f} s; peak RSS {:.0f} MiB\n", args.out,
-                           hf ? "Hugging Face GPT-2 directory" : "safetensors", bytes / 1e6, args.dtype, source,
+                           !hf ? "safetensors" : bert ? "Hugging Face BERT directory" : "Hugging Face GPT-2 directory", bytes / 1e6, args.dtype, source,
                            seconds, zt::peak_rss_bytes() / 1048576.0);
   return 0;
 }
@@ -455,7 +475,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   TrainArgs train_args;
-  auto* train = app.add_subcommand("train", "train the reference GPT (spawns --nproc local ranks)");
+  auto* train = app.add_subcommand("train", "train the reference GPT or BERT (spawns --nproc local ranks)");
   train->add_option("config", train_args.config_path, "JSON configuration (DeepSpeed keys + model/data/train)")
       ->required();
   train->add_option("--nproc", train_args.nproc, "local ranks to start (ignored under an external launcher)")
