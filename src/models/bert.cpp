@@ -1,5 +1,6 @@
 #include "zerotrain/models/bert.h"
 
+#include <limits>
 #include <string>
 
 #include <torch/torch.h>
@@ -68,6 +69,19 @@ torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch
   // queries still attend to the tokens, and their outputs are never read by the losses.
   auto attend = [dropout_p, keep](const std::vector<torch::Tensor>& qkv) {
     std::optional<torch::Tensor> mask;
+    if (qkv[0].is_cpu() && qkv[0].scalar_type() == torch::kBFloat16) {
+      // bf16 on the CPU: LibTorch's math path is 1.3-1.6x faster forward + backward than its
+      // fused CPU attention kernel at bert-base shapes, with the same error against fp64 (fp32
+      // keeps the fused kernel, which is faster there: docs/benchmarks.md, "Fused BERT operations
+      // on the CPU"); it keeps the [B, heads, T, T] probabilities for backward. It takes the mask
+      // as given, so the key mask becomes additive: the lowest finite value, not -inf, so that a
+      // sequence without tokens gets uniform weights rather than NaN.
+      if (keep.defined())
+        mask = torch::zeros(keep.sizes(), qkv[0].options())
+                   .masked_fill_(keep.logical_not(), std::numeric_limits<c10::BFloat16>::lowest());
+      return std::get<0>(
+          at::_scaled_dot_product_attention_math(qkv[0], qkv[1], qkv[2], mask, dropout_p, /*is_causal=*/false));
+    }
     if (keep.defined()) mask = keep;
     return at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], mask, dropout_p, /*is_causal=*/false);
   };
