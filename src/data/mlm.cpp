@@ -5,20 +5,12 @@
 
 #include <torch/torch.h>
 
+#include "data/mix64.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/bert_data.h"
 
 namespace zt {
 namespace {
-
-// SplitMix64 (as the sampler and the corpus): every sample gets its own stream keyed by (seed,
-// step, global sample), so nothing needs saving to resume and no rank depends on another.
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
 
 // Different salts keep the pair stream and the masking stream of one sample independent.
 constexpr uint64_t kPairSalt = 0x5041495253ULL;  // "PAIRS"

@@ -1,22 +1,11 @@
 // DistributedSampler: stateless, hash-based window sampling (see data.h for the invariant).
 #include <torch/torch.h>
 
+#include "data/mix64.h"
 #include "zerotrain/data.h"
 #include "zerotrain/error.h"
 
 namespace zt {
-namespace {
-
-// SplitMix64 finaliser: a bijective, well-mixing 64-bit function (Steele et al.); chaining it over
-// (seed, step, sample) gives independent-looking starts with no state to save or restore.
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 DistributedSampler::DistributedSampler(const TokenDataset& data, int64_t seq_len, int64_t micro_batch, int world_size,
                                        int rank, uint64_t seed)
