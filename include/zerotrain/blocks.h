@@ -109,6 +109,23 @@ const char* to_string(Recompute recompute);
 
 class CheckpointArena;
 
+// How a model checkpoints its blocks (docs/activation_checkpointing.md): the settings the
+// `activation_checkpointing` block gives, as the reference models (GPT, BERT) take them.
+struct CheckpointingSettings {
+  Recompute recompute = Recompute::None;
+  int64_t number_checkpoints = 0;     // 0: every block; else this many, spread evenly
+  bool keep_inputs_on_host = false;   // cpu_checkpointing
+  bool contiguous_memory = false;     // contiguous_memory_optimization (full recomputation)
+  bool synchronize_boundary = false;  // synchronize_checkpoint_boundary
+  bool profile = false;               // per-block timings
+};
+
+// Which of `blocks` blocks hold a checkpoint when `number` are asked for (0: all): spread evenly,
+// block i chosen when the running quota i·n/L crosses an integer (every k-th block when n divides
+// L as L/k). Throws zt::ConfigError for a number outside [0, blocks], naming `what` (the model's
+// word for its blocks).
+std::vector<char> checkpointed_blocks(int64_t blocks, int64_t number, const char* what);
+
 // Per-checkpoint timings (DeepSpeed's activation_checkpointing.profile). Thread-compatible.
 struct CheckpointTimings {
   int64_t forward_calls = 0, recomputations = 0;

@@ -344,14 +344,9 @@ torch::Tensor BertImpl::mlm_loss_full_projection(const BertBatch& batch) {
 
 void BertImpl::set_checkpointing(const Checkpointing& settings) {
   const int64_t L = config_.n_layer;
-  if (settings.number_checkpoints < 0 || settings.number_checkpoints > L)
-    bad_input("activation_checkpointing.number_checkpoints: expected 0 (every layer) to n_layer=" + std::to_string(L) +
-              ", found " + std::to_string(settings.number_checkpoints));
+  checkpointed_ = checkpointed_blocks(L, settings.number_checkpoints, "layer");
   checkpointing_ = settings;
   const int64_t n = settings.number_checkpoints == 0 ? L : settings.number_checkpoints;
-  // n of the L layers, spread evenly, as the GPT chooses its blocks.
-  checkpointed_.assign(size_t(L), 0);
-  for (int64_t i = 0; i < L; ++i) checkpointed_[size_t(i)] = ((i + 1) * n) / L > (i * n) / L ? 1 : 0;
   timings_.clear();
   if (settings.profile && settings.recompute != Recompute::None)
     for (int64_t i = 0; i < L; ++i) timings_.push_back(std::make_shared<CheckpointTimings>());

@@ -177,15 +177,9 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
 
 void GPTImpl::set_checkpointing(const Checkpointing& settings) {
   const int64_t L = config_.n_layer;
-  if (settings.number_checkpoints < 0 || settings.number_checkpoints > L)
-    bad_input("activation_checkpointing.number_checkpoints: expected 0 (every block) to n_layer=" + std::to_string(L) +
-              ", found " + std::to_string(settings.number_checkpoints));
+  checkpointed_ = checkpointed_blocks(L, settings.number_checkpoints, "block");
   checkpointing_ = settings;
   const int64_t n = settings.number_checkpoints == 0 ? L : settings.number_checkpoints;
-  // n of the L blocks, spread evenly: block i is chosen when the running quota i·n/L crosses an
-  // integer (every k-th block when n divides L as L/k).
-  checkpointed_.assign(size_t(L), 0);
-  for (int64_t i = 0; i < L; ++i) checkpointed_[size_t(i)] = ((i + 1) * n) / L > (i * n) / L ? 1 : 0;
   timings_.clear();
   if (settings.profile && settings.recompute != Recompute::None)
     for (int64_t i = 0; i < L; ++i) timings_.push_back(std::make_shared<CheckpointTimings>());

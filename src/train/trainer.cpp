@@ -408,25 +408,15 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   auto is_checkpointed = [&](int64_t i) { return is_bert ? bert->is_checkpointed(i) : model->is_checkpointed(i); };
   {
     const ActivationCheckpointingConfig& ac = config.activation_checkpointing;
-    GPTImpl::Checkpointing settings;
+    CheckpointingSettings settings;
     settings.recompute = recompute_of(config);
     settings.number_checkpoints = ac.number_checkpoints;
     settings.keep_inputs_on_host = ac.cpu_checkpointing;
     settings.contiguous_memory = ac.contiguous_memory_optimization;
     settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
     settings.profile = ac.profile;
-    if (is_bert) {
-      BertImpl::Checkpointing b;
-      b.recompute = settings.recompute;
-      b.number_checkpoints = settings.number_checkpoints;
-      b.keep_inputs_on_host = settings.keep_inputs_on_host;
-      b.contiguous_memory = settings.contiguous_memory;
-      b.synchronize_boundary = settings.synchronize_boundary;
-      b.profile = settings.profile;
-      bert->set_checkpointing(b);
-    } else {
-      model->set_checkpointing(settings);
-    }
+    if (is_bert) bert->set_checkpointing(settings);
+    else model->set_checkpointing(settings);
     if (leader && !policy_note.empty()) fmt::print("{}\n", policy_note);
     if (leader && settings.recompute != Recompute::None) {
       int64_t checkpointed = 0;

@@ -16,6 +16,16 @@
 
 namespace zt {
 
+std::vector<char> checkpointed_blocks(int64_t blocks, int64_t number, const char* what) {
+  if (number < 0 || number > blocks)
+    throw ConfigError("activation_checkpointing.number_checkpoints: expected 0 (every " + std::string(what) + ") to " +
+                      std::to_string(blocks) + ", found " + std::to_string(number));
+  const int64_t n = number == 0 ? blocks : number;
+  std::vector<char> chosen(size_t(blocks), 0);
+  for (int64_t i = 0; i < blocks; ++i) chosen[size_t(i)] = ((i + 1) * n) / blocks > (i * n) / blocks ? 1 : 0;
+  return chosen;
+}
+
 const char* to_string(Recompute recompute) {
   switch (recompute) {
     case Recompute::None: return "none";

@@ -220,14 +220,7 @@ class BertImpl : public torch::nn::Module {
 
   // Activation checkpointing of the encoder layers, with GPTImpl::Checkpointing's meaning
   // (docs/activation_checkpointing.md). Throws ConfigError on a count outside [0, n_layer].
-  struct Checkpointing {
-    Recompute recompute = Recompute::None;
-    int64_t number_checkpoints = 0;  // 0: every layer; else this many, spread evenly
-    bool keep_inputs_on_host = false;
-    bool contiguous_memory = false;
-    bool synchronize_boundary = false;
-    bool profile = false;
-  };
+  using Checkpointing = CheckpointingSettings;  // zerotrain/blocks.h
   void set_checkpointing(const Checkpointing& settings);
   const Checkpointing& checkpointing() const { return checkpointing_; }
   bool is_checkpointed(int64_t layer) const;

@@ -147,14 +147,7 @@ class GPTImpl : public torch::nn::Module {
   // Activation checkpointing (docs/activation_checkpointing.md): which blocks recompute what in
   // backward. Gradients are bitwise those of the plain model (dropout masks are drawn again from
   // the saved generator states). Throws ConfigError on a count outside [0, n_layer].
-  struct Checkpointing {
-    Recompute recompute = Recompute::None;
-    int64_t number_checkpoints = 0;  // 0: every block; else this many, spread evenly
-    bool keep_inputs_on_host = false;     // cpu_checkpointing
-    bool contiguous_memory = false;       // contiguous_memory_optimization (full recomputation)
-    bool synchronize_boundary = false;    // synchronize_checkpoint_boundary
-    bool profile = false;                 // per-block timings, checkpoint_timings()
-  };
+  using Checkpointing = CheckpointingSettings;  // zerotrain/blocks.h; profile: checkpoint_timings()
   void set_checkpointing(const Checkpointing& settings);
   const Checkpointing& checkpointing() const { return checkpointing_; }
   bool is_checkpointed(int64_t block) const;
