@@ -821,6 +821,29 @@ TEST(TrainBert, TrainsAtStagesZeroAndThreeOnTwoRanks) {
   }
 }
 
+// The BERT keys reach the run: masking more positions, leaving out the NSP head and pre-LN
+// change what is trained (the run says so, and the first loss differs from the default run's).
+TEST(TrainBert, ModelAndMaskingKeysChangeTheRun) {
+  const auto dir = make_temp_dir("bert-keys");
+  bert_config(dir, 64);
+  const auto base = train_bert(dir, 1, {"--steps", "2"}, "default");
+  const auto changed = train_bert(dir, 1,
+                                  {"--steps", "2", "--set", "data.mlm_probability=0.4", "--set",
+                                   "data.max_predictions=0", "--set", "model.next_sentence=false", "--set",
+                                   "model.pre_layer_norm=true"},
+                                  "changed");
+  ASSERT_FALSE(base.summary.is_null() || changed.summary.is_null());
+  EXPECT_NE(base.output.find("post-LN, MLM + NSP loss"), std::string::npos) << base.output;
+  EXPECT_NE(base.output.find("15% of the content positions predicted (at most 10 per sequence)"), std::string::npos)
+      << base.output;
+  EXPECT_NE(changed.output.find("pre-LN, MLM loss"), std::string::npos) << changed.output;
+  EXPECT_NE(changed.output.find("40% of the content positions predicted\n"), std::string::npos) << changed.output;
+  // Without the NSP head (a pooler and classifier fewer) and with the final LayerNorm of pre-LN.
+  EXPECT_EQ(changed.summary["parameters"].get<int64_t>(), base.summary["parameters"].get<int64_t>() - (64 * 64 + 64) -
+                                                              (2 * 64 + 2) + 2 * 64);
+  EXPECT_NE(changed.summary["losses"][0].get<double>(), base.summary["losses"][0].get<double>());
+}
+
 // BERT's two phases: phase 1 at 64 tokens saves, phase 2 resumes it at 128 tokens with another
 // micro-batch and accumulation (the same global batch), continuing from the saved step.
 TEST(TrainBert, PhaseTwoResumesPhaseOneWithLongerSequencesAndAnotherMicroBatch) {
