@@ -66,7 +66,7 @@ TEST(Config, DefaultsMatchDeepSpeed) {
   EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
   EXPECT_EQ(c.steps_per_print, 10);
   EXPECT_FALSE(c.wall_clock_breakdown);
-  EXPECT_EQ(c.train.retain_freed_memory, "never");
+  EXPECT_EQ(c.train.retain_freed_memory, "bounded");
   EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100'000);
   // Reserved DeepSpeed keys still show their defaults in the resolved configuration.
   EXPECT_EQ(c.resolved.at("zero_optimization.stage3_prefetch_bucket_size"), "50000000");
@@ -222,7 +222,7 @@ TEST(Config, MalformedConfigsGiveClearErrors) {
       {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": 3}}})", {},
        "scheduler.params.warmup_type: expected a string, found 3"},
       {R"({"train": {"retain_freed_memory": "sometimes"}})", {},
-       "train.retain_freed_memory: expected one of \"auto\", \"always\", \"never\", found \"sometimes\""},
+       "train.retain_freed_memory: expected one of \"bounded\", \"auto\", \"always\", \"never\", found \"sometimes\""},
       {R"({"scheduler": {"type": "WarmupCosine"}})", {}, "did you mean \"WarmupCosineLR\"?"},
       {R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})", {},
        "scheduler.params.warmup_num_steps: expected a positive integer, found 0"},

@@ -184,10 +184,11 @@ struct TrainLoopConfig {
   int64_t eval_iters = 4;       // micro-batches per evaluation
   int threads = 0;              // intra-op threads per rank; 0: cores / local ranks
   std::string log_dir = "runs"; // CSV log, rank logs
-  // Whether the process keeps freed heap pages for reuse instead of returning them to the OS:
-  // "auto" keeps them unless parameters are sharded (docs/benchmarks.md "training speed" and
-  // "stage 3"), "always", "never".
-  std::string retain_freed_memory = "auto";
+  // What the process does with freed memory (docs/memory.md "The heap policy"): "bounded" keeps
+  // freed tensor blocks for reuse within the live high-water mark (CpuBlockCache), "always" keeps
+  // every freed page in glibc's heap, "auto" does so unless parameters are sharded, "never"
+  // returns every block of 64 KiB or more to the OS.
+  std::string retain_freed_memory = "bounded";
 };
 
 struct CommConfig {

@@ -607,8 +607,8 @@ std::vector<Leaf> build_table() {
   t.push_back(integer("train.eval_iters", 4, 1, std::nullopt, ZT_FIELD(train.eval_iters)));
   t.push_back(integer("train.threads", 0, 0, 4096, ZT_FIELD(train.threads)));
   t.push_back(string("train.log_dir", "runs", ZT_FIELD(train.log_dir)));
-  t.push_back(string("train.retain_freed_memory", "never", ZT_FIELD(train.retain_freed_memory),
-                     {"auto", "always", "never"}));
+  t.push_back(string("train.retain_freed_memory", "bounded", ZT_FIELD(train.retain_freed_memory),
+                     {"bounded", "auto", "always", "never"}));
   t.push_back(positive("comm.timeout_seconds", 300.0, ZT_FIELD(comm.timeout_seconds)));
   return t;
 }

@@ -377,7 +377,11 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   if (cpu_device && (retain == "always" || (retain == "auto" && !zero.shard_parameters)))
     est.notes.push_back("the heap is retained (train.retain_freed_memory \"always\", or \"auto\" at stages 0-2) "
                         "and fragments: measured peaks ran 14-34% above this estimate (docs/memory.md); the "
-                        "default \"never\" keeps them within 10%");
+                        "policy \"never\" keeps them within 10%");
+  if (cpu_device && retain == "bounded")
+    est.notes.push_back("freed tensor blocks are kept for reuse (train.retain_freed_memory \"bounded\", the default): "
+                        "the resident peak may run up to 25% above this estimate; \"never\" keeps it within 10%, "
+                        "at the cost of faulting every step's temporaries in again (docs/memory.md)");
   if (!model.has_shape())
     est.notes.push_back("activations not estimated: give the model's layers, hidden size, sequence length and "
                         "vocabulary (or a preset)");

@@ -6,8 +6,10 @@
 #include <climits>
 #include <cstdlib>
 #include <fstream>
+#include <stdexcept>
 #include <string>
 
+#include "zerotrain/cpu_block_cache.h"
 #include "zerotrain/train.h"
 
 namespace zt {
@@ -21,38 +23,46 @@ int available_cores() {
 
 }  // namespace
 
-RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, bool retain_freed_memory) {
+HeapPolicy heap_policy_of(const std::string& retain_freed_memory, bool shard_parameters) {
+  if (retain_freed_memory == "bounded") return HeapPolicy::BoundedCache;
+  if (retain_freed_memory == "always") return HeapPolicy::RetainedHeap;
+  if (retain_freed_memory == "never") return HeapPolicy::ReturnToSystem;
+  if (retain_freed_memory == "auto") return shard_parameters ? HeapPolicy::ReturnToSystem : HeapPolicy::RetainedHeap;
+  throw std::invalid_argument("train.retain_freed_memory: expected one of \"bounded\", \"auto\", \"always\", "
+                              "\"never\", found \"" + retain_freed_memory + "\"");
+}
+
+RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, HeapPolicy heap_policy) {
   RuntimeSettings settings;
   settings.intra_op_threads =
       requested_threads > 0 ? requested_threads : std::max(1, available_cores() / std::max(1, local_ranks));
-  settings.retain_freed_memory = retain_freed_memory;
+  settings.heap_policy = heap_policy;
   at::set_num_threads(settings.intra_op_threads);
   try {
     at::set_num_interop_threads(1);
   } catch (const c10::Error&) {
     // Already fixed by an earlier call in this process (tests run several ranks' code paths).
   }
-  // Retained: keep freed memory in the process. Large temporaries (logits, their gradients) are
-  // otherwise returned to the OS on free and page-faulted in again on the next step (design §10).
-  // Measured on GPT-2 124M (docs/benchmarks.md): 2.5x fewer page faults and 7% more tokens/s
-  // than glibc's defaults, for about 8% more peak RSS. But the retained heap fragments: peaks ran
-  // 14-34% above the memory estimate at stages 0-2 on the small presets, so it is opt-in
-  // ("always", or "auto" at stages 0-2), and the estimate's notes say so.
-  // Not retained (the default, "never"): every block of 64 KiB or more is mapped on its own and
-  // unmapped when freed, so the resident set follows the live tensors that the estimate counts
-  // (docs/memory.md). A 1 MiB threshold left the activations of small models (256-512 KiB
-  // tensors) in the heap, whose fragmentation put their peaks 10-16% above the estimate; at
-  // 64 KiB they are within 3% (docs/benchmarks.md "memory estimate"). A fixed threshold also
-  // stops glibc from raising it on its own (up to 32 MiB), after which blocks of the size of a
-  // transformer block would stay in the heap and fragment it: measured at stage 3, the retained
-  // heap costs about 1 GiB of peak RSS on GPT-2 124M (docs/benchmarks.md "stage 3"). Stage 3
-  // keeps its gathered blocks' memory itself (GatherPool in src/zero/engine.cpp).
-  if (retain_freed_memory) {
+  // Retained heap: keep freed memory in glibc's heap. Large temporaries are not page-faulted in
+  // again every step, but the heap fragments: peaks ran 14-36% above the live tensors the
+  // estimate counts (docs/benchmarks.md "memory estimate").
+  // Returned ("never"): every block of 64 KiB or more is mapped on its own and unmapped when
+  // freed, so the resident set follows the live tensors (within 3% of the estimate), and every
+  // step faults its temporaries in again: bert-base ran 30% slower than with a retained heap.
+  // A 1 MiB threshold left the activations of small models (256-512 KiB tensors) in the heap,
+  // whose fragmentation put their peaks 10-16% above the estimate; a fixed threshold also stops
+  // glibc from raising it on its own (up to 32 MiB), after which blocks of a transformer block's
+  // size would stay in the heap and fragment it.
+  // Bounded (the default): the returned policy for everything but LibTorch's tensors, whose
+  // large blocks CpuBlockCache reuses by size within the live high-water mark: the speed of the
+  // retained heap at the peak of the returned one (docs/memory.md "The heap policy").
+  if (heap_policy == HeapPolicy::RetainedHeap) {
     mallopt(M_MMAP_MAX, 0);              // serve large blocks from the heap, where they are reused
     mallopt(M_TRIM_THRESHOLD, INT_MAX);  // and never give the heap's top back between steps
   } else {
     mallopt(M_MMAP_THRESHOLD, 64 << 10);
   }
+  if (heap_policy == HeapPolicy::BoundedCache) install_cpu_block_cache();
   return settings;
 }
 

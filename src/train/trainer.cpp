@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "memory/estimate_report.h"
 #include "train/runtime.h"
+#include "zerotrain/cpu_block_cache.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/config.h"
@@ -289,7 +290,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   const std::string& retain = config_in.train.retain_freed_memory;
   RuntimeSettings runtime =
       apply_runtime_settings(config_in.train.threads, rendezvous.local_world_size,
-                             retain == "always" || (retain == "auto" && !config_in.zero.shard_parameters));
+                             heap_policy_of(retain, config_in.zero.shard_parameters));
   TrainConfig config = config_in;
   if (config.world_size != rendezvous.world_size)
     throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks but this run has {} "
@@ -789,7 +790,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                                 cluster, config);
   int64_t measured_peak = 0;  // the largest peak RSS above the pre-model baseline over ranks
   for (const auto& s : stats) measured_peak = std::max(measured_peak, s.peak_rss - s.baseline_rss);
-  const bool heap_retained = runtime.retain_freed_memory;
+  const bool heap_retained = runtime.heap_policy == HeapPolicy::RetainedHeap;
   // On a GPU the estimate's per-device figure is the GPU's: set beside the caching allocator's
   // peaks (largest over ranks), and the host's beside the peak RSS.
   DevicePeak gpu_peak;
@@ -820,6 +821,16 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                heap_retained ? "; the heap is retained (train.retain_freed_memory), which adds fragmentation the "
                                "estimate leaves out (docs/memory.md)"
                              : "");
+
+  if (const CpuBlockCache* cache = installed_cpu_block_cache(); leader && cache != nullptr) {
+    const CpuBlockCacheStats c = cache->stats();
+    if (c.large_allocations > 0)
+      fmt::print("tensor block cache (rank 0): {} of {} large allocations served from freed blocks ({:.1f}%; {} "
+                 "resized), {} mapped in all, {} cached blocks unmapped to stay near the live peak of {}\n",
+                 c.reused + c.resized, c.large_allocations,
+                 100.0 * double(c.reused + c.resized) / double(c.large_allocations), c.resized,
+                 human_bytes(int64_t(c.mapped_bytes)), c.unmapped, human_bytes(c.high_water_bytes));
+  }
 
   const OffloadReport offload = engine.offload_report();
   if (leader && !offload.backend.empty())
@@ -905,7 +916,18 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                        {"shard_gradients", config.zero.shard_gradients},
                        {"shard_parameters", config.zero.shard_parameters}};
     summary["precision"] = to_string(config.precision);
-    summary["memory"] = {{"measured_peak_above_baseline_bytes", measured_peak}, {"heap_retained", heap_retained}};
+    summary["memory"] = {{"measured_peak_above_baseline_bytes", measured_peak},
+                         {"heap_retained", heap_retained},
+                         {"heap_policy", config.train.retain_freed_memory}};
+    if (const CpuBlockCache* cache = installed_cpu_block_cache()) {
+      const CpuBlockCacheStats c = cache->stats();
+      summary["memory"]["block_cache_rank0"] = {{"large_allocations", c.large_allocations},
+                                                {"reused", c.reused},
+                                                {"resized", c.resized},
+                                                {"mapped_bytes", c.mapped_bytes},
+                                                {"unmapped", c.unmapped},
+                                                {"high_water_bytes", c.high_water_bytes}};
+    }
     if (!is_bert) summary["memory"]["estimate"] = estimate_to_json(estimate);
     summary["model"] = {{"type", config.model.type}, {"preset", config.model.preset}};
     if (device.cuda())
