@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks, as one prepared run on a machine with one NVIDIA GPU (an H200 in the figures of
-# docs/gpu.md): builds the CUDA configuration, runs the tests that need a GPU, two short
-# benchmarks, and writes every result under $OUT (or --out DIR). Made for a bare machine without
+# docs/gpu.md): builds the CUDA configuration, runs the tests that need a GPU, three short
+# benchmarks (GPT-2 1.5B, BERT-large pre-training, ZeRO-Offload), and writes every result under $OUT (or --out DIR). Made for a bare machine without
 # network: the Debian packages the build needs travel with the tree (--fetch-deps, run where apt
 # works) and are unpacked into a private prefix, never into /. docs/gpu.md says how to use it.
 #
@@ -257,6 +257,13 @@ if ((built)); then
   phase "bench gpt2-1.5b stage 0" 100 "$bench_log" "$cli" train configs/gpu_gpt2_1.5b_stage0.json --device cuda \
     --summary "$summary_a"
 
+  # --- benchmark (c): BERT-large pre-training (LAMB, sequence 128, bf16, stage 0) ----------------
+  # TFLOPS from its last steps' tokens/s and BERT's analytic FLOPs (the report below); the per-step
+  # lines go to bench.log, so no ninth file.
+  [ "$mode" = run ] && echo "=== bert-large benchmark ===" >>"$bench_log"
+  phase "bench bert-large" 60 "$bench_log" "$cli" train configs/gpu_bert_large.json --device cuda
+  [ "$mode" = run ] && echo "=== bert-large benchmark end ===" >>"$bench_log"
+
   # --- benchmark (b): ZeRO-Offload, the largest preset that fits 141 GB + 128 GB ------------------
   preset=${ZT_GPU_OFFLOAD_PRESET:-}
   if [ -z "$preset" ]; then
@@ -326,6 +333,21 @@ for name, label, section in runs:
     rows.append('| %s | %.2f B | %.3f s | %.1f | %.1f%% (measured matmul peak %.0f) | %s | %s / %s | %s, %.1f B/parameter |' % (
         label, params / 1e9, fp.get('step_seconds', 0), achieved, 100 * achieved / peak_tflops, measured, share,
         gib(dev.get('peak_allocated_bytes', 0)), gib(dev.get('peak_reserved_bytes', 0)), gib(rss), rss / max(1, params)))
+# BERT-large: model FLOPs per token of one training step = 3 x forward (backward 2 x forward), the
+# forward per token: per layer 2(4H^2 + 2HI) for the projections and 4TH for the attention scores
+# and weighted sum; the MLM head 2(H^2 + HV) on the masked share only (max_predictions of T).
+bert = re.search(r'=== bert-large benchmark ===\n(.*?)=== bert-large benchmark end', text, re.S)
+L, H, I, V, T, masked = 24, 1024, 4096, 30522, 128, 20
+per_token = 3 * (L * (2 * (4 * H * H + 2 * H * I) + 4 * T * H) + masked / T * 2 * (H * H + H * V))
+rates = [float(r) for r in re.findall(r'\| (\d+(?:\.\d+)?) tok/s', bert.group(1))] if bert else []
+if len(rates) >= 4:
+    rate = sorted(rates[-4:])[len(rates[-4:]) // 2]  # median of the last four steps
+    tflops = rate * per_token / 1e12
+    rows.append('| bert-large: bf16, LAMB, stage 0, micro-batch 64 x 128 | 0.34 B | %.0f tokens/s | %.1f | %.1f%% '
+                '(analytic FLOPs x tokens/s; the seeds: 64 TFLOPS, 51%% of a V100) | | | |'
+                % (rate, tflops, 100 * tflops / peak_tflops))
+else:
+    rows.append('| bert-large | no step lines (see bench.log) | | | | | | |')
 lines = ['# GPU benchmarks (scripts/gpu-check.sh)', '',
          'GPU: %s. MFU against %.0f TFLOPS (dense bf16, datasheet); the model FLOPs of the profiled step '
          '(flops_profiler) over its time.' % (gpu.group(1).strip() if gpu else 'see env.txt', peak_tflops), '',

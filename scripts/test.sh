@@ -30,7 +30,7 @@ fi
 stamp "GPU checks: dry run (scripts/gpu-check.sh --dry-run)"
 gpu_plan=$(scripts/gpu-check.sh --dry-run)
 for expected in "cmake -S . -B" "cmake --build" "dpkg -x" "ZT_TEST_DEVICE=cuda" "configs/gpu_gpt2_1.5b_stage0.json" \
-  "estimate configs/gpu_offload.json" "train configs/gpu_offload.json" "gpu-bench.md"; do
+  "configs/gpu_bert_large.json" "estimate configs/gpu_offload.json" "train configs/gpu_offload.json" "gpu-bench.md"; do
   if ! grep -qF -- "$expected" <<< "$gpu_plan"; then
     echo "scripts/gpu-check.sh --dry-run does not mention '$expected'" >&2
     exit 1
