@@ -303,8 +303,28 @@ at::Tensor GradientReducer::read_shard(int bucket, BucketBuffer& buffer) {
 }
 
 double GradientReducer::square_sum(const at::Tensor& t) {
-  const double norm = torch::linalg_vector_norm(t, 2, c10::nullopt, false, torch::kFloat32).item<double>();
-  return norm * norm;
+  // One fp32 norm over a whole partition lost the small squares once the running sum had grown:
+  // GPT-2 124M's first gradient norm came out 0.4% low at stage 0 (65.44 for 65.72), and with
+  // clipping the stages then trained differently from each other and from DeepSpeed. Rows of
+  // 1024 elements are each summed in fp32 (LibTorch's vectorised reduction) and the rows' squares
+  // added in double: one reduction call, no copy of the gradients.
+  constexpr int64_t row = 1024;
+  const at::Tensor flat = t.reshape({-1});
+  const int64_t n = flat.numel(), whole = n / row * row;
+  double sum = 0.0;
+  if (whole > 0) {
+    const at::Tensor norms =
+        torch::linalg_vector_norm(flat.narrow(0, 0, whole).view({whole / row, row}), 2, {1}, false, torch::kFloat32)
+            .to(torch::kFloat64);
+    sum += norms.square().sum().item<double>();
+  }
+  if (whole < n) {
+    const double tail = torch::linalg_vector_norm(flat.narrow(0, whole, n - whole), 2, c10::nullopt, false,
+                                                  torch::kFloat32)
+                            .item<double>();
+    sum += tail * tail;
+  }
+  return sum;
 }
 
 void GradientReducer::finish_window() {
