@@ -931,7 +931,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"zero_optimization.stage3_prefetch_bucket_size", {Used, "1000", [](C c) { return c.zero.stage3_prefetch_bucket_size == 1000; }, "engine (stage 3)"}},
       {"zero_optimization.stage3_param_persistence_threshold", {Used, "1000", [](C c) { return c.zero.stage3_param_persistence_threshold == 1000; }, "engine, trainer, estimate"}},
       {"zero_optimization.stage3_max_live_parameters", {Used, "1000", [](C c) { return c.zero.stage3_max_live_parameters == 1000; }, "engine (stage 3)"}},
-      {"zero_optimization.stage3_max_reuse_distance", {Noted, "1000", nullptr, ""}},
+      {"zero_optimization.stage3_max_reuse_distance", {Used, "1000", [](C c) { return c.zero.stage3_max_reuse_distance == 1000; }, "engine (stage 3)"}},
       {"zero_optimization.stage3_gather_16bit_weights_on_model_save", {Noted, "true", nullptr, ""}},
       {"zero_optimization.sub_group_size", {Used, "1000", [](C c) { return c.zero.sub_group_size == 1000; }, "engine (offload)"}},
       {"zero_optimization.offload_optimizer.device", {Used, "\"nvme\"", [](C c) { return c.zero.offload_optimizer.device == zt::OffloadDevice::Nvme; }, "engine (offload)"}},

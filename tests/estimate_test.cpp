@@ -107,7 +107,8 @@ TEST(EstimateFormula, GatheredBlocksFollowThePrefetchBudget) {
   model.parameters = 100'000'000;
   model.largest_block = 1'000'000;
   auto gathered = [&](const std::vector<std::string>& extra) {
-    std::vector<std::string> o = {"zero_optimization.stage=3"};
+    // Every block released after each use: the prefetch alone (the reuse rule: the next test).
+    std::vector<std::string> o = {"zero_optimization.stage=3", "zero_optimization.stage3_max_reuse_distance=0"};
     o.insert(o.end(), extra.begin(), extra.end());
     return zt::estimate_memory(model, cluster_of(1, 2), config_for(2, o)).per_device.gathered_blocks;
   };
@@ -120,11 +121,53 @@ TEST(EstimateFormula, GatheredBlocksFollowThePrefetchBudget) {
   EXPECT_EQ(zt::estimate_memory(model, cluster_of(1, 2), config_for(2, {"zero_optimization.stage=2"})).per_device.gathered_blocks, 0);
 }
 
+// Blocks kept gathered for their next use (stage3_max_reuse_distance) are live together at the
+// turn from forward to backward. Without a known block order the blocks are taken as equal and used
+// once each: the j-th from the last has 2j blocks' uses before its backward.
+TEST(EstimateFormula, GatheredBlocksFollowTheReuseDistance) {
+  zt::ModelFigures model;
+  model.parameters = 100'000'000;
+  model.largest_block = 1'000'000;
+  auto gathered = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> o = {"zero_optimization.stage=3", "zero_optimization.stage3_prefetch_bucket_size=0"};
+    o.insert(o.end(), extra.begin(), extra.end());
+    return zt::estimate_memory(model, cluster_of(1, 2), config_for(2, o)).per_device.gathered_blocks;
+  };
+  EXPECT_EQ(gathered({}), 100'000'000 * 4) << "the default 1e9 keeps every block of a 100M model";
+  EXPECT_EQ(gathered({"zero_optimization.stage3_max_reuse_distance=0"}), 2 * 1'000'000 * 4);
+  // 20M: the last ten blocks (2j < 20 blocks of uses), plus the one computing.
+  EXPECT_EQ(gathered({"zero_optimization.stage3_max_reuse_distance=20000000"}), 11 * 1'000'000 * 4);
+  EXPECT_EQ(gathered({"zero_optimization.stage3_max_reuse_distance=20000001"}), 12 * 1'000'000 * 4);
+
+  // GPT-2 124M in fp32 (its block order known): at 1e9 every block, wte (38.6M) counted once; a
+  // distance just above the last layer's keeps it, ln_f and the head, the bounds of the rest.
+  const zt::GPTConfig gpt = zt::gpt_preset("gpt2-124m");
+  const zt::ModelFigures figures = zt::gpt_model_figures(gpt, 64, 100'000);
+  int64_t all_blocks = 0;
+  for (int64_t numel : figures.block_gathered) all_blocks += numel;
+  EXPECT_EQ(all_blocks, figures.parameters - figures.persistent_parameters);
+  auto gathered_gpt = [&](const std::string& distance) {
+    return zt::estimate_memory(figures, cluster_of(1, 2),
+                               config_for(2, {"zero_optimization.stage=3", "zero_optimization.stage3_prefetch_bucket_size=0",
+                                              "zero_optimization.stage3_max_reuse_distance=" + distance}))
+        .per_device.gathered_blocks;
+  };
+  EXPECT_EQ(gathered_gpt("1000000000"), all_blocks * 4);
+  const int64_t wte = 50257 * 768, layer = 12 * 768 * 768;  // a layer's matrices; its vectors are persistent
+  ASSERT_EQ(figures.largest_block, wte);
+  // The last layer's next use comes after the head's two (ln_f is persistent: nothing): kept, with
+  // the head, beside the largest block computing.
+  EXPECT_EQ(gathered_gpt(std::to_string(2 * wte + 1)), (wte + layer + wte) * 4);
+  EXPECT_EQ(gathered_gpt(std::to_string(2 * wte)), (wte + wte) * 4) << "the head alone";
+}
+
 TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
   zt::ModelFigures model;
   model.parameters = 8'000'000'000;
   model.largest_block = 200'000'000;
-  const auto config = config_for(8, {"zero_optimization.stage=3", "bf16.enabled=true"});
+  // Every block released after its use (the default reuse distance would keep some: below).
+  const auto config = config_for(8, {"zero_optimization.stage=3", "bf16.enabled=true",
+                                     "zero_optimization.stage3_max_reuse_distance=0"});
   const auto cluster = cluster_of(1, 8, 80 * kGiB, 1024 * kGiB, 0);
   zt::EstimateOptions cpu;
   cpu.offload_optimizer = zt::OffloadTarget::Cpu;
@@ -135,6 +178,10 @@ TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
   EXPECT_EQ(e.per_device.gradients, 0);
   EXPECT_EQ(e.per_device.optimizer_states(), 0);
   EXPECT_EQ(e.per_device.gathered_blocks, 2 * 2 * 200'000'000);
+  // At the default 1e9: the last three blocks kept (2j blocks of uses < 5 blocks), the one
+  // computing and one prefetched (5e7 elements, at least one block).
+  const auto kept = zt::estimate_memory(model, cluster, config_for(8, {"zero_optimization.stage=3", "bf16.enabled=true"}), cpu);
+  EXPECT_EQ(kept.per_device.gathered_blocks, 2 * 5 * 200'000'000);
   // Per host: eight ranks' masters + moments (12Ψ/8 each), fp32 gradient and 16-bit parameter shards.
   EXPECT_EQ(e.per_host.optimizer_states(), 8 * (12 * model.parameters / 8));
   EXPECT_EQ(e.per_host.gradients, 8 * (4 * model.parameters / 8));

@@ -38,6 +38,7 @@ struct RunOptions {
   int overflow_micro_step = -1;  // on rank 0, make one gradient element overflow (fp16)
   std::string optimizer = "AdamW";
   int64_t persistence_threshold = 0;  // stage 3: 0 shards every parameter of a block
+  int64_t reuse_distance = 1'000'000'000;  // stage 3: zero_optimization.stage3_max_reuse_distance
   bool sharded_construction = false;  // build the model under zt::ShardedConstruction
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
@@ -55,6 +56,7 @@ struct RunResult {
   zt::ModelStateBytes bytes, formula;
   int64_t psi = 0;
   int64_t peak_gathered = 0;
+  int64_t last_micro_step_gathers = 0;  // stage 3: block gathers in the last micro-step
 };
 
 zt::TrainConfig make_config(const RunOptions& o, int world) {
@@ -69,7 +71,9 @@ zt::TrainConfig make_config(const RunOptions& o, int world) {
   if (o.precision == "fp16") json += R"(, "fp16": {"enabled": true})";
   json += std::string(R"(, "prescale_gradients": )") + (o.prescale_gradients ? "true" : "false") +
           R"(, "gradient_predivide_factor": )" + std::to_string(o.gradient_predivide_factor);
-  return zt::parse_config(json + "}", {}, world);
+  auto config = zt::parse_config(json + "}", {}, world);
+  config.zero.stage3_max_reuse_distance = o.reuse_distance;
+  return config;
 }
 
 // The tiny GPT from a fixed seed with one frozen parameter (the position embedding), trained
@@ -93,6 +97,7 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
     for (int a = 0; a < 2; ++a, ++micro) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + 10 * step + a);
       auto tokens = torch::randint(0, gpt_config.vocab_size, {2, 17}, gen, torch::kLong);
+      const int64_t gathers_before = engine.block_gathers();
       auto loss = model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
       loss_sum += loss.item<double>();
       if (micro == o.overflow_micro_step) {
@@ -111,6 +116,7 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
       }
       engine.backward(loss);
       r = engine.step();
+      result.last_micro_step_gathers = engine.block_gathers() - gathers_before;
     }
     EXPECT_TRUE(r.boundary);
     result.losses.push_back(loss_sum / 2);
@@ -646,6 +652,7 @@ PrefetchRun run_prefetch(std::shared_ptr<zt::Communicator> comm, int64_t prefetc
   auto config = make_config({.stage = 3}, comm->world_size());
   config.zero.stage3_prefetch_bucket_size = prefetch;
   config.zero.stage3_max_live_parameters = max_live;
+  config.zero.stage3_max_reuse_distance = 0;  // every block released after each use: prefetch alone
   torch::manual_seed(7);
   auto model = zt::GPT(zt::gpt_preset("tiny"));
   zt::Engine engine(model.ptr(), config, comm);
@@ -711,6 +718,39 @@ TEST(ZeroStage3, LiveLimitFollowsTheConfiguration) {
     return;
   }
   expect_ranks_pass("ZeroStage3.LiveLimitFollowsTheConfiguration", {2});
+}
+
+// stage3_max_reuse_distance (DeepSpeed's rule, zero/reuse_distance.h): after its forward use a
+// block stays gathered when fewer elements are used before its next use. The tiny GPT's forward
+// uses wte (16384 elements), wpe (frozen: nothing to gather), two layers of 49984, ln_f (128) and
+// wte again as the head; backward uses them in reverse. Keeping changes when blocks are gathered,
+// never what is computed: every distance trains exactly as stage 0.
+TEST(ZeroStage3, ReuseDistanceKeepsBlocksGatheredForTheirNextUse) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const auto reference = parity_reference(comm);
+    const int64_t wte = 256 * 64, layer = 12 * 64 * 64 + 13 * 64, ln_f = 2 * 64;
+    struct Case {
+      int64_t distance;
+      int64_t gathers;        // per micro-step once the order is known
+      int64_t peak_elements;  // gathered at once
+    };
+    // 1e9 (the default): every block is gathered once, in forward, and all are live at the turn.
+    // 40000: the last layer (33024 elements before its backward: ln_f, wte, wte, ln_f), ln_f and
+    //   the head are kept; wte is gathered again for the head and the first layer for its backward.
+    // 0: every use gathers (wte's backward once, its gradient arriving after both uses).
+    // The peak is checked where it is the kept blocks alone: at the other distances the default
+    // prefetch (5e7 elements) gathers every block ahead of its use anyway.
+    for (const Case& c : {Case{1'000'000'000, 4, wte + 2 * layer + ln_f}, Case{40'000, 6, 0}, Case{0, 9, 0}}) {
+      const auto run = train(comm, {.stage = 3, .steps = kParitySteps, .reuse_distance = c.distance});
+      const std::string what = "stage 3 reuse distance " + std::to_string(c.distance);
+      expect_parity(reference, run, what);
+      EXPECT_EQ(run.last_micro_step_gathers, c.gathers) << what;
+      if (c.peak_elements > 0) EXPECT_EQ(run.peak_gathered, c.peak_elements * 4) << what;
+    }
+    return;
+  }
+  expect_ranks_pass("ZeroStage3.ReuseDistanceKeepsBlocksGatheredForTheirNextUse", {2});
 }
 
 namespace {

@@ -122,6 +122,11 @@ struct ZeroConfig {
   // elements (0: no prefetch) and the gathered elements stay within stage3_max_live_parameters.
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_max_live_parameters = 1'000'000'000;
+  // Stage 3 release (DeepSpeed's rule): after its use in forward a block stays gathered when the
+  // elements of the block uses between this use and its next one (the rest of forward, then
+  // backward in reverse) are fewer than this; 0 releases every block after each use.
+  // docs/zero.md "Stage 3".
+  int64_t stage3_max_reuse_distance = 1'000'000'000;
   // Stage 3: a trainable parameter with fewer elements stays gathered on every rank (its
   // optimizer state is still sharded); small tensors are not worth a collective each.
   int64_t stage3_param_persistence_threshold = 100'000;

@@ -157,6 +157,9 @@ class Engine {
   void reset_peak_gathered_parameter_bytes();
   // Stage 3: block gathers launched ahead of the block's use (prefetch) since construction.
   int64_t prefetched_blocks() const;
+  // Stage 3: block gathers launched since construction, prefetched or not (a block kept gathered
+  // for its next use, zero_optimization.stage3_max_reuse_distance, is not gathered again).
+  int64_t block_gathers() const;
   OffloadReport offload_report() const;
   // Checkpoints (docs/checkpoint.md): collectives, called between optimizer steps (not inside an
   // accumulation window). save_checkpoint writes dir/tag — this rank's master weights and

@@ -47,6 +47,11 @@ struct ModelFigures {
   int64_t layers = 0, hidden = 0, heads = 0, sequence_length = 0, vocabulary = 0;
   double dropout = 0.0;
   int64_t loss_chunk_tokens = 0;  // the head and loss over at most this many tokens at a time (0: all)
+  // Stage 3's block uses in forward order (block ids) and each block's gathered elements, for the
+  // blocks kept gathered by stage3_max_reuse_distance; empty: unknown, taken as equal blocks of
+  // largest_block.
+  std::vector<int> forward_block_order;
+  std::vector<int64_t> block_gathered;
   bool has_shape() const { return layers > 0 && hidden > 0 && sequence_length > 0 && vocabulary > 0; }
 };
 

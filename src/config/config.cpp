@@ -437,7 +437,7 @@ void add_notes(TrainConfig& c) {
                   "fp16.enabled is false (the loss scaler runs only in fp16)");
   if (c.zero.stage < 3)
     note_if_given({"zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.stage3_max_live_parameters",
-                   "zero_optimization.stage3_param_persistence_threshold"},
+                   "zero_optimization.stage3_max_reuse_distance", "zero_optimization.stage3_param_persistence_threshold"},
                   fmt::format("zero_optimization.stage is {} (it applies to stage 3)", c.zero.stage));
   if (c.train.eval_interval == 0)
     note_if_given({"train.eval_iters", "data.val_path"}, "train.eval_interval is 0 (no evaluation runs)");

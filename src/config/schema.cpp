@@ -406,9 +406,8 @@ std::vector<Leaf> build_table() {
                       ZT_FIELD(zero.stage3_param_persistence_threshold)));
   t.push_back(integer("zero_optimization.stage3_max_live_parameters", k1e9, 0, std::nullopt,
                       ZT_FIELD(zero.stage3_max_live_parameters)));
-  t.push_back(inert(integer(Z + "stage3_max_reuse_distance", k1e9, 0, std::nullopt, none),
-                    "zerotrain releases a gathered block after its use and prefetches by "
-                    "stage3_prefetch_bucket_size and stage3_max_live_parameters; the math is the same"));
+  t.push_back(integer("zero_optimization.stage3_max_reuse_distance", k1e9, 0, std::nullopt,
+                      ZT_FIELD(zero.stage3_max_reuse_distance)));
   t.push_back(inert(integer(Z + "stage3_model_persistence_threshold", INT64_MAX, 0, std::nullopt, none),
                     "a cap on the total of persistent parameters; zerotrain keeps every parameter below "
                     "stage3_param_persistence_threshold gathered"));

@@ -1,6 +1,7 @@
 #include "zerotrain/estimate.h"
 
 #include "memory/estimate_report.h"
+#include "zero/reuse_distance.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -85,7 +86,12 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
     const int64_t copies = b == 2 ? gpt.n_layer : 1;
     f.persistent_parameters += copies * persistent;
     f.largest_block = std::max(f.largest_block, gathered);
+    for (int64_t copy = 0; copy < copies; ++copy) f.block_gathered.push_back(gathered);
   }
+  // Forward: wte, wpe, the layers, ln_f, then wte again as the tied head (a chunked loss uses it
+  // once per chunk, back to back, which keeps the same blocks).
+  for (int b = 0; b < int(f.block_gathered.size()); ++b) f.forward_block_order.push_back(b);
+  f.forward_block_order.push_back(0);
   f.layers = gpt.n_layer;
   f.hidden = C;
   f.heads = gpt.n_head;
@@ -238,6 +244,10 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // launches while fewer than min(stage3_prefetch_bucket_size, stage3_max_live_parameters minus
   // the elements live) elements are in flight: with the transformer's equal blocks, that budget rounded up to whole
   // blocks, never more than the model. docs/memory.md "Buffers and runtime".
+  //
+  // Blocks kept gathered for their reuse (stage3_max_reuse_distance, zero/reuse_distance.h) are all
+  // live at the turn from forward to backward, beside the block computing and those prefetched
+  // with what the live limit leaves; never more than every block.
   int64_t gathered = 0;
   if (zero.shard_parameters) {
     const int64_t block = std::max<int64_t>(1, largest_block);
@@ -246,7 +256,21 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
         std::max<int64_t>(0, std::min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - block));
     const int64_t ahead = ceil_div(budget, block) * block;
     const int64_t live = std::min(psi, largest_block + ahead);
-    gathered = std::max(2 * largest_block, live) * e;
+    const int64_t all_blocks = std::max<int64_t>(block, psi - persistent);
+    const int64_t reuse = zero.stage3_max_reuse_distance;
+    // Unknown order: equal blocks used once each, where the j-th from the last has 2j blocks'
+    // uses before its backward, so ceil(reuse / 2 blocks) of them are kept.
+    const int64_t kept = !model.forward_block_order.empty()
+                             ? kept_at_turn(model.forward_block_order, model.block_gathered, reuse)
+                         : reuse > 0 ? std::min(all_blocks, ceil_div(std::min(reuse, 2 * all_blocks), 2 * block) * block)
+                                     : 0;
+    int64_t at_turn = 0;
+    if (kept > 0) {
+      const int64_t turn_budget = std::max<int64_t>(
+          0, std::min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - kept - block));
+      at_turn = std::min(all_blocks, kept + block + ceil_div(turn_budget, block) * block);
+    }
+    gathered = std::max({2 * largest_block, live, at_turn}) * e;
   }
 
   const ActivationBytes acts =

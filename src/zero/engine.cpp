@@ -1013,6 +1013,7 @@ int64_t Engine::trainable_parameters() const { return impl_->layout.parameter_nu
 const FlatLayout& Engine::layout() const { return impl_->layout; }
 int64_t Engine::peak_gathered_parameter_bytes() const { return impl_->gatherer ? impl_->gatherer->peak_gathered_bytes() : 0; }
 int64_t Engine::prefetched_blocks() const { return impl_->gatherer ? impl_->gatherer->prefetched_blocks() : 0; }
+int64_t Engine::block_gathers() const { return impl_->gatherer ? impl_->gatherer->block_gathers() : 0; }
 OffloadReport Engine::offload_report() const { return impl_->offload_report(); }
 void Engine::reset_peak_gathered_parameter_bytes() {
   if (impl_->gatherer) impl_->gatherer->reset_peak_gathered_bytes();

@@ -11,6 +11,7 @@
 #include "common/check.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
+#include "zero/reuse_distance.h"
 
 namespace zt {
 
@@ -124,6 +125,9 @@ void ParameterGatherer::begin_backward() {
   if (!order_known_) {
     check_block_call(-1);  // every rank's first forward ends here
     order_known_ = true;
+    std::vector<int64_t> numel;
+    for (const BlockState& state : blocks_) numel.push_back(state.numel);
+    kept_after_use_ = kept_after_forward_use(recorded_order_, numel, zero_.stage3_max_reuse_distance);
   }
   forward_position_ = 0;
 }
@@ -155,6 +159,7 @@ void ParameterGatherer::launch_gather(int block) {
     state.gathering.push_back(comm_.all_gather(shards_.shard(b), full, "params." + state.name));
   }
   state.residence = Residence::Gathering;
+  if (!state.buckets.empty()) ++gathers_;
   gathering_order_.push_back(block);
   gathered_bytes_ += state.bytes;
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
@@ -248,6 +253,7 @@ void ParameterGatherer::check_block_call(int block) {
 
 torch::Tensor ParameterGatherer::run(int block, const torch::Tensor& x, const BlockFunction& fn) {
   int64_t position;
+  bool in_order = false;  // at the position the recorded order expects
   if (!order_known_) {
     check_block_call(block);
     position = int64_t(recorded_order_.size());
@@ -255,17 +261,19 @@ torch::Tensor ParameterGatherer::run(int block, const torch::Tensor& x, const Bl
   } else {
     // Expected next in the recorded order; else (a forward of another shape, e.g. evaluation)
     // the block's first occurrence.
-    position = forward_position_ < int64_t(recorded_order_.size()) && recorded_order_[forward_position_] == block
-                   ? forward_position_
-                   : std::find(recorded_order_.begin(), recorded_order_.end(), block) - recorded_order_.begin();
+    in_order = forward_position_ < int64_t(recorded_order_.size()) && recorded_order_[forward_position_] == block;
+    position = in_order ? forward_position_
+                        : std::find(recorded_order_.begin(), recorded_order_.end(), block) - recorded_order_.begin();
   }
   forward_position_ = position + 1;
   gather(block);
   prefetch(position + 1, +1);
   torch::Tensor y = fn(x);
-  release(block);
-  if (y.requires_grad() && torch::GradMode::is_enabled())
-    y = Regather::apply(y, liveness_, blocks_[block].name, int64_t(block), position);
+  const bool backward_follows = y.requires_grad() && torch::GradMode::is_enabled();
+  // Kept for a reuse near enough (stage3_max_reuse_distance); a forward without backward, or off
+  // the recorded order, releases at once.
+  if (!(backward_follows && in_order && kept_after_use_[size_t(position)])) release(block);
+  if (backward_follows) y = Regather::apply(y, liveness_, blocks_[block].name, int64_t(block), position);
   return y;
 }
 

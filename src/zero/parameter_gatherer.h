@@ -105,6 +105,7 @@ class ParameterGatherer : public BlockRunner {
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
   void reset_peak_gathered_bytes() { peak_gathered_bytes_ = gathered_bytes_; }
   int64_t prefetched_blocks() const { return prefetched_; }
+  int64_t block_gathers() const { return gathers_; }
 
  private:
   enum class Residence { Released, Gathering, Gathered };
@@ -138,11 +139,12 @@ class ParameterGatherer : public BlockRunner {
   GatherPool pool_;
   c10::intrusive_ptr<GathererLiveness> liveness_;
   bool installed_ = false;
-  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0, prefetched_ = 0;
+  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0, prefetched_ = 0, gathers_ = 0;
   // Block order: recorded (and checked across ranks) until the first backward, then used to
   // prefetch. docs/zero.md "Stage 3".
   std::vector<int> gathering_order_;  // blocks in Gathering state, oldest launch first
   std::vector<int> recorded_order_;
+  std::vector<char> kept_after_use_;  // per recorded position: stays gathered after its forward use
   bool order_known_ = false;
   int64_t forward_position_ = 0;
 };
