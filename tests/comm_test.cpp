@@ -576,6 +576,39 @@ TEST(CommMultiRank, LocalRunListensOnLoopbackOnly) {
   expect_ranks_pass("CommMultiRank.LocalRunListensOnLoopbackOnly", {2});
 }
 
+// Under torchrun the agent on node 0 already serves the store at MASTER_PORT
+// (TORCHELASTIC_USE_AGENT_STORE=True): every rank connects to it, rank 0 included, and two
+// communicators made one after another on it each meet their own peers. The test process plays
+// the agent.
+TEST(CommMultiRank, TorchrunsAgentStoreServesEveryRankAndCommunicator) {
+  if (is_rank_process()) {
+    const RendezvousInfo info = rendezvous_from_environment();
+    EXPECT_TRUE(info.agent_store);
+    EXPECT_EQ(info.listen_fd, -1) << "no socket of our own to serve on";
+    for (int generation = 1; generation <= 2; ++generation) {
+      auto comm = make_communicator(info, comm_options_from_environment());
+      auto t = torch::full({4}, float(comm->rank() + generation));
+      comm->all_reduce(t, ReduceOp::Sum, "agent.store").wait();
+      EXPECT_EQ(t[0].item<float>(), float(1 + 2 * generation)) << "generation " << generation;
+      comm->barrier("end");
+    }
+    return;
+  }
+  const int port = free_port();
+  c10d::TCPStoreOptions agent;
+  agent.port = uint16_t(port);
+  agent.isServer = true;
+  agent.waitWorkers = false;
+  auto store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", agent);
+  auto r = run_ranks(2, "CommMultiRank.TorchrunsAgentStoreServesEveryRankAndCommunicator",
+                     {{"MASTER_PORT", std::to_string(port)}, {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                      {"ZT_COMM_TIMEOUT_SECONDS", "60"}},
+                     120s);
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+  EXPECT_FALSE(rendezvous_from_environment(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "False"}}))
+                   .agent_store);
+}
+
 TEST(CommRendezvousTimeout, MissingPeersFailWithinTheTimeout) {
   if (is_rank_process()) {
     auto start = std::chrono::steady_clock::now();

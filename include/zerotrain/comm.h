@@ -43,6 +43,9 @@ struct RendezvousInfo {
   // harness) opened and handed down (ZT_RENDEZVOUS_LISTEN_FD), so no other process can take the
   // port between its choice and the store's start; -1 when rank 0 binds the port itself.
   int listen_fd = -1;
+  // torchrun's agent on node 0 already serves the store at master_addr:master_port
+  // (TORCHELASTIC_USE_AGENT_STORE=True): every rank, rank 0 included, connects to it as a client.
+  bool agent_store = false;
 };
 
 // Reads a variable; returns nullptr when unset. Lets tests supply their own environment.
@@ -51,7 +54,8 @@ using EnvLookup = std::function<const char*(const char*)>;
 // In order of precedence:
 //  1. torchrun and zerotrain's launcher: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 //     MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500); for rank 0 also
-//     ZT_RENDEZVOUS_LISTEN_FD (the launcher's listening socket, see listen_fd).
+//     ZT_RENDEZVOUS_LISTEN_FD (the launcher's listening socket, see listen_fd);
+//     TORCHELASTIC_USE_AGENT_STORE=True (torchrun's agent serves the store, see agent_store).
 //  2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or
 //     SLURM_TASKS_PER_NODE (e.g. "2(x3),1", indexed by SLURM_NODEID); the master is
 //     MASTER_ADDR when set, else the first host of SLURM_STEP_NODELIST / SLURM_NODELIST

@@ -300,7 +300,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info, std::chro
   std::string where = fmt::format("{}:{} ({} rendezvous)", host, info.master_port, info.source);
   c10d::TCPStoreOptions so;
   so.port = uint16_t(info.master_port);
-  so.isServer = info.rank == 0;
+  so.isServer = info.rank == 0 && !info.agent_store;
   so.numWorkers = size_t(info.world_size);
   so.waitWorkers = false;  // we wait ourselves below, with a message that counts arrivals
   so.timeout = timeout;
@@ -326,6 +326,7 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info, std::chro
       so.timeout = std::max(std::chrono::milliseconds(1),
                             std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
       store = c10::make_intrusive<c10d::TCPStore>(host, so);
+      if (info.agent_store) break;  // torchrun's store: this process's n-th communicator uses its own prefix (below)
       if (so.isServer) {
         store->set(generation_key, std::to_string(generation));
         break;
@@ -355,6 +356,10 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info, std::chro
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   store->setTimeout(timeout);  // what later waits on the store (the group's set-up) may use
+  // One store serves every communicator of the job (and torchrun's own keys): each generation
+  // meets under its own prefix, so that arrivals and Gloo's keys of an earlier one do not count.
+  if (info.agent_store)
+    store = c10::make_intrusive<c10d::PrefixStore>("zt/communicator" + std::to_string(generation), store);
 
   const std::string key = "zt/rendezvous/arrived";
   try {

@@ -118,7 +118,10 @@ RendezvousInfo from_torchrun(const Env& env) {
   check_rank("LOCAL_RANK", info.local_rank, "LOCAL_WORLD_SIZE", info.local_world_size);
   if (const char* addr = env.get("MASTER_ADDR")) info.master_addr = addr;
   if (env.has("MASTER_PORT")) info.master_port = env.port("MASTER_PORT");
-  if (info.rank == 0 && env.has("ZT_RENDEZVOUS_LISTEN_FD"))
+  // torchrun (static and c10d rendezvous alike) hands its workers the store its agent on node 0
+  // serves; a rank 0 that tried to serve one of its own on that port would find it taken.
+  if (const char* agent = env.get("TORCHELASTIC_USE_AGENT_STORE")) info.agent_store = std::string(agent) == "True";
+  if (info.rank == 0 && !info.agent_store && env.has("ZT_RENDEZVOUS_LISTEN_FD"))
     info.listen_fd = int(parse_int("ZT_RENDEZVOUS_LISTEN_FD", env.get("ZT_RENDEZVOUS_LISTEN_FD"), 0, 1 << 20,
                                    "a file descriptor number"));
   return info;
