@@ -52,8 +52,13 @@ const bool kHelperMode = [] {
   options.kill_grace = std::chrono::milliseconds(std::stoi(get("ZT_HELPER_GRACE_MS", "3000")));
   options.echo_rank0 = get("ZT_HELPER_ECHO", "1") == "1";
   options.command = {"/bin/sh", "-c", get("ZT_HELPER_SCRIPT", "true")};
+  options.nnodes = std::stoi(get("ZT_HELPER_NNODES", "1"));
+  options.node_rank = std::stoi(get("ZT_HELPER_NODE_RANK", "0"));
+  options.heartbeat_timeout = std::chrono::milliseconds(std::stoi(get("ZT_HELPER_HEARTBEAT_MS", "10000")));
+  options.join_timeout = std::chrono::milliseconds(30000);
   for (const char* name : {"ZT_LAUNCH_HELPER", "ZT_HELPER_NPROC", "ZT_HELPER_PORT", "ZT_HELPER_LOG_DIR",
-                           "ZT_HELPER_GRACE_MS", "ZT_HELPER_ECHO", "ZT_HELPER_SCRIPT"})
+                           "ZT_HELPER_GRACE_MS", "ZT_HELPER_ECHO", "ZT_HELPER_SCRIPT", "ZT_HELPER_NNODES",
+                           "ZT_HELPER_NODE_RANK", "ZT_HELPER_HEARTBEAT_MS"})
     unsetenv(name);
   int code = 1;
   try {
@@ -503,6 +508,128 @@ TEST(Launch, BadOptionsAreConfigErrors) {
   } catch (const zt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("got 0"), std::string::npos) << e.what();
   }
+}
+
+// ---- Several nodes: launchers on 127.0.0.1 acting as nodes (docs/comm.md "Several nodes").
+
+struct NodeLaunch {
+  std::string dir;
+  pid_t pid = -1;
+};
+
+// Starts one launcher per node, node n's in <dir>/node<n>, all meeting at `port`.
+std::vector<NodeLaunch> spawn_nodes(const std::string& dir, int nnodes, int nproc, int port,
+                                    const std::vector<std::string>& scripts, const std::string& heartbeat_ms = "10000") {
+  std::vector<NodeLaunch> nodes;
+  for (int n = 0; n < nnodes; ++n) {
+    NodeLaunch node{dir + "/node" + std::to_string(n)};
+    fs::create_directories(node.dir);
+    node.pid = spawn_launcher(node.dir, {{"ZT_HELPER_NPROC", std::to_string(nproc)},
+                                         {"ZT_HELPER_NNODES", std::to_string(nnodes)},
+                                         {"ZT_HELPER_NODE_RANK", std::to_string(n)},
+                                         {"ZT_HELPER_PORT", std::to_string(port)},
+                                         {"ZT_HELPER_HEARTBEAT_MS", heartbeat_ms},
+                                         {"ZT_HELPER_LOG_DIR", node.dir + "/logs"},
+                                         {"ZT_HELPER_SCRIPT", scripts[size_t(n)]}},
+                              {"OMP_NUM_THREADS", "MASTER_PORT"});
+    nodes.push_back(node);
+  }
+  return nodes;
+}
+
+TEST(LaunchNodes, RanksOfEveryNodeGetTorchrunsVariables) {
+  auto dir = zt::testing::make_temp_dir("launch-nodes-env");
+  const int port = zt::testing::free_port();
+  auto start = Clock::now();
+  auto nodes = spawn_nodes(dir, 2, 2, port, {"env", "env"});
+  std::string master_port;
+  for (int n = 0; n < 2; ++n) {
+    auto run = wait_launcher(nodes[size_t(n)].pid, nodes[size_t(n)].dir, start);
+    ASSERT_EQ(run.exit_code, 0) << "node " << n << ": " << run.err;
+    EXPECT_NE(run.err.find("node " + std::to_string(n) + ": starting ranks " + std::to_string(2 * n) + ".." +
+                           std::to_string(2 * n + 1) + " of 4"),
+              std::string::npos)
+        << run.err;
+    for (int local = 0; local < 2; ++local) {
+      const int rank = 2 * n + local;
+      auto log = nodes[size_t(n)].dir + "/logs/rank" + std::to_string(rank) + ".log";
+      ASSERT_TRUE(fs::exists(log)) << log;
+      auto env = parse_env(read_text(log));
+      EXPECT_EQ(env["RANK"], std::to_string(rank));
+      EXPECT_EQ(env["LOCAL_RANK"], std::to_string(local));
+      EXPECT_EQ(env["WORLD_SIZE"], "4");
+      EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "2");
+      EXPECT_EQ(env["GROUP_RANK"], std::to_string(n));
+      EXPECT_EQ(env["GROUP_WORLD_SIZE"], "2");
+      EXPECT_EQ(env["MASTER_ADDR"], "127.0.0.1");
+      if (master_port.empty()) master_port = env["MASTER_PORT"];
+      EXPECT_EQ(env["MASTER_PORT"], master_port) << "every rank of every node meets at node 0's rendezvous";
+      EXPECT_EQ(env.count("ZT_RENDEZVOUS_LISTEN_FD"), rank == 0 ? 1u : 0u) << "rank " << rank;
+    }
+  }
+  EXPECT_NE(master_port, std::to_string(port)) << "the ranks' rendezvous is not the launchers' meeting point";
+}
+
+// A rank failing on node 1 ends the job on node 0 within seconds; both launchers name it and
+// return its exit code.
+TEST(LaunchNodes, ARankFailingOnOneNodeStopsEveryNode) {
+  auto dir = zt::testing::make_temp_dir("launch-nodes-fail");
+  const int port = zt::testing::free_port();
+  const std::string wait = record_pids(dir) + "wait";
+  const std::string fail = record_pids(dir) + "if [ $RANK = 3 ]; then sleep 1; exit 7; fi; wait";
+  auto start = Clock::now();
+  auto nodes = spawn_nodes(dir, 2, 2, port, {wait, fail});
+  for (int n = 0; n < 2; ++n) {
+    auto run = wait_launcher(nodes[size_t(n)].pid, nodes[size_t(n)].dir, start);
+    EXPECT_EQ(run.exit_code, 7) << "node " << n << ": " << run.err;
+    EXPECT_LT(run.seconds, 20.0) << "node " << n;
+    EXPECT_NE(run.err.find("rank 3 (node 1) exited with code 7"), std::string::npos) << "node " << n << ": " << run.err;
+  }
+  expect_all_gone(dir, 8);
+}
+
+// A node killed hard (its launcher gets SIGKILL; its ranks die with it) stops beating: node 0
+// ends the job and names the node, well within 30 s.
+TEST(LaunchNodes, ANodeKilledHardEndsTheJobOnTheOtherNode) {
+  auto dir = zt::testing::make_temp_dir("launch-nodes-kill");
+  const int port = zt::testing::free_port();
+  const std::string wait = record_pids(dir) + "wait";
+  // Nothing of node 1 may outlive its launcher's SIGKILL but the rank itself, which its death
+  // signal ends.
+  const std::string sleeper = "echo $$ > " + dir + "/rank$RANK.pid; touch " + dir + "/ready$RANK; exec sleep 60";
+  auto start = Clock::now();
+  auto nodes = spawn_nodes(dir, 2, 1, port, {wait, sleeper}, "3000");
+  const bool started = wait_for_files({dir + "/ready0", dir + "/ready1"});
+  kill(nodes[1].pid, SIGKILL);
+  auto killed_at = Clock::now();
+  wait_launcher(nodes[1].pid, nodes[1].dir, start);  // reaps it
+  auto run = wait_launcher(nodes[0].pid, nodes[0].dir, killed_at);
+  ASSERT_TRUE(started) << run.err;
+  EXPECT_NE(run.exit_code, 0) << run.err;
+  EXPECT_LT(run.seconds, 30.0);
+  EXPECT_NE(run.err.find("node 1 stopped responding"), std::string::npos) << run.err;
+  expect_all_gone(dir, 3);
+}
+
+TEST(LaunchNodes, BadNodeOptionsAreConfigErrors) {
+  zt::LaunchOptions options;
+  options.command = {"/bin/true"};
+  options.nnodes = 2;
+  try {
+    zt::launch_local(options);
+    ADD_FAILURE() << "several nodes need an explicit --master-port";
+  } catch (const zt::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--master-port is required with --nnodes 2"), std::string::npos) << e.what();
+  }
+  options.master_port = 29999;
+  options.node_rank = 2;
+  EXPECT_THROW(zt::launch_local(options), zt::ConfigError);
+  options.node_rank = 0;
+  options.nnodes = 0;
+  EXPECT_THROW(zt::launch_local(options), zt::ConfigError);
+  options.nnodes = 1;
+  options.master_addr = "";
+  EXPECT_THROW(zt::launch_local(options), zt::ConfigError);
 }
 
 TEST(Launch, StartedByLauncherRecognisesTorchrunSlurmAndOpenMpi) {

@@ -8,6 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <future>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -273,6 +276,101 @@ TEST(TrainLauncher, UsesTheEnvironmentOfAnExternalLauncher) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("1 rank(s)"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/logs")) << "must not spawn ranks of its own";
+}
+
+// ---- Several nodes: `zerotrain train --nnodes N --node-rank K` on 127.0.0.1, one process per
+// "node", against one node with as many ranks (same world, same rank order: the same run).
+
+using NodeCommand = std::function<std::vector<std::string>(int node_rank, int port, const std::string& config,
+                                                           const std::string& summary)>;
+
+// Runs every node's command at once; returns node 0's summary (rank 0 writes it).
+nlohmann::json train_on_nodes(const std::string& name, int nnodes, const NodeCommand& command,
+                              const std::vector<std::string>& overrides,
+                              const std::map<std::string, std::string>& env = {}) {
+  auto dir = make_temp_dir(name);
+  const std::string config = parity_config(dir), summary = dir + "/summary.json";
+  const int port = zt::testing::free_port();
+  std::vector<std::future<zt::testing::ProcessResult>> others;
+  auto args_of = [&](int k) {
+    auto args = command(k, port, config, summary);
+    for (const auto& o : overrides) {
+      args.push_back("--set");
+      args.push_back(o);
+    }
+    return args;
+  };
+  for (int k = 1; k < nnodes; ++k)
+    others.push_back(std::async(std::launch::async, [&, k] { return run_process(args_of(k), env, std::chrono::seconds(240)); }));
+  auto zero = run_process(args_of(0), env, std::chrono::seconds(240));
+  EXPECT_EQ(zero.exit_code, 0) << name << " node 0:\n" << zero.output;
+  for (int k = 1; k < nnodes; ++k) {
+    auto r = others[size_t(k - 1)].get();
+    EXPECT_EQ(r.exit_code, 0) << name << " node " << k << ":\n" << r.output;
+  }
+  return zero.exit_code == 0 ? read_json(summary) : nlohmann::json();
+}
+
+NodeCommand zerotrain_nodes(int nnodes, int nproc) {
+  return [=](int k, int port, const std::string& config, const std::string& summary) {
+    std::vector<std::string> args{cli_path(), "train", config, "--nnodes", std::to_string(nnodes), "--node-rank",
+                                  std::to_string(k), "--nproc-per-node", std::to_string(nproc), "--master-addr",
+                                  "127.0.0.1", "--master-port", std::to_string(port)};
+    if (k == 0) args.insert(args.end(), {"--summary", summary});
+    return args;
+  };
+}
+
+void expect_same_losses(const nlohmann::json& a, const nlohmann::json& b, const std::string& what) {
+  ASSERT_EQ(a["losses"].size(), 5u) << what;
+  ASSERT_EQ(b["losses"].size(), 5u) << what;
+  for (size_t i = 0; i < 5; ++i) {
+    const double x = a["losses"][i], y = b["losses"][i];
+    EXPECT_LE(std::abs(x - y) / std::abs(x), 1e-6) << what << " step " << i << ": " << x << " vs " << y;
+  }
+}
+
+void expect_nodes_equal_one_node(int nnodes, int nproc, const std::vector<int>& stages) {
+  const int world = nnodes * nproc;
+  for (int stage : stages) {
+    const std::vector<std::string> overrides{"train_batch_size=" + std::to_string(4 * world),
+                                             "zero_optimization.stage=" + std::to_string(stage)};
+    const auto one = train_on_nodes("one-node", 1, zerotrain_nodes(1, world), overrides);
+    const auto several = train_on_nodes("nodes", nnodes, zerotrain_nodes(nnodes, nproc), overrides);
+    const std::string what = std::to_string(nnodes) + " nodes x " + std::to_string(nproc) + " ranks, stage " +
+                             std::to_string(stage);
+    ASSERT_FALSE(one.is_null() || several.is_null()) << what;
+    EXPECT_EQ(several["world_size"], world) << what;
+    expect_same_losses(one, several, what);
+  }
+}
+
+TEST(TrainNodes, TwoNodesOfTwoRanksEqualOneNodeOfFourAtStagesZeroAndOne) { expect_nodes_equal_one_node(2, 2, {0, 1}); }
+TEST(TrainNodes, TwoNodesOfTwoRanksEqualOneNodeOfFourAtStagesTwoAndThree) { expect_nodes_equal_one_node(2, 2, {2, 3}); }
+TEST(TrainNodes, ThreeNodesOfOneRankEqualOneNodeOfThreeAtStagesZeroAndOne) { expect_nodes_equal_one_node(3, 1, {0, 1}); }
+TEST(TrainNodes, ThreeNodesOfOneRankEqualOneNodeOfThreeAtStagesTwoAndThree) { expect_nodes_equal_one_node(3, 1, {2, 3}); }
+
+// The torch wheel's own torchrun starts the ranks (--no-python): its agent on node 0 serves the
+// store every rank connects to (TORCHELASTIC_USE_AGENT_STORE=True).
+TEST(TrainNodes, TorchrunWithNoPythonTrainsTwoNodesAsOneNode) {
+  const std::map<std::string, std::string> python{{"PYTHONPATH", ZT_PYTHONPATH}, {"PYTHONWARNINGS", "ignore"}};
+  auto probe = run_process({"/usr/bin/env", "python3", "-c", "import torch.distributed.run"}, python, std::chrono::seconds(120));
+  ASSERT_EQ(probe.exit_code, 0) << "the torch wheel scripts/bootstrap.sh installs must provide torchrun:\n" << probe.output;
+  auto torchrun = [](int k, int port, const std::string& config, const std::string& summary) {
+    std::vector<std::string> args{"/usr/bin/env", "python3", "-m", "torch.distributed.run", "--nnodes", "2",
+                                  "--node-rank", std::to_string(k), "--nproc-per-node", "2", "--master-addr",
+                                  "127.0.0.1", "--master-port", std::to_string(port), "--no-python", cli_path(),
+                                  "train", config};
+    if (k == 0) args.insert(args.end(), {"--summary", summary});
+    return args;
+  };
+  for (int stage : {0, 3}) {
+    const std::vector<std::string> overrides{"train_batch_size=16", "zero_optimization.stage=" + std::to_string(stage)};
+    const auto one = train_on_nodes("one-node", 1, zerotrain_nodes(1, 4), overrides);
+    const auto several = train_on_nodes("torchrun", 2, torchrun, overrides, python);
+    ASSERT_FALSE(one.is_null() || several.is_null()) << "stage " << stage;
+    expect_same_losses(one, several, "torchrun 2 nodes x 2 ranks, stage " + std::to_string(stage));
+  }
 }
 
 struct BadInput {

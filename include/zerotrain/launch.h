@@ -1,7 +1,17 @@
-// Local launcher: starts N ranks of a program on this machine with the variables torchrun sets
-// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK=0, MASTER_ADDR=127.0.0.1,
-// MASTER_PORT), plus ZT_LAUNCHED=1, and OMP_WAIT_POLICY=PASSIVE and
+// Launcher: starts nproc ranks of a program on this machine with the variables torchrun sets
+// (RANK = node_rank × nproc + LOCAL_RANK, WORLD_SIZE = nnodes × nproc, LOCAL_RANK,
+// LOCAL_WORLD_SIZE = nproc, GROUP_RANK = node_rank, GROUP_WORLD_SIZE = nnodes, ROLE_RANK,
+// ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), plus ZT_LAUNCHED=1, and OMP_WAIT_POLICY=PASSIVE and
 // OMP_NUM_THREADS=max(1, cores / nproc) unless the user set them (design §10).
+//
+// Several nodes (nnodes > 1; docs/comm.md "Several nodes"): one launcher per node, each given the same nnodes,
+// master_addr and master_port and its own node_rank. Node 0's launcher serves the job's control
+// store at master_addr:master_port (bound to that address only) and opens the ranks' rendezvous
+// on master_addr at a free port, which every node's ranks get as MASTER_PORT. The launchers wait
+// for each other (join_timeout), beat heartbeats while the ranks run, and share the first
+// failure: a rank failing on any node, a launcher stopped by a signal, or a node whose heartbeat
+// stopped for heartbeat_timeout (its launcher killed) ends the job on every node, each launcher
+// naming the failed rank and node, and exiting non-zero. Rank logs are named by global rank.
 //
 // Contract: launch_local() blocks until every rank has exited. Each rank's stdout+stderr goes
 // to <log_dir>/rank<i>.log (truncated at start); rank 0's is also copied to this process's
@@ -43,8 +53,13 @@
 namespace zt {
 
 struct LaunchOptions {
-  int nproc = 1;
-  int master_port = 0;  // 0: pick a free port on 127.0.0.1
+  int nproc = 1;        // ranks on this node
+  int nnodes = 1;       // nodes in the job, each with its own launcher
+  int node_rank = 0;    // this node, 0..nnodes-1
+  std::string master_addr = "127.0.0.1";  // node 0's address; every socket the launch opens binds to it only
+  int master_port = 0;  // 0: pick a free port on master_addr (one node only; required with several)
+  std::chrono::milliseconds join_timeout{300000};      // several nodes: for every launcher to join
+  std::chrono::milliseconds heartbeat_timeout{10000};  // several nodes: a silent node has failed
   std::string log_dir = "runs/logs";
   std::vector<std::string> command;  // program and its arguments; the program is searched in PATH
   std::chrono::milliseconds kill_grace{3000};  // between SIGTERM and SIGKILL when stopping

@@ -37,6 +37,7 @@ std::string self_path() { return std::filesystem::read_symlink("/proc/self/exe")
 
 // Flag ranges. Local ranks are processes on this machine: beyond this it is a typo, not a plan.
 constexpr int kMaxLocalRanks = 1024;
+constexpr int kMaxNodes = 1 << 16;
 // Model shape flags share the configuration's bounds (model.* in the schema), which keep the
 // size arithmetic within 64 bits.
 constexpr int64_t kMaxLayers = 1 << 16, kMaxWidth = 1 << 20, kMaxHeads = 1 << 16, kMaxTokens = 1 << 24;
@@ -107,6 +108,8 @@ struct TrainArgs {
   std::string config_path;
   std::string device;  // "": ZT_DEVICE, else auto
   int nproc = 1;
+  int nnodes = 1, node_rank = 0;
+  std::string master_addr = "127.0.0.1";
   int master_port = 0;
   int64_t steps = 0;
   std::vector<std::string> overrides;
@@ -155,12 +158,15 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   // Validate everything before any process starts: bad input must not cost a launch.
   std::string device_source;
   resolve_device(requested_device(args.device, device_source), device_source);
-  auto config = zt::load_config(args.config_path, overrides, args.nproc);
+  auto config = zt::load_config(args.config_path, overrides, args.nnodes * args.nproc);
   zt::check_training_inputs(config);
   for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
   for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
   zt::LaunchOptions launch;
   launch.nproc = args.nproc;
+  launch.nnodes = args.nnodes;
+  launch.node_rank = args.node_rank;
+  launch.master_addr = args.master_addr;
   launch.master_port = args.master_port;
   launch.log_dir = (std::filesystem::path(config.train.log_dir) / "logs").string();
   launch.command.push_back(self_path());
@@ -478,9 +484,17 @@ int main(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "train the reference GPT or BERT (spawns --nproc local ranks)");
   train->add_option("config", train_args.config_path, "JSON configuration (DeepSpeed keys + model/data/train)")
       ->required();
-  train->add_option("--nproc", train_args.nproc, "local ranks to start (ignored under an external launcher)")
+  train->add_option("--nproc,--nproc-per-node", train_args.nproc,
+                    "ranks to start on this node (ignored under an external launcher)")
       ->check(CLI::Range(1, kMaxLocalRanks));
-  train->add_option("--master-port", train_args.master_port, "rendezvous port on 127.0.0.1 (default: a free one)")
+  train->add_option("--nnodes", train_args.nnodes, "nodes in the job, one `zerotrain train` on each (default 1)")
+      ->check(CLI::Range(1, kMaxNodes));
+  train->add_option("--node-rank", train_args.node_rank, "this node, 0..nnodes-1 (default 0)")
+      ->check(CLI::Range(0, kMaxNodes - 1));
+  train->add_option("--master-addr", train_args.master_addr, "node 0's address (default 127.0.0.1)");
+  train->add_option("--master-port", train_args.master_port,
+                    "node 0's port: the rendezvous, or with --nnodes > 1 the launchers' meeting point (default: a free "
+                    "one, one node only)")
       ->check(CLI::Range(0, 65535));
   train->add_option("--steps", train_args.steps, "optimizer steps (same as --set train.steps=S)")
       ->check(CLI::Range(int64_t{1}, int64_t{100'000'000}));  // train.steps' range
@@ -504,8 +518,17 @@ int main(int argc, char** argv) {
   zt::LaunchOptions launch_options;
   std::string launch_device;
   auto* launch = app.add_subcommand("launch", "start N local ranks of a program with torchrun's variables");
-  launch->add_option("--nproc", launch_options.nproc, "number of ranks")->required()->check(CLI::Range(1, kMaxLocalRanks));
-  launch->add_option("--master-port", launch_options.master_port, "rendezvous port (default: a free one)")
+  launch->add_option("--nproc,--nproc-per-node", launch_options.nproc, "ranks on this node")
+      ->required()
+      ->check(CLI::Range(1, kMaxLocalRanks));
+  launch->add_option("--nnodes", launch_options.nnodes, "nodes in the job, one launcher on each (default 1)")
+      ->check(CLI::Range(1, kMaxNodes));
+  launch->add_option("--node-rank", launch_options.node_rank, "this node, 0..nnodes-1 (default 0)")
+      ->check(CLI::Range(0, kMaxNodes - 1));
+  launch->add_option("--master-addr", launch_options.master_addr, "node 0's address (default 127.0.0.1)");
+  launch->add_option("--master-port", launch_options.master_port,
+                     "node 0's port: the rendezvous, or with --nnodes > 1 the launchers' meeting point (default: a "
+                     "free one, one node only)")
       ->check(CLI::Range(0, 65535));
   launch->add_option("--log-dir", launch_options.log_dir, "directory of the per-rank logs");
   launch->add_option("--device", launch_device,

@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "launch/job_control.h"
 #include "zerotrain/error.h"
 #include "zerotrain/flight_recorder.h"
 
@@ -125,27 +126,11 @@ struct ListeningSocket {
   int port = -1;
 };
 
-ListeningSocket open_rendezvous_socket() {
+ListeningSocket open_rendezvous_socket(const std::string& address) {
+  // SO_REUSEADDR (set by listen_on_address): connections rank 0 accepted and closed stay in
+  // TIME_WAIT, and only such a listener lets a second communicator of rank 0 bind the port again.
   ListeningSocket s;
-  s.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (s.fd < 0) throw Error(std::string(kPrefix) + "cannot open a socket for the rendezvous: " + std::strerror(errno));
-  // Connections rank 0 accepted and closed stay in TIME_WAIT; only a listener with SO_REUSEADDR
-  // lets a second communicator of rank 0 bind the port again (as it does without a launcher).
-  int one = 1;
-  ::setsockopt(s.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;  // the kernel picks a free port
-  socklen_t len = sizeof(addr);
-  if (::bind(s.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 && ::listen(s.fd, 128) == 0 &&
-      ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
-    s.port = ntohs(addr.sin_port);
-  if (s.port <= 0) {
-    int err = errno;
-    ::close(s.fd);
-    throw Error(std::string(kPrefix) + "cannot listen on a free port of 127.0.0.1: " + std::strerror(err));
-  }
+  s.fd = listen_on_address(address, 0, &s.port);
   return s;
 }
 
@@ -198,15 +183,19 @@ Resolved resolve_program(const std::string& program) {
 
 // The environment of rank `rank`: ours, with the rendezvous variables torchrun sets replaced.
 // `listen_fd`: the rendezvous socket's number in rank 0 (-1: none, or another rank).
-std::vector<std::string> rank_environment(int rank, int nproc, int port, const std::string& flight_file,
-                                          int listen_fd) {
+std::vector<std::string> rank_environment(const LaunchOptions& options, int local_rank, int port,
+                                          const std::string& flight_file, int listen_fd) {
+  const int nproc = options.nproc;
   std::vector<std::pair<std::string, std::string>> set = {
-      {"RANK", std::to_string(rank)},
-      {"WORLD_SIZE", std::to_string(nproc)},
-      {"LOCAL_RANK", std::to_string(rank)},
+      {"RANK", std::to_string(options.node_rank * nproc + local_rank)},
+      {"WORLD_SIZE", std::to_string(options.nnodes * nproc)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
-      {"GROUP_RANK", "0"},
-      {"MASTER_ADDR", "127.0.0.1"},
+      {"GROUP_RANK", std::to_string(options.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)},
+      {"ROLE_RANK", std::to_string(options.node_rank * nproc + local_rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(options.nnodes * nproc)},
+      {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", std::to_string(port)},
       {"ZT_LAUNCHED", "1"},
       {kFlightRecorderFileVariable, flight_file},
@@ -333,7 +322,8 @@ class Tee {
 // ---------------------------------------------------------------------------------------------
 
 struct Rank {
-  int index = 0;
+  int index = 0;           // on this node (LOCAL_RANK)
+  std::string label;       // "rank 3", or "rank 3 (node 1)" in a job of several nodes
   pid_t pid = -1;          // also its process group id (setpgid(0, 0) in the child)
   bool running = false;
   int exit_code = 0;       // exit status, or 128 + signo
@@ -500,6 +490,14 @@ int launch_local(const LaunchOptions& options) {
     throw ConfigError("launch: kill grace must not be negative, got " +
                       std::to_string(options.kill_grace.count()) + " ms");
   if (options.log_dir.empty()) throw ConfigError("launch: the log directory must not be empty");
+  if (options.nnodes < 1) throw ConfigError("launch: --nnodes must be at least 1, got " + std::to_string(options.nnodes));
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes)
+    throw ConfigError("launch: --node-rank must be in 0.." + std::to_string(options.nnodes - 1) + " (--nnodes " +
+                      std::to_string(options.nnodes) + "), got " + std::to_string(options.node_rank));
+  if (options.master_addr.empty()) throw ConfigError("launch: --master-addr must not be empty");
+  if (options.nnodes > 1 && options.master_port == 0)
+    throw ConfigError("launch: --master-port is required with --nnodes " + std::to_string(options.nnodes) +
+                      ": every node's launcher must name the port where node 0's launcher serves the job");
 
   const Resolved program = resolve_program(options.command.front());
   if (program.path.empty()) {
@@ -515,9 +513,30 @@ int launch_local(const LaunchOptions& options) {
   if (ec) log_dir = options.log_dir;
 
   const int nproc = options.nproc;
+  const bool several_nodes = options.nnodes > 1;
+  const std::string node_name = "node " + std::to_string(options.node_rank);
   ListeningSocket rendezvous_socket;
-  if (options.master_port == 0) rendezvous_socket = open_rendezvous_socket();
-  const int port = options.master_port > 0 ? options.master_port : rendezvous_socket.port;
+  std::optional<JobControl> control;  // several nodes: the launchers' meeting point (launch/job_control.h)
+  if (several_nodes) {
+    say(node_name + " of " + std::to_string(options.nnodes) + ": meeting the other nodes' launchers at " +
+        options.master_addr + ":" + std::to_string(options.master_port));
+    JobControlOptions job;
+    job.nnodes = options.nnodes;
+    job.node_rank = options.node_rank;
+    job.master_addr = options.master_addr;
+    job.master_port = options.master_port;
+    job.join_timeout = options.join_timeout;
+    job.heartbeat_timeout = options.heartbeat_timeout;
+    control.emplace(job);
+    rendezvous_socket.fd = control->take_rendezvous_socket();  // node 0 only
+    rendezvous_socket.port = control->rendezvous_port();
+  } else if (options.master_port == 0) {
+    rendezvous_socket = open_rendezvous_socket(options.master_addr);
+  }
+  const int port = several_nodes ? control->rendezvous_port()
+                   : options.master_port > 0 ? options.master_port
+                                             : rendezvous_socket.port;
+  const int first_rank = options.node_rank * nproc;
 
   // ---- 2. Prepare everything the children need, then start them.
   FdList fds;
@@ -529,8 +548,10 @@ int launch_local(const LaunchOptions& options) {
   std::vector<int> log_fds(nproc, -1);
   for (int i = 0; i < nproc; ++i) {
     ranks[i].index = i;
-    ranks[i].log_path = (log_dir / ("rank" + std::to_string(i) + ".log")).string();
-    ranks[i].flight_path = (log_dir / ("rank" + std::to_string(i) + ".flight")).string();
+    const std::string global = std::to_string(first_rank + i);
+    ranks[i].label = "rank " + global + (several_nodes ? " (" + node_name + ")" : "");
+    ranks[i].log_path = (log_dir / ("rank" + global + ".log")).string();
+    ranks[i].flight_path = (log_dir / ("rank" + global + ".flight")).string();
     // A ring left by an earlier job would be read as this one's by the analysis at the end.
     fs::remove(ranks[i].flight_path, ec);
     log_fds[i] = fds.add(::open(ranks[i].log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -555,9 +576,14 @@ int launch_local(const LaunchOptions& options) {
   const std::string exec_error_prefix = std::string(kPrefix) + "cannot execute '" + program.path + "': ";
 
   {
-    std::string range = nproc == 1 ? "rank0.log" : "rank{0.." + std::to_string(nproc - 1) + "}.log";
-    say("starting " + std::to_string(nproc) + (nproc == 1 ? " rank" : " ranks") + " of " +
-        program.path + " (master 127.0.0.1:" + std::to_string(port) + "); logs: " +
+    const int last_rank = first_rank + nproc - 1;
+    std::string range = nproc == 1 ? "rank" + std::to_string(first_rank) + ".log"
+                                   : "rank{" + std::to_string(first_rank) + ".." + std::to_string(last_rank) + "}.log";
+    say((several_nodes ? node_name + ": " : std::string()) + "starting " +
+        (several_nodes ? "ranks " + std::to_string(first_rank) + ".." + std::to_string(last_rank) + " of " +
+                             std::to_string(options.nnodes * nproc)
+                       : std::to_string(nproc) + (nproc == 1 ? " rank" : " ranks")) +
+        " of " + program.path + " (master " + options.master_addr + ":" + std::to_string(port) + "); logs: " +
         (log_dir / range).string());
   }
 
@@ -586,7 +612,7 @@ int launch_local(const LaunchOptions& options) {
     escalated = true;
     std::string still;
     for (const Rank& r : ranks)
-      if (r.running) still += (still.empty() ? "" : ", ") + std::to_string(r.index);
+      if (r.running) still += (still.empty() ? "" : ", ") + std::to_string(first_rank + r.index);
     say("sending SIGKILL to what is left" + (still.empty() ? std::string() : " (ranks " + still + ")") +
         " after the " + std::to_string(options.kill_grace.count()) + " ms grace");
     sent_signals.push_back(SIGKILL);
@@ -596,7 +622,7 @@ int launch_local(const LaunchOptions& options) {
   for (int i = 0; i < nproc; ++i) {
     const int listen_fd = i == 0 ? rendezvous_socket.fd : -1;
     std::vector<std::string> env =
-        rank_environment(i, nproc, port, ranks[i].flight_path, listen_fd >= 0 ? kRendezvousFdInRank : -1);
+        rank_environment(options, i, port, ranks[i].flight_path, listen_fd >= 0 ? kRendezvousFdInRank : -1);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -624,7 +650,8 @@ int launch_local(const LaunchOptions& options) {
       // The job cannot run without every rank: stop the ones already started (unstarted ranks
       // keep pid -1 and are skipped everywhere).
       fork_failed = true;
-      say("cannot start rank " + std::to_string(i) + ": fork failed: " + std::strerror(fork_errno));
+      say("cannot start " + ranks[i].label + ": fork failed: " + std::strerror(fork_errno));
+      if (control) control->report_failure({1, "cannot start " + ranks[i].label + ": fork failed"});
       begin_stop(SIGTERM);
       break;
     }
@@ -645,6 +672,7 @@ int launch_local(const LaunchOptions& options) {
     if (stop_signal == 0) {
       stop_signal = signo;
       say("received " + signal_name(signo) + "; forwarding it to every rank");
+      if (control) control->report_failure({128 + signo, node_name + "'s launcher received " + signal_name(signo)});
       begin_stop(signo);
     } else {
       say("received " + signal_name(signo) + " again; killing every rank now");
@@ -652,8 +680,17 @@ int launch_local(const LaunchOptions& options) {
     }
   };
 
+  std::optional<JobFailure> remote_failure;  // another node's, which stopped this one
   while (true) {
     handle_signals();
+    if (control) {
+      // Beats this node's heartbeat; a failure elsewhere ends this node's part of the job.
+      if (auto failure = control->poll(); failure && !stopping) {
+        remote_failure = failure;
+        say("the job failed elsewhere: " + failure->message + "; stopping the ranks of " + node_name);
+        begin_stop(SIGTERM);
+      }
+    }
     bool any_running = false;
     // Reap first, then report: ranks that ended within one pass are reported cause first (below).
     std::vector<Rank*> exited;
@@ -696,19 +733,20 @@ int launch_local(const LaunchOptions& options) {
           stopping && std::any_of(sent_signals.begin(), sent_signals.end(), [&](int s) { return r.exit_code == 128 + s; });
       r.own_failure = r.exit_code != 0 && !by_our_signal;
       if (r.own_failure && stopping) {
-        say("rank " + std::to_string(r.index) + " also failed: it " + r.status_text + "; log: " + r.log_path);
+        say(r.label + " also failed: it " + r.status_text + "; log: " + r.log_path);
       }
       if (r.exit_code != 0 && !stopping) {
         // The first failure is the first thing to look at; everything after it may be a
         // consequence (a peer's collective failing) or our own stopping.
         first_failure = r.index;
-        std::string message = "rank " + std::to_string(r.index) + " " + r.status_text +
-                              "; log: " + r.log_path + "; stopping the other ranks";
+        std::string message = r.label + " " + r.status_text + "; log: " + r.log_path + "; stopping the other ranks" +
+                              (several_nodes ? " on every node" : "");
+        if (control) control->report_failure({r.exit_code, r.label + " " + r.status_text});
         if (r.index != 0 || !options.echo_rank0) {
           // Rank 0's output is already on our stdout; for the others, show the end of the log.
           auto lines = tail_lines(r.log_path, kTailLines);
           if (!lines.empty()) {
-            message += "\n  last lines of rank " + std::to_string(r.index) + "'s log:";
+            message += "\n  last lines of " + r.label + "'s log:";
             for (const auto& line : lines) message += "\n  | " + line;
           }
         }
@@ -763,11 +801,20 @@ int launch_local(const LaunchOptions& options) {
   }
   if (stop_signal != 0) result = std::max(result, 128 + stop_signal);
   if (fork_failed) result = std::max(result, 1);
+  if (control) {
+    // Node 0 serves the other launchers until they have finished too; a failure that came
+    // meanwhile (or stopped this node) is the job's, and so this launcher's exit code.
+    if (auto late = control->finish(result); late && !remote_failure) {
+      remote_failure = late;
+      say("the job failed elsewhere: " + late->message);
+    }
+    if (remote_failure && result == 0) result = std::max(1, remote_failure->code);
+  }
   if (result != 0) report_divergence(ranks, log_dir);
   if (worst_rank >= 0 && first_failure >= 0 && result == ranks[worst_rank].exit_code &&
       result != ranks[first_failure].exit_code)
-    say("exit code " + std::to_string(result) + ", the worst of the failures: rank " + std::to_string(worst_rank) +
-        " " + ranks[worst_rank].status_text);
+    say("exit code " + std::to_string(result) + ", the worst of the failures: " + ranks[worst_rank].label + " " +
+        ranks[worst_rank].status_text);
   if (result != 0 && own_failures == 0 && stop_signal != 0)
     say("stopped by " + signal_name(stop_signal) + "; exit code " + std::to_string(result));
   return result;
