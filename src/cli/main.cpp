@@ -473,6 +473,19 @@ int run_export(const ExportArgs& args) {
   return 0;
 }
 
+// torchrun's node flags, the same for `train` and `launch` (docs/comm.md "Several nodes").
+void add_node_options(CLI::App* command, int& nnodes, int& node_rank, std::string& master_addr, int& master_port,
+                      const std::string& one_per_node) {
+  command->add_option("--nnodes", nnodes, "nodes in the job, one " + one_per_node + " on each (default 1)")
+      ->check(CLI::Range(1, kMaxNodes));
+  command->add_option("--node-rank", node_rank, "this node, 0..nnodes-1 (default 0)")->check(CLI::Range(0, kMaxNodes - 1));
+  command->add_option("--master-addr", master_addr, "node 0's address (default 127.0.0.1)");
+  command->add_option("--master-port", master_port,
+                      "node 0's port: the rendezvous, or with --nnodes > 1 the launchers' meeting point (default: a "
+                      "free one, one node only)")
+      ->check(CLI::Range(0, 65535));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -487,15 +500,8 @@ int main(int argc, char** argv) {
   train->add_option("--nproc,--nproc-per-node", train_args.nproc,
                     "ranks to start on this node (ignored under an external launcher)")
       ->check(CLI::Range(1, kMaxLocalRanks));
-  train->add_option("--nnodes", train_args.nnodes, "nodes in the job, one `zerotrain train` on each (default 1)")
-      ->check(CLI::Range(1, kMaxNodes));
-  train->add_option("--node-rank", train_args.node_rank, "this node, 0..nnodes-1 (default 0)")
-      ->check(CLI::Range(0, kMaxNodes - 1));
-  train->add_option("--master-addr", train_args.master_addr, "node 0's address (default 127.0.0.1)");
-  train->add_option("--master-port", train_args.master_port,
-                    "node 0's port: the rendezvous, or with --nnodes > 1 the launchers' meeting point (default: a free "
-                    "one, one node only)")
-      ->check(CLI::Range(0, 65535));
+  add_node_options(train, train_args.nnodes, train_args.node_rank, train_args.master_addr, train_args.master_port,
+                   "`zerotrain train`");
   train->add_option("--steps", train_args.steps, "optimizer steps (same as --set train.steps=S)")
       ->check(CLI::Range(int64_t{1}, int64_t{100'000'000}));  // train.steps' range
   train->add_option("--set", train_args.overrides, "override a configuration value: key.path=value")
@@ -521,15 +527,8 @@ int main(int argc, char** argv) {
   launch->add_option("--nproc,--nproc-per-node", launch_options.nproc, "ranks on this node")
       ->required()
       ->check(CLI::Range(1, kMaxLocalRanks));
-  launch->add_option("--nnodes", launch_options.nnodes, "nodes in the job, one launcher on each (default 1)")
-      ->check(CLI::Range(1, kMaxNodes));
-  launch->add_option("--node-rank", launch_options.node_rank, "this node, 0..nnodes-1 (default 0)")
-      ->check(CLI::Range(0, kMaxNodes - 1));
-  launch->add_option("--master-addr", launch_options.master_addr, "node 0's address (default 127.0.0.1)");
-  launch->add_option("--master-port", launch_options.master_port,
-                     "node 0's port: the rendezvous, or with --nnodes > 1 the launchers' meeting point (default: a "
-                     "free one, one node only)")
-      ->check(CLI::Range(0, 65535));
+  add_node_options(launch, launch_options.nnodes, launch_options.node_rank, launch_options.master_addr,
+                   launch_options.master_port, "launcher");
   launch->add_option("--log-dir", launch_options.log_dir, "directory of the per-rank logs");
   launch->add_option("--device", launch_device,
                      "auto, cpu or cuda: checked here and passed to the ranks as ZT_DEVICE (zerotrain train reads it)");

@@ -110,12 +110,24 @@ JobControl::JobControl(const JobControlOptions& options) : options_(options) {
   // Every launcher waits for all: ranks started before a node exists would only time out later.
   const auto deadline = Clock::now() + options.join_timeout;
   while (true) {
-    const int64_t joined = store_->add(key("joined"), 0);
+    int64_t joined = 0;
+    try {
+      joined = store_->add(key("joined"), 0);
+    } catch (const c10::Error& e) {
+      // Node 0 gave up (its own join timeout) or is gone.
+      if (rendezvous_fd_ >= 0) ::close(rendezvous_fd_);
+      throw Error("launch: node " + std::to_string(me) + ": lost the job's control store at " + where(options) +
+                  " while waiting for the other nodes to join: " + e.what_without_backtrace());
+    }
     if (joined >= N) break;
     if (Clock::now() >= deadline) {
       std::string missing;
-      for (int k = 0; k < N; ++k)
-        if (!store_->check({key("joined/" + std::to_string(k))})) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      try {
+        for (int k = 0; k < N; ++k)
+          if (!store_->check({key("joined/" + std::to_string(k))})) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      } catch (const c10::Error&) {
+        missing = "unknown (node 0's store is gone)";
+      }
       if (rendezvous_fd_ >= 0) ::close(rendezvous_fd_);
       throw Error("launch: node " + std::to_string(me) + ": " + std::to_string(joined) + " of " + std::to_string(N) +
                   " nodes joined at " + where(options) + " within " + seconds(options.join_timeout) +

@@ -520,14 +520,12 @@ int launch_local(const LaunchOptions& options) {
   if (several_nodes) {
     say(node_name + " of " + std::to_string(options.nnodes) + ": meeting the other nodes' launchers at " +
         options.master_addr + ":" + std::to_string(options.master_port));
-    JobControlOptions job;
-    job.nnodes = options.nnodes;
-    job.node_rank = options.node_rank;
-    job.master_addr = options.master_addr;
-    job.master_port = options.master_port;
-    job.join_timeout = options.join_timeout;
-    job.heartbeat_timeout = options.heartbeat_timeout;
-    control.emplace(job);
+    control.emplace(JobControlOptions{.nnodes = options.nnodes,
+                                      .node_rank = options.node_rank,
+                                      .master_addr = options.master_addr,
+                                      .master_port = options.master_port,
+                                      .join_timeout = options.join_timeout,
+                                      .heartbeat_timeout = options.heartbeat_timeout});
     rendezvous_socket.fd = control->take_rendezvous_socket();  // node 0 only
     rendezvous_socket.port = control->rendezvous_port();
   } else if (options.master_port == 0) {
