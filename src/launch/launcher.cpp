@@ -186,15 +186,17 @@ Resolved resolve_program(const std::string& program) {
 std::vector<std::string> rank_environment(const LaunchOptions& options, int local_rank, int port,
                                           const std::string& flight_file, int listen_fd) {
   const int nproc = options.nproc;
+  const std::string rank = std::to_string(options.node_rank * nproc + local_rank),
+                    world = std::to_string(options.nnodes * nproc);
   std::vector<std::pair<std::string, std::string>> set = {
-      {"RANK", std::to_string(options.node_rank * nproc + local_rank)},
-      {"WORLD_SIZE", std::to_string(options.nnodes * nproc)},
+      {"RANK", rank},
+      {"WORLD_SIZE", world},
       {"LOCAL_RANK", std::to_string(local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(nproc)},
       {"GROUP_RANK", std::to_string(options.node_rank)},
       {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)},
-      {"ROLE_RANK", std::to_string(options.node_rank * nproc + local_rank)},
-      {"ROLE_WORLD_SIZE", std::to_string(options.nnodes * nproc)},
+      {"ROLE_RANK", rank},
+      {"ROLE_WORLD_SIZE", world},
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", std::to_string(port)},
       {"ZT_LAUNCHED", "1"},
@@ -531,9 +533,7 @@ int launch_local(const LaunchOptions& options) {
   } else if (options.master_port == 0) {
     rendezvous_socket = open_rendezvous_socket(options.master_addr);
   }
-  const int port = several_nodes ? control->rendezvous_port()
-                   : options.master_port > 0 ? options.master_port
-                                             : rendezvous_socket.port;
+  const int port = rendezvous_socket.port > 0 ? rendezvous_socket.port : options.master_port;
   const int first_rank = options.node_rank * nproc;
 
   // ---- 2. Prepare everything the children need, then start them.
