@@ -61,6 +61,28 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
 // The GPT a training configuration describes (preset plus the "model" block's overrides).
 GPTConfig gpt_config_of(const TrainConfig& config);
 
+// What a cluster's devices and links sustain (achieved rates, not datasheet peaks): the inputs of
+// the step-time model (zerotrain/step_time.h, docs/step_time.md). 0 means unknown.
+struct ClusterRates {
+  double device_flops_fp32 = 0;        // FLOP/s per device on a transformer's matrix products in fp32
+  double device_flops_16bit = 0;       // the same in bf16/fp16 (0: the fp32 rate, no 16-bit units)
+  double device_memory_bandwidth = 0;  // bytes/s per device: the optimizer step and elementwise kernels
+  double intra_node_bandwidth = 0;     // bytes/s: bus bandwidth of a collective among one node's devices
+  double intra_node_latency = 0;       // seconds per ring step within a node
+  double inter_node_bandwidth = 0;     // bytes/s leaving one node, all its network links together
+  double inter_node_latency = 0;       // seconds per ring step across nodes
+  // Gathering moves bytes only; reducing also adds them on the way. NCCL runs both at the link's
+  // speed (1.0); Gloo on CPU ranks reduces on the cores the step computes on (below 1).
+  double reduce_bandwidth_factor = 1.0;
+  double host_device_bandwidth = 0;  // bytes/s per device each way (PCIe); unused with CPU devices
+  double host_adam_rate = 0;         // parameters/s one node's CPUs step with the fused CPU Adam
+  double nvme_read_bandwidth = 0, nvme_write_bandwidth = 0;  // bytes/s per node
+  // The fraction of the communication the engine overlaps (bucket reductions during backward,
+  // stage-3 prefetch) that can run concurrently with compute: 1 where collectives have their own
+  // engines (GPUs with NCCL), about 0 where they take the cores the step computes on.
+  double overlap = 1.0;
+};
+
 struct ClusterSpec {
   int nodes = 1;
   int devices_per_node = 1;
@@ -71,6 +93,8 @@ struct ClusterSpec {
   // Fraction of device and host memory a configuration must leave free to count as fitting:
   // allocator fragmentation and what no estimate sees (other processes, library workspaces).
   double headroom = 0.1;
+  ClusterRates rates;  // for the step-time model; the memory estimate does not use them
+  std::string name;    // the preset it came from ("" for a hand-made one)
   int world_size() const { return nodes * devices_per_node; }
 };
 
@@ -142,25 +166,5 @@ struct MemoryEstimate {
 // shard beyond offload_param.buffer_size), naming the input.
 MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
                                const EstimateOptions& options = {});
-
-// One configuration the planner considered.
-struct PlanCandidate {
-  int stage = 0;
-  EstimateOptions options;  // both offload targets set
-  double relative_step_time = 1.0;  // expected, against plain data parallelism (docs/memory.md)
-  MemoryEstimate estimate;
-};
-
-struct Plan {
-  std::vector<PlanCandidate> fitting;  // fastest first
-  int64_t smallest_device_need = 0;    // per device, over all candidates (useful when none fits)
-  std::string advice;                  // which to use and why, or why nothing fits
-};
-
-// Every stage × offload × checkpointing combination for `model` on `cluster`, keeping `config`'s
-// other choices (its offload settings included); those that fit, ordered by expected step time.
-// A combination the configuration's settings refuse (a block shard beyond
-// offload_param.buffer_size) is left out.
-Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config);
 
 }  // namespace zt

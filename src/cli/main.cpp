@@ -18,6 +18,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/estimate.h"
+#include "zerotrain/step_time.h"
 #include "zerotrain/launch.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/train.h"
@@ -178,8 +179,12 @@ struct EstimateArgs {
   std::string config_path, preset;
   std::string params, largest_block;
   int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
-  int nodes = 1, devices_per_node = 1;
-  std::string device = "cuda", device_memory, host_memory, nvme, runtime_bytes;
+  int nodes = 1, devices_per_node = 0;  // 0: the cluster preset's, else 1
+  std::string device, device_memory, host_memory, nvme, runtime_bytes;  // "": the preset's, else cuda
+  std::string cluster;  // a cluster preset (zerotrain/step_time.h)
+  std::vector<std::string> rates;  // "name=value" over the preset's (zerotrain/estimate.h ClusterRates)
+  int tensor_parallel = 1, hpz_partition_size = 1;
+  bool time = false;
   double headroom = 0.1;
   int stage = -1;
   std::string precision;
@@ -228,14 +233,77 @@ int64_t parse_bytes(const std::string& text, const std::string& what) {
   return parse_scaled(text, what, units, true, "a size such as 80GiB, 512GB or 1e9 (bytes)");
 }
 
+// A rate's value: a number with an optional unit of FLOP/s (K, M, G, T, P) or of bandwidth (MB/s,
+// GB/s, TB/s, GiB/s; Gb/s and Tb/s in bits), "1.1e9" as is.
+double parse_rate(const std::string& text, const std::string& what) {
+  static const std::vector<std::pair<std::string, double>> units = {
+      {"", 1},           {"K", 1e3},           {"M", 1e6},           {"G", 1e9},         {"T", 1e12},
+      {"P", 1e15},       {"MB/s", 1e6},        {"GB/s", 1e9},        {"TB/s", 1e12},     {"MiB/s", 1048576.0},
+      {"GiB/s", 1073741824.0}, {"Mb/s", 1e6 / 8}, {"Gb/s", 1e9 / 8}, {"Tb/s", 1e12 / 8}};
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  for (const auto& [name, factor] : units)
+    if (used > 0 && unit == name && value >= 0 && std::isfinite(value)) return value * factor;
+  throw zt::ConfigError(fmt::format("{}: expected a non-negative number with an optional unit such as 600T, 50GB/s "
+                                    "or 400Gb/s, found '{}'",
+                                    what, text));
+}
+
+// "--rate inter_node_bandwidth=50GB/s": one field of ClusterRates by its JSON name.
+void set_rate(zt::ClusterRates& rates, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  const std::string name = assignment.substr(0, eq);
+  std::vector<std::pair<std::string, double*>> fields = {
+      {"device_flops_fp32", &rates.device_flops_fp32},
+      {"device_flops_16bit", &rates.device_flops_16bit},
+      {"device_memory_bandwidth", &rates.device_memory_bandwidth},
+      {"intra_node_bandwidth", &rates.intra_node_bandwidth},
+      {"intra_node_latency", &rates.intra_node_latency},
+      {"inter_node_bandwidth", &rates.inter_node_bandwidth},
+      {"inter_node_latency", &rates.inter_node_latency},
+      {"reduce_bandwidth_factor", &rates.reduce_bandwidth_factor},
+      {"host_device_bandwidth", &rates.host_device_bandwidth},
+      {"host_adam_rate", &rates.host_adam_rate},
+      {"nvme_read_bandwidth", &rates.nvme_read_bandwidth},
+      {"nvme_write_bandwidth", &rates.nvme_write_bandwidth},
+      {"overlap", &rates.overlap}};
+  std::vector<std::string> names;
+  for (auto& [field, target] : fields) {
+    names.push_back(field);
+    if (eq != std::string::npos && field == name) {
+      const double value = parse_rate(assignment.substr(eq + 1), "--rate " + name);
+      if (name == "overlap" && !(value <= 1))
+        throw zt::ConfigError(fmt::format("--rate overlap: expected a fraction in [0, 1], found {}", value));
+      if (name == "reduce_bandwidth_factor" && !(value > 0))
+        throw zt::ConfigError(fmt::format("--rate reduce_bandwidth_factor: expected a positive factor, found {}", value));
+      *target = value;
+      return;
+    }
+  }
+  throw zt::ConfigError(fmt::format("--rate: expected name=value with a name among {}, found '{}'",
+                                    fmt::join(names, ", "), assignment));
+}
+
 int run_estimate(const EstimateArgs& args) {
   zt::ClusterSpec cluster;
+  if (!args.cluster.empty()) cluster = zt::cluster_preset(args.cluster);
   cluster.nodes = args.nodes;
-  cluster.devices_per_node = args.devices_per_node;
+  if (args.devices_per_node != 0 || args.cluster.empty()) cluster.devices_per_node = std::max(1, args.devices_per_node);
   if (cluster.nodes < 1 || cluster.devices_per_node < 1)
     throw zt::ConfigError(fmt::format("--nodes and --devices-per-node: expected at least 1, found {} and {}",
                                       cluster.nodes, cluster.devices_per_node));
-  cluster.device = zt::parse_device_kind(args.device, "--device");
+  if (!args.device.empty() || args.cluster.empty())
+    cluster.device = zt::parse_device_kind(args.device.empty() ? "cuda" : args.device, "--device");
+  for (const std::string& assignment : args.rates) set_rate(cluster.rates, assignment);
+  if ((args.tensor_parallel != 1 || args.hpz_partition_size != 1) && !args.time)
+    throw zt::ConfigError("--tensor-parallel and --hpz-partition-size are what-if inputs of the step-time model: "
+                          "expected them with --time, found them without");
   if (!args.device_memory.empty()) cluster.device_memory = parse_bytes(args.device_memory, "--device-memory");
   if (!args.host_memory.empty()) cluster.host_memory = parse_bytes(args.host_memory, "--host-memory");
   if (!args.nvme.empty()) cluster.nvme_bytes = parse_bytes(args.nvme, "--nvme");
@@ -333,6 +401,8 @@ int run_estimate(const EstimateArgs& args) {
                            {"nvme", cluster.nvme_bytes},
                            {"micro_batch", config.train_micro_batch_size_per_gpu},
                            {"precision", precision}};
+  if (args.plan && args.time)
+    throw zt::ConfigError("--plan and --time: expected one of them (--plan already predicts every candidate's step time)");
   if (args.plan) {
     const zt::Plan plan = zt::plan_configurations(model, cluster, config);
     if (args.json) {
@@ -345,8 +415,22 @@ int run_estimate(const EstimateArgs& args) {
     return 0;
   }
   const zt::MemoryEstimate estimate = zt::estimate_memory(model, cluster, config, options);
+  std::optional<zt::StepTime> time;
+  if (args.time) {
+    zt::StepTimeOptions what_if;
+    what_if.tensor_parallel = args.tensor_parallel;
+    what_if.hpz_partition_size = args.hpz_partition_size;
+    time = zt::estimate_step_time(model, cluster, config, options, what_if);
+  }
   if (args.json) {
     nlohmann::json out = zt::estimate_to_json(estimate);
+    if (time) {
+      out["step_time"] = zt::step_time_to_json(*time);
+      out["rates"] = zt::rates_to_json(cluster.rates);
+      inputs["tensor_parallel"] = args.tensor_parallel;
+      inputs["hpz_partition_size"] = args.hpz_partition_size;
+    }
+    inputs["cluster"] = cluster.name;
     inputs["stage"] = config.zero.stage;
     inputs["offload_optimizer"] = zt::to_string(estimate.offload_optimizer);
     inputs["offload_param"] = zt::to_string(estimate.offload_param);
@@ -360,6 +444,13 @@ int run_estimate(const EstimateArgs& args) {
                              zt::to_string(estimate.offload_param),
                              zt::to_string(options.recompute.value_or(zt::recompute_of(config))))
               << zt::format_estimate(estimate, cluster);
+    if (time) {
+      if (args.tensor_parallel > 1 || args.hpz_partition_size > 1)
+        std::cout << fmt::format("what-if (the engine implements neither, and the memory estimate above does not "
+                                 "see them): tensor parallel {}, hpZ partition {}\n",
+                                 args.tensor_parallel, args.hpz_partition_size);
+      std::cout << zt::format_step_time(*time);
+    }
   }
   return 0;
 }
@@ -573,6 +664,14 @@ int main(int argc, char** argv) {
   estimate->add_option("--seq", estimate_args.seq, "sequence length")->check(CLI::Range(int64_t{1}, kMaxTokens));
   estimate->add_option("--vocab", estimate_args.vocab, "vocabulary size")->check(CLI::Range(int64_t{1}, kMaxTokens));
   // Bounded so that nodes x devices (the world size, an int) cannot overflow.
+  estimate->add_option("--cluster", estimate_args.cluster,
+                       "cluster preset: devices per node, memories and rates (" +
+                           fmt::format("{}", fmt::join([] {
+                             std::vector<std::string> names;
+                             for (const auto& p : zt::cluster_presets()) names.push_back(p.name);
+                             return names;
+                           }(), ", ")) +
+                           "; docs/step_time.md)");
   estimate->add_option("--nodes", estimate_args.nodes, "nodes (default 1)")->check(CLI::Range(1, 1 << 16));
   estimate->add_option("--devices-per-node", estimate_args.devices_per_node, "devices per node (default 1)")
       ->check(CLI::Range(1, 1 << 10));
@@ -601,7 +700,18 @@ int main(int argc, char** argv) {
   estimate->add_option("--set", estimate_args.overrides, "override a configuration value: key.path=value")
       ->take_all()->allow_extra_args(false);
   estimate->add_flag("--json", estimate_args.json, "print JSON (per_device, per_host, ...) instead of a table");
-  estimate->add_flag("--plan", estimate_args.plan, "list the configurations that fit, fastest first, and pick one");
+  estimate->add_flag("--plan", estimate_args.plan,
+                     "list the configurations that fit, fastest first by the step-time model, and pick one");
+  estimate->add_flag("--time", estimate_args.time, "also predict the step time and tokens/s (docs/step_time.md)");
+  estimate->add_option("--rate", estimate_args.rates,
+                       "with --time or --plan: set one of the cluster's rates, name=value (inter_node_bandwidth=50GB/s, "
+                       "device_flops_16bit=600T, overlap=0; docs/step_time.md)");
+  estimate->add_option("--tensor-parallel", estimate_args.tensor_parallel,
+                       "what-if for --time: Megatron tensor parallelism within a node (not implemented by the engine)")
+      ->check(CLI::Range(1, 1024));
+  estimate->add_option("--hpz-partition-size", estimate_args.hpz_partition_size,
+                       "what-if for --time: ZeRO++ secondary partition of stage-3 parameters (not implemented by the engine)")
+      ->check(CLI::Range(1, 1024));
 
   try {
     app.parse(argc, argv);

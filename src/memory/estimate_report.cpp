@@ -27,6 +27,8 @@ std::string options_text(const PlanCandidate& c) {
   if (e.offload_param != OffloadTarget::None) text += fmt::format(" +param->{}", to_string(e.offload_param));
   if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
     text += fmt::format(" +ckpt:{}", to_string(*c.options.recompute));
+  if (c.stage < 3 && c.overlap_comm) text += " +overlap";
+  text += fmt::format(" mb{}x{}", c.micro_batch, c.accumulation);
   return text;
 }
 
@@ -66,12 +68,65 @@ nlohmann::json plan_to_json(const Plan& plan) {
                        {"offload_optimizer", to_string(c.estimate.offload_optimizer)},
                        {"offload_param", to_string(c.estimate.offload_param)},
                        {"activation_checkpointing", to_string(c.options.recompute.value_or(Recompute::None))},
-                       {"relative_step_time", c.relative_step_time},
+                       {"micro_batch", c.micro_batch},
+                       {"overlap_comm", c.overlap_comm},
+                       {"gradient_accumulation_steps", c.accumulation},
+                       {"step_time", step_time_to_json(c.time)},
                        {"estimate", estimate_to_json(c.estimate)}});
   return {{"fitting", fitting},
           {"choice", plan.fitting.empty() ? nlohmann::json(nullptr) : fitting.front()},
           {"smallest_device_need", plan.smallest_device_need},
-          {"advice", plan.advice}};
+          {"advice", plan.advice},
+          {"notes", plan.notes}};
+}
+
+nlohmann::json step_time_to_json(const StepTime& t) {
+  nlohmann::json terms = nlohmann::json::array();
+  for (const StepTimeTerm& term : t.terms)
+    terms.push_back({{"name", term.name}, {"seconds", term.seconds}, {"exposed", term.exposed}, {"bytes", term.bytes}});
+  return {{"total_seconds", t.total},
+          {"tokens_per_second", t.tokens_per_second},
+          {"model_flops_per_device", t.model_flops_per_device},
+          {"executed_flops_per_device", t.executed_flops_per_device},
+          {"compute", t.compute},
+          {"optimizer", t.optimizer},
+          {"communication", t.communication},
+          {"offload", t.offload},
+          {"exposed", t.exposed},
+          {"micro_batch", t.micro_batch},
+          {"gradient_accumulation_steps", t.accumulation},
+          {"terms", terms},
+          {"notes", t.notes}};
+}
+
+nlohmann::json rates_to_json(const ClusterRates& r) {
+  return {{"device_flops_fp32", r.device_flops_fp32},
+          {"device_flops_16bit", r.device_flops_16bit},
+          {"device_memory_bandwidth", r.device_memory_bandwidth},
+          {"intra_node_bandwidth", r.intra_node_bandwidth},
+          {"intra_node_latency", r.intra_node_latency},
+          {"inter_node_bandwidth", r.inter_node_bandwidth},
+          {"inter_node_latency", r.inter_node_latency},
+          {"reduce_bandwidth_factor", r.reduce_bandwidth_factor},
+          {"host_device_bandwidth", r.host_device_bandwidth},
+          {"host_adam_rate", r.host_adam_rate},
+          {"nvme_read_bandwidth", r.nvme_read_bandwidth},
+          {"nvme_write_bandwidth", r.nvme_write_bandwidth},
+          {"overlap", r.overlap}};
+}
+
+std::string format_step_time(const StepTime& t) {
+  std::string out = fmt::format("{:<62}{:>12}{:>12}\n", "step time, per optimizer step", "alone (s)", "waited (s)");
+  for (const StepTimeTerm& term : t.terms)
+    out += fmt::format("{:<62}{:>12.4g}{:>12.4g}\n", term.name, term.seconds, term.exposed);
+  out += fmt::format("{:<62}{:>12}{:>12.4g}\n", "total", "", t.total);
+  out += fmt::format("micro-batch {} x {} accumulation: {:.4g} tokens/s over the cluster, {:.3g} TFLOP/s per device",
+                     t.micro_batch, t.accumulation, t.tokens_per_second, t.model_flops_per_device / 1e12);
+  out += t.executed_flops_per_device > t.model_flops_per_device
+             ? fmt::format(" ({:.3g} with the recomputation counted)\n", t.executed_flops_per_device / 1e12)
+             : std::string("\n");
+  for (const auto& note : t.notes) out += fmt::format("note: {}\n", note);
+  return out;
 }
 
 std::string format_estimate(const MemoryEstimate& e, const ClusterSpec& cluster) {
@@ -118,14 +173,20 @@ std::string format_estimate(const MemoryEstimate& e, const ClusterSpec& cluster)
 std::string format_plan(const Plan& plan, const ClusterSpec& cluster) {
   std::string out;
   if (!plan.fitting.empty()) {
-    out += fmt::format("{:<36}{:>12}{:>14}{:>14}{:>12}\n", "configurations that fit (fastest first)",
-                       "step time", fmt::format("per {}", to_string(cluster.device)), "per host", "nvme");
-    for (const PlanCandidate& c : plan.fitting)
-      out += fmt::format("{:<36}{:>11.2f}x{:>14}{:>14}{:>12}\n", options_text(c),
-                         c.relative_step_time, human_bytes(c.estimate.per_device.total()),
+    out += fmt::format("{:<44}{:>12}{:>12}{:>14}{:>14}{:>12}\n", "configurations that fit (fastest first)",
+                       "step (s)", "tokens/s", fmt::format("per {}", to_string(cluster.device)), "per host", "nvme");
+    constexpr size_t kShown = 20;
+    for (size_t i = 0; i < plan.fitting.size() && i < kShown; ++i) {
+      const PlanCandidate& c = plan.fitting[i];
+      out += fmt::format("{:<44}{:>12.4g}{:>12.4g}{:>14}{:>14}{:>12}\n", options_text(c), c.time.total,
+                         c.time.tokens_per_second, human_bytes(c.estimate.per_device.total()),
                          human_bytes(c.estimate.per_host.total()),
                          c.estimate.nvme_per_node > 0 ? human_bytes(c.estimate.nvme_per_node) : "-");
+    }
+    if (plan.fitting.size() > kShown)
+      out += fmt::format("... and {} slower ones (--json lists them all)\n", plan.fitting.size() - kShown);
   }
+  for (const auto& note : plan.notes) out += fmt::format("note: {}\n", note);
   out += plan.advice + "\n";
   return out;
 }

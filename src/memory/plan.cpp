@@ -1,0 +1,164 @@
+// The planner (zerotrain/step_time.h): every configuration that fits, ordered by the step-time model.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "memory/estimate_report.h"
+#include "zerotrain/config.h"
+#include "zerotrain/error.h"
+#include "zerotrain/step_time.h"
+
+namespace zt {
+namespace {
+
+std::string describe_candidate(const PlanCandidate& c) {
+  std::string text = fmt::format("stage {}", c.stage);
+  if (c.estimate.offload_optimizer != OffloadTarget::None)
+    text += fmt::format(", optimizer offloaded to {}", to_string(c.estimate.offload_optimizer));
+  if (c.estimate.offload_param != OffloadTarget::None)
+    text += fmt::format(", parameters offloaded to {}", to_string(c.estimate.offload_param));
+  if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
+    text += fmt::format(", {} activation recomputation", to_string(*c.options.recompute));
+  if (c.stage < 3 && c.overlap_comm) text += ", overlap_comm";
+  text += fmt::format(", micro-batch {} x {} accumulation", c.micro_batch, c.accumulation);
+  return text;
+}
+
+// Micro-batches that keep each rank's sequences per step: the divisors of it.
+std::vector<int64_t> micro_batches(int64_t per_rank) {
+  std::vector<int64_t> out;
+  for (int64_t d = 1; d <= per_rank && d <= 4096; ++d)
+    if (per_rank % d == 0) out.push_back(d);
+  return out;
+}
+
+// Predictions within this fraction of the fastest are a tie: well inside the model's accuracy
+// (docs/step_time.md).
+constexpr double kTie = 0.03;
+
+}  // namespace
+
+Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, const TrainConfig& config) {
+  Plan plan;
+  ClusterSpec cluster = given;
+  if (!(cluster.rates.device_flops_fp32 > 0)) {
+    const std::string name = cluster.device == DeviceKind::Cuda ? "dgx-h100" : "cpu-box";
+    cluster.rates = cluster_preset(name).rates;
+    plan.notes.push_back(fmt::format("no rates given: the step times use the '{}' preset's device and link rates "
+                                     "(give --cluster for another)",
+                                     name));
+  }
+  plan.smallest_device_need = INT64_MAX;
+  const int64_t per_rank = config.train_micro_batch_size_per_gpu * std::max<int64_t>(1, config.gradient_accumulation_steps);
+  const std::vector<OffloadTarget> targets = {OffloadTarget::None, OffloadTarget::Cpu, OffloadTarget::Nvme};
+  const auto source = config.sources.find("zero_optimization.overlap_comm");
+  const bool overlap_given = source != config.sources.end() &&
+                             (source->second == ValueSource::File || source->second == ValueSource::CommandLine);
+  std::vector<PlanCandidate> all;
+  PlanCandidate leanest;  // the candidate that needs the least device memory
+  for (int64_t micro : micro_batches(per_rank))
+    for (bool overlap : {false, true})
+    for (int stage = 0; stage <= 3; ++stage)
+      for (OffloadTarget opt : targets)
+        for (OffloadTarget param : targets)
+          for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+            if (opt != OffloadTarget::None && stage < 1) continue;
+            if (param != OffloadTarget::None && stage < 3) continue;
+            if (recompute != Recompute::None && !model.has_shape()) continue;
+            // On CPU devices offloading to "cpu" changes nothing: skip the duplicate.
+            if (cluster.device == DeviceKind::Cpu && (opt == OffloadTarget::Cpu || param == OffloadTarget::Cpu)) continue;
+            TrainConfig c = config;
+            c.zero.stage = stage;
+            c.zero.shard_optimizer_states = stage >= 1;
+            c.zero.shard_gradients = stage >= 2;
+            c.zero.shard_parameters = stage >= 3;
+            // overlap_comm is a choice too unless the configuration gave it: it can only hide
+            // communication, at the memory of a second bucket buffer.
+            if (overlap_given ? overlap != config.zero.overlap_comm : false) continue;
+            c.zero.overlap_comm = overlap;
+            c.train_micro_batch_size_per_gpu = micro;
+            c.gradient_accumulation_steps = per_rank / micro;
+            PlanCandidate candidate;
+            candidate.stage = stage;
+            candidate.overlap_comm = overlap;
+            candidate.micro_batch = micro;
+            candidate.accumulation = per_rank / micro;
+            candidate.options.offload_optimizer = opt;
+            candidate.options.offload_param = param;
+            candidate.options.recompute = recompute;
+            try {
+              candidate.estimate = estimate_memory(model, cluster, c, candidate.options);
+            } catch (const ConfigError&) {
+              continue;  // the configuration's own offload settings refuse this combination
+            }
+            if (candidate.estimate.per_device.total() < plan.smallest_device_need) {
+              plan.smallest_device_need = candidate.estimate.per_device.total();
+              leanest = candidate;
+            }
+            if (!candidate.estimate.fits()) continue;
+            candidate.time = estimate_step_time(model, cluster, c, candidate.options);
+            all.push_back(std::move(candidate));
+          }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const PlanCandidate& a, const PlanCandidate& b) { return a.time.total < b.time.total; });
+  // The pick: among the predictions the model cannot tell from the fastest, the one with fewer
+  // offloaded tiers, no recomputation and no parameter sharding (each adds fixed costs per block
+  // or per step that the model does not see, and offload takes host memory), then the larger
+  // micro-batch (the model does not see that small matrix products run less efficiently), then
+  // the one that leaves more device memory free. It goes first; the rest stay fastest first.
+  const auto extras = [](const PlanCandidate& c) {
+    return int(c.estimate.offload_optimizer != OffloadTarget::None) + int(c.estimate.offload_param != OffloadTarget::None) +
+           int(c.options.recompute.value_or(Recompute::None) != Recompute::None) + int(c.stage == 3);
+  };
+  const auto preferred = [&](const PlanCandidate& a, const PlanCandidate& b) {
+    if (extras(a) != extras(b)) return extras(a) < extras(b);
+    if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
+    return a.estimate.per_device.total() < b.estimate.per_device.total();
+  };
+  if (!all.empty()) {
+    size_t pick = 0;
+    for (size_t i = 1; i < all.size() && all[i].time.total <= all[0].time.total * (1 + kTie); ++i)
+      if (preferred(all[i], all[pick])) pick = i;
+    std::rotate(all.begin(), all.begin() + long(pick), all.begin() + long(pick) + 1);
+  }
+  plan.fitting = std::move(all);
+  if (plan.fitting.empty()) {
+    const MemoryEstimate& e = leanest.estimate;
+    std::vector<std::string> short_of;
+    if (!e.fits_device)
+      short_of.push_back(fmt::format("{} per device against {}", human_bytes(e.per_device.total()), human_bytes(cluster.device_memory)));
+    if (!e.fits_host)
+      short_of.push_back(fmt::format("{} of host memory per node against {}", human_bytes(e.per_host.total()),
+                                     human_bytes(cluster.host_memory)));
+    if (!e.fits_nvme)
+      short_of.push_back(fmt::format("{} of NVMe per node against {}", human_bytes(e.nvme_per_node), human_bytes(cluster.nvme_bytes)));
+    plan.advice = fmt::format(
+        "nothing fits: the configuration that needs the least device memory ({}) needs {} (keeping {:.0f}% free); "
+        "add devices, memory or NVMe, or shorten the micro-batch or sequence",
+        describe_candidate(leanest), fmt::join(short_of, " and "), 100 * cluster.headroom);
+    return plan;
+  }
+  const PlanCandidate& best = plan.fitting.front();
+  const StepTime& t = best.time;
+  // What the step spends beyond compute says why this one is fastest.
+  std::string why;
+  const double overhead = t.total - t.compute;
+  if (plan.fitting.size() > 1) {
+    const PlanCandidate& next = plan.fitting[1];
+    why = fmt::format("; next: {} at {:.3g} tokens/s", describe_candidate(next), next.time.tokens_per_second);
+  }
+  plan.advice = fmt::format(
+      "use {}: predicted {:.4g} tokens/s, {:.3g} s per step ({:.0f}% compute, {:.0f}% optimizer, {:.0f}% exposed "
+      "communication and offload), {:.3g} TFLOP/s per device; {} per device{}{}",
+      describe_candidate(best), t.tokens_per_second, t.total, 100 * t.compute / t.total, 100 * t.optimizer / t.total,
+      100 * (overhead - t.optimizer) / t.total, t.model_flops_per_device / 1e12, human_bytes(best.estimate.per_device.total()),
+      cluster.device_memory > 0
+          ? fmt::format(" of {}, keeping {:.0f}% free", human_bytes(cluster.device_memory), 100 * cluster.headroom)
+          : "",
+      why);
+  return plan;
+}
+
+}  // namespace zt
