@@ -3,8 +3,8 @@
 # 350M, 2 ranks × 1 thread, micro-batch 4 × 64 tokens, stages 0–3, fp32 unless given.
 #
 # 1. Measures this machine's rates: the Gloo collectives (bench/comm_bench.cpp), the fused Adam
-#    with both cores busy (bench/optim_bench.cpp) and the device FLOP/s from the forward time of
-#    a stage-0 run (forward has no communication below stage 3).
+#    with both cores busy (bench/optim_bench.cpp) and the device FLOP/s from the forward and
+#    backward time of a stage-0 run (no communication inside them without overlap_comm).
 # 2. Trains each preset at each stage and takes the median step time of the timed steps.
 # 3. Predicts each with `zerotrain estimate --time`, once with the cpu-box preset's rates and once
 #    with the rates just measured, and prints predicted beside measured with the error.
@@ -95,8 +95,8 @@ def estimate(preset, stage, extra):
            "--stage", str(stage), "--precision", precision, "--time", "--json"] + extra
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
-# Device FLOP/s from the forward of the first preset at stage 0: the forward's FLOPs (the model's own
-# count: the estimate at 1 FLOP/s and unbounded memory) over the measured forward time less the
+# Device FLOP/s from the first preset at stage 0: forward and backward's FLOPs (the model's own
+# count: the estimate at 1 FLOP/s and unbounded memory) over their measured time less the
 # elementwise kernels' share at the measured memory bandwidth.
 first = presets[0]
 flops = estimate(first, 0, ["--rate", "device_flops_fp32=1", "--rate", "device_flops_16bit=1",
@@ -105,7 +105,10 @@ forward_flops = next(t["seconds"] for t in flops["step_time"]["terms"] if t["nam
 with_bw = estimate(first, 0, ["--rate", "device_flops_fp32=1e18", "--rate", "device_flops_16bit=1e18",
                               "--rate", f"device_memory_bandwidth={memory_bandwidth}"])
 elementwise = next(t["seconds"] for t in with_bw["step_time"]["terms"] if t["name"] == "forward compute")
-device_flops = forward_flops / (breakdown(first, 0)[0] - elementwise)
+# Forward and backward together (the model's 3 passes): on some kernels backward runs slower per
+# FLOP than forward (bf16 here), and the step needs both.
+fwd, bwd, _ = breakdown(first, 0)
+device_flops = 3 * forward_flops / (fwd + bwd - 3 * elementwise)
 flops_key = "device_flops_fp32" if precision == "fp32" else "device_flops_16bit"
 measured_rates = [a for kv in [f"{flops_key}={device_flops}", f"device_memory_bandwidth={memory_bandwidth}",
                                f"intra_node_bandwidth={gather_bus}", f"reduce_bandwidth_factor={reduce_factor}",

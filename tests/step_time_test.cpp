@@ -283,11 +283,13 @@ TEST(StepTimeCli, TimeAndPlanFromAPreset) {
   EXPECT_EQ(j["rates"]["inter_node_bandwidth"].get<double>(), 360e9);
   // A bandwidth flag overrides the preset; bits are read as bits.
   r = run_process({cli_path(), "estimate", "--cluster", "dgx-h100", "--nodes", "2", "--preset", "gpt2-350m",
-                   "--rate", "inter_node_bandwidth=400Gb/s", "--rate", "overlap=0.5", "--time", "--json"});
+                   "--rate", "inter_node_bandwidth=400Gb/s", "--rate", "overlap=0.5", "--rate", "inter_node_latency=2e-6",
+                   "--time", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto rates = nlohmann::json::parse(r.output)["rates"];
   EXPECT_EQ(rates["inter_node_bandwidth"].get<double>(), 50e9);
   EXPECT_EQ(rates["overlap"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(rates["inter_node_latency"].get<double>(), 2e-6);  // fractions are not rounded
   EXPECT_EQ(rates["intra_node_bandwidth"].get<double>(), 450e9);  // the rest stay the preset's
   r = run_process({cli_path(), "estimate", "--cluster", "cpu-box", "--preset", "gpt2-124m", "--seq", "64",
                    "--micro-batch", "4", "--plan"});

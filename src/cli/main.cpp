@@ -195,11 +195,11 @@ struct EstimateArgs {
   bool json = false, plan = false;
 };
 
-// A number with an optional unit from `units` ("1.5B", "80GiB"): the value times the unit's factor.
-// Throws ConfigError naming `what` and showing `examples` for anything else.
-int64_t parse_scaled(const std::string& text, const std::string& what,
-                     const std::vector<std::pair<std::string, double>>& units, bool allow_zero,
-                     const char* examples) {
+// A number with an optional unit from `units` ("1.5B", "80GiB", "50GB/s"): the value times the
+// unit's factor. Throws ConfigError naming `what` and showing `examples` for anything else.
+double parse_with_unit(const std::string& text, const std::string& what,
+                       const std::vector<std::pair<std::string, double>>& units, bool allow_zero,
+                       const char* examples) {
   size_t used = 0;
   double value = 0;
   try {
@@ -211,10 +211,19 @@ int64_t parse_scaled(const std::string& text, const std::string& what,
   double scale = 0;
   for (const auto& [name, factor] : units)
     if (unit == name) scale = factor;
-  const bool in_range = allow_zero ? value >= 0 : value > 0;
-  if (used == 0 || scale == 0 || !in_range || value * scale >= 9e18)
+  const bool in_range = (allow_zero ? value >= 0 : value > 0) && std::isfinite(value * scale);
+  if (used == 0 || scale == 0 || !in_range)
     throw zt::ConfigError(fmt::format("{}: expected {}, found '{}'", what, examples, text));
-  return static_cast<int64_t>(std::llround(value * scale));
+  return value * scale;
+}
+
+// The same, as a whole number of units (counts, bytes).
+int64_t parse_scaled(const std::string& text, const std::string& what,
+                     const std::vector<std::pair<std::string, double>>& units, bool allow_zero,
+                     const char* examples) {
+  const double value = parse_with_unit(text, what, units, allow_zero, examples);
+  if (value >= 9e18) throw zt::ConfigError(fmt::format("{}: expected {}, found '{}'", what, examples, text));
+  return static_cast<int64_t>(std::llround(value));
 }
 
 // "1.5B", "350M", "7e9", "124439808" -> a count (K, M, B/G, T are powers of 1000).
@@ -240,19 +249,7 @@ double parse_rate(const std::string& text, const std::string& what) {
       {"", 1},           {"K", 1e3},           {"M", 1e6},           {"G", 1e9},         {"T", 1e12},
       {"P", 1e15},       {"MB/s", 1e6},        {"GB/s", 1e9},        {"TB/s", 1e12},     {"MiB/s", 1048576.0},
       {"GiB/s", 1073741824.0}, {"Mb/s", 1e6 / 8}, {"Gb/s", 1e9 / 8}, {"Tb/s", 1e12 / 8}};
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
-  for (const auto& [name, factor] : units)
-    if (used > 0 && unit == name && value >= 0 && std::isfinite(value)) return value * factor;
-  throw zt::ConfigError(fmt::format("{}: expected a non-negative number with an optional unit such as 600T, 50GB/s "
-                                    "or 400Gb/s, found '{}'",
-                                    what, text));
+  return parse_with_unit(text, what, units, true, "a non-negative number with an optional unit such as 600T, 50GB/s or 400Gb/s");
 }
 
 // "--rate inter_node_bandwidth=50GB/s": one field of ClusterRates by its JSON name.
