@@ -39,8 +39,8 @@ TEST(ReuseDistance, KeptAtTheTurnCountsEachBlockOnceByItsLastUse) {
   EXPECT_EQ(zt::kept_at_turn(kOrder, kNumel, 1'000'000'000), 182);
 }
 
-// The memory estimate's closed form for n equal blocks used once each: the j-th block from the last
-// has 2j uses before its backward, so ceil(distance / 2b) blocks are kept.
+// The closed form for n equal blocks used once each (kept_at_turn_equal_blocks, which the memory
+// estimate and the step-time model use when the order is unknown) agrees with the walk.
 TEST(ReuseDistance, EqualBlocksKeepTheClosedFormCount) {
   for (int n : {1, 2, 7, 24}) {
     std::vector<int> order;
@@ -49,6 +49,7 @@ TEST(ReuseDistance, EqualBlocksKeepTheClosedFormCount) {
     for (int64_t distance : {1, 19, 20, 21, 40, 41, 150, 1000}) {
       const int64_t expected = std::min<int64_t>(n, (distance + 19) / 20) * 10;
       EXPECT_EQ(zt::kept_at_turn(order, numel, distance), expected) << n << " blocks, distance " << distance;
+      EXPECT_EQ(zt::kept_at_turn_equal_blocks(10 * n, 10, distance), expected) << n << " blocks, distance " << distance;
     }
   }
 }

@@ -256,22 +256,8 @@ double parse_rate(const std::string& text, const std::string& what) {
 void set_rate(zt::ClusterRates& rates, const std::string& assignment) {
   const size_t eq = assignment.find('=');
   const std::string name = assignment.substr(0, eq);
-  std::vector<std::pair<std::string, double*>> fields = {
-      {"device_flops_fp32", &rates.device_flops_fp32},
-      {"device_flops_16bit", &rates.device_flops_16bit},
-      {"device_memory_bandwidth", &rates.device_memory_bandwidth},
-      {"intra_node_bandwidth", &rates.intra_node_bandwidth},
-      {"intra_node_latency", &rates.intra_node_latency},
-      {"inter_node_bandwidth", &rates.inter_node_bandwidth},
-      {"inter_node_latency", &rates.inter_node_latency},
-      {"reduce_bandwidth_factor", &rates.reduce_bandwidth_factor},
-      {"host_device_bandwidth", &rates.host_device_bandwidth},
-      {"host_adam_rate", &rates.host_adam_rate},
-      {"nvme_read_bandwidth", &rates.nvme_read_bandwidth},
-      {"nvme_write_bandwidth", &rates.nvme_write_bandwidth},
-      {"overlap", &rates.overlap}};
   std::vector<std::string> names;
-  for (auto& [field, target] : fields) {
+  for (const auto& [field, member] : zt::cluster_rate_fields()) {
     names.push_back(field);
     if (eq != std::string::npos && field == name) {
       const double value = parse_rate(assignment.substr(eq + 1), "--rate " + name);
@@ -279,7 +265,7 @@ void set_rate(zt::ClusterRates& rates, const std::string& assignment) {
         throw zt::ConfigError(fmt::format("--rate overlap: expected a fraction in [0, 1], found {}", value));
       if (name == "reduce_bandwidth_factor" && !(value > 0))
         throw zt::ConfigError(fmt::format("--rate reduce_bandwidth_factor: expected a positive factor, found {}", value));
-      *target = value;
+      rates.*member = value;
       return;
     }
   }

@@ -258,12 +258,9 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     const int64_t live = std::min(psi, largest_block + ahead);
     const int64_t all_blocks = std::max<int64_t>(block, psi - persistent);
     const int64_t reuse = zero.stage3_max_reuse_distance;
-    // Unknown order: equal blocks used once each, where the j-th from the last has 2j blocks'
-    // uses before its backward, so ceil(reuse / 2 blocks) of them are kept.
     const int64_t kept = !model.forward_block_order.empty()
                              ? kept_at_turn(model.forward_block_order, model.block_gathered, reuse)
-                         : reuse > 0 ? std::min(all_blocks, ceil_div(std::min(reuse, 2 * all_blocks), 2 * block) * block)
-                                     : 0;
+                             : kept_at_turn_equal_blocks(all_blocks, block, reuse);
     int64_t at_turn = 0;
     if (kept > 0) {
       const int64_t turn_budget = std::max<int64_t>(

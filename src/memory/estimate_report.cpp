@@ -99,20 +99,28 @@ nlohmann::json step_time_to_json(const StepTime& t) {
           {"notes", t.notes}};
 }
 
+const std::vector<std::pair<std::string, double ClusterRates::*>>& cluster_rate_fields() {
+  static const std::vector<std::pair<std::string, double ClusterRates::*>> fields = {
+      {"device_flops_fp32", &ClusterRates::device_flops_fp32},
+      {"device_flops_16bit", &ClusterRates::device_flops_16bit},
+      {"device_memory_bandwidth", &ClusterRates::device_memory_bandwidth},
+      {"intra_node_bandwidth", &ClusterRates::intra_node_bandwidth},
+      {"intra_node_latency", &ClusterRates::intra_node_latency},
+      {"inter_node_bandwidth", &ClusterRates::inter_node_bandwidth},
+      {"inter_node_latency", &ClusterRates::inter_node_latency},
+      {"reduce_bandwidth_factor", &ClusterRates::reduce_bandwidth_factor},
+      {"host_device_bandwidth", &ClusterRates::host_device_bandwidth},
+      {"host_adam_rate", &ClusterRates::host_adam_rate},
+      {"nvme_read_bandwidth", &ClusterRates::nvme_read_bandwidth},
+      {"nvme_write_bandwidth", &ClusterRates::nvme_write_bandwidth},
+      {"overlap", &ClusterRates::overlap}};
+  return fields;
+}
+
 nlohmann::json rates_to_json(const ClusterRates& r) {
-  return {{"device_flops_fp32", r.device_flops_fp32},
-          {"device_flops_16bit", r.device_flops_16bit},
-          {"device_memory_bandwidth", r.device_memory_bandwidth},
-          {"intra_node_bandwidth", r.intra_node_bandwidth},
-          {"intra_node_latency", r.intra_node_latency},
-          {"inter_node_bandwidth", r.inter_node_bandwidth},
-          {"inter_node_latency", r.inter_node_latency},
-          {"reduce_bandwidth_factor", r.reduce_bandwidth_factor},
-          {"host_device_bandwidth", r.host_device_bandwidth},
-          {"host_adam_rate", r.host_adam_rate},
-          {"nvme_read_bandwidth", r.nvme_read_bandwidth},
-          {"nvme_write_bandwidth", r.nvme_write_bandwidth},
-          {"overlap", r.overlap}};
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, field] : cluster_rate_fields()) out[name] = r.*field;
+  return out;
 }
 
 std::string format_step_time(const StepTime& t) {

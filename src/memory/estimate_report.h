@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "zerotrain/estimate.h"
 #include "zerotrain/step_time.h"
@@ -20,6 +22,9 @@ nlohmann::json plan_to_json(const Plan& plan);
 //  "communication", "offload", "exposed", "micro_batch", "accumulation", "terms": [{name, seconds,
 //  exposed, bytes}], "notes"}
 nlohmann::json step_time_to_json(const StepTime& time);
+// Every field of ClusterRates with its name ("device_flops_fp32", ...): the JSON keys and the
+// names `zerotrain estimate --rate name=value` takes.
+const std::vector<std::pair<std::string, double ClusterRates::*>>& cluster_rate_fields();
 // The cluster's rates ({"device_flops_fp32", ...}) as the step-time model used them.
 nlohmann::json rates_to_json(const ClusterRates& rates);
 

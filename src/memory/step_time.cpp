@@ -307,14 +307,11 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
     const double sharded = std::max(0.0, psi - persistent);
     const double blocks = model.forward_block_order.empty() ? double(std::max<int64_t>(1, model.layers) + 1)
                                                             : double(model.forward_block_order.size());
-    double kept = 0;
-    if (!model.forward_block_order.empty()) {
-      kept = double(kept_at_turn(model.forward_block_order, model.block_gathered, zero.stage3_max_reuse_distance)) / tp;
-    } else {
-      const double block = std::max(1.0, double(model.largest_block) / tp);
-      const double reuse = double(zero.stage3_max_reuse_distance);
-      kept = std::min(sharded, std::ceil(std::min(reuse, 2 * sharded) / (2 * block)) * block);
-    }
+    const double kept =
+        !model.forward_block_order.empty()
+            ? double(kept_at_turn(model.forward_block_order, model.block_gathered, zero.stage3_max_reuse_distance)) / tp
+            : double(kept_at_turn_equal_blocks(int64_t(sharded), std::max<int64_t>(1, model.largest_block / tp),
+                                               zero.stage3_max_reuse_distance));
     // The gatherer prefetches at least the next block, however large, while a positive
     // stage3_prefetch_bucket_size and the live-parameter budget allow (zero/parameter_gatherer.cpp).
     const bool prefetch = zero.stage3_prefetch_bucket_size > 0 && zero.stage3_max_live_parameters > model.largest_block;

@@ -1,5 +1,7 @@
 #include "zero/reuse_distance.h"
 
+#include <algorithm>
+
 #include <cstddef>
 
 namespace zt {
@@ -36,6 +38,12 @@ int64_t kept_at_turn(const std::vector<int>& forward_order, const std::vector<in
     if (kept[p]) total += block_numel[block];
   }
   return total;
+}
+
+int64_t kept_at_turn_equal_blocks(int64_t total, int64_t block, int64_t max_reuse_distance) {
+  if (max_reuse_distance <= 0 || total <= 0 || block <= 0) return 0;
+  const int64_t span = std::min(max_reuse_distance, 2 * total);
+  return std::min(total, (span + 2 * block - 1) / (2 * block) * block);
 }
 
 }  // namespace zt

@@ -22,4 +22,9 @@ std::vector<char> kept_after_forward_use(const std::vector<int>& forward_order, 
 int64_t kept_at_turn(const std::vector<int>& forward_order, const std::vector<int64_t>& block_numel,
                      int64_t max_reuse_distance);
 
+// The same when the order is unknown: `total` elements in equal blocks of `block` used once each
+// in forward. The j-th block from the last has 2j blocks' uses before its backward, so
+// ceil(distance / 2 blocks) of them are kept (at most all).
+int64_t kept_at_turn_equal_blocks(int64_t total, int64_t block, int64_t max_reuse_distance);
+
 }  // namespace zt
