@@ -148,6 +148,17 @@ TEST(StepTime, OverlapHidesWhatTheEngineOverlapsAndNothingElse) {
   EXPECT_EQ(term(zt::estimate_step_time(model, cluster, overlapped), "reduce-scatter", true), 0);
   // The all-gather after the step has nothing to hide behind.
   EXPECT_GT(term(plain, "all-gather updated parameters", true), 0);
+  // A reduction issued once per step hides behind the boundary micro-step's backward only, not
+  // behind all of them: stage 0 with overlap_comm, 4 micro-steps, on a slow network.
+  cluster.rates.inter_node_bandwidth = 2e9;
+  auto stage0 = config_for(16, {"bf16.enabled=true", "train_micro_batch_size_per_gpu=8", "gradient_accumulation_steps=4",
+                                "zero_optimization.overlap_comm=true"});
+  cluster.rates.overlap = 1;
+  const zt::StepTime accumulated = zt::estimate_step_time(model, cluster, stage0);
+  const double reduce = term(accumulated, "all-reduce gradients");
+  const double backward = term(accumulated, "backward compute") / 4;
+  ASSERT_GT(reduce, backward);
+  EXPECT_NEAR(term(accumulated, "all-reduce gradients", true), reduce - backward, 1e-9);
 }
 
 TEST(StepTime, OffloadAddsPcieTrafficAndTheHostStep) {

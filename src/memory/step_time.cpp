@@ -197,11 +197,22 @@ GPTConfig gpt_of(const ModelFigures& m) {
   return g;
 }
 
-// Phases the engine can overlap communication with: a pool of transfers against a phase's compute.
+// What a transfer can hide behind: nothing, or the forward or backward of the micro-step it runs in.
+enum class HiddenBehind { Nothing, Forward, Backward };
+
+// One phase (forward or backward) of every micro-step and the transfers the engine overlaps with it.
 struct Phase {
-  double compute = 0;
-  double pool = 0;  // overlappable transfer seconds
-  double exposed(double overlap) const { return pool - overlap * std::min(pool, compute); }
+  double compute = 0;   // seconds per micro-step
+  double each = 0;      // transfer seconds in every micro-step's phase
+  double boundary = 0;  // transfer seconds in the boundary micro-step's phase only (once per step)
+  // The fraction of the phase's transfers that hides behind its compute over `m` micro-steps: in
+  // each, `overlap` of the transfers up to the phase's compute.
+  double hidden(double overlap, double m) const {
+    const double total = m * each + boundary;
+    if (total <= 0) return 0;
+    const auto exposed = [&](double pool) { return pool - overlap * std::min(pool, compute); };
+    return 1 - ((m - 1) * exposed(each) + exposed(each + boundary)) / total;
+  }
 };
 
 }  // namespace
@@ -214,7 +225,7 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   if (!(rate > 0) || !(r.device_memory_bandwidth > 0))
     throw ConfigError(fmt::format(
         "cluster rates: the step-time model needs the device's FLOP/s and memory bandwidth; found {} and {} "
-        "(give --cluster with a preset, or --device-flops and --device-memory-bandwidth)",
+        "(give --cluster with a preset, or --rate device_flops_fp32=... --rate device_memory_bandwidth=...)",
         rate, r.device_memory_bandwidth));
   if (model.parameters <= 0) throw ConfigError("step time: the model's parameter count is unknown");
   const int world = cluster.world_size();
@@ -269,36 +280,38 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   const Group dp{cluster.devices_per_node / tp, cluster.nodes};
   const double psi = double(model.parameters) / tp;  // elements each data-parallel rank trains
   const double ranks = double(dp.size());
-  Phase fwd{forward, 0}, bwd{backward, 0};  // per micro-step
+  Phase fwd{forward}, bwd{backward};
   const double buckets = std::ceil(psi / double(std::max<int64_t>(1, zero.reduce_bucket_size)));
   const double gathers = std::ceil(psi / double(std::max<int64_t>(1, zero.allgather_bucket_size)));
-  const bool overlap_grads = zero.overlap_comm;
   struct Pending {
     std::string name;
     Transfer t;
     double times;
-    int phase;  // 0: exposed, 1: forward, 2: backward
+    HiddenBehind behind;
     bool offload;
   };
   std::vector<Pending> pending;
-  auto queue = [&](std::string name, Transfer t, double times, int phase, bool offload = false) {
-    if (t.seconds > 0) pending.push_back({std::move(name), t, times, phase, offload});
+  auto queue = [&](std::string name, Transfer t, double times, HiddenBehind behind, bool offload = false) {
+    if (t.seconds > 0) pending.push_back({std::move(name), t, times, behind, offload});
   };
+  const HiddenBehind nothing = HiddenBehind::Nothing, in_forward = HiddenBehind::Forward;
+  // Gradient reductions overlap backward only with overlap_comm (docs/zero.md).
+  const HiddenBehind grads_behind = zero.overlap_comm ? HiddenBehind::Backward : nothing;
 
   if (!zero.shard_optimizer_states) {
     // Stage 0: the summed gradients on every rank, once per step on the boundary micro-step.
     queue("all-reduce gradients", collective(cluster, dp, Collective::AllReduce, psi * element, buckets), 1,
-          overlap_grads ? 2 : 0);
+          grads_behind);
   } else if (!zero.shard_gradients) {
     queue("reduce-scatter gradients", collective(cluster, dp, Collective::ReduceScatter, psi * element, buckets), 1,
-          overlap_grads ? 2 : 0);
+          grads_behind);
   } else if (!zero.shard_parameters) {
     // Stage 2 empties its buckets every micro-step.
     queue("reduce-scatter gradients", collective(cluster, dp, Collective::ReduceScatter, psi * element, buckets),
-          micro_steps, overlap_grads ? 2 : 0);
+          micro_steps, grads_behind);
   }
   if (zero.shard_optimizer_states && !zero.shard_parameters)
-    queue("all-gather updated parameters", collective(cluster, dp, Collective::AllGather, psi * element, gathers), 1, 0);
+    queue("all-gather updated parameters", collective(cluster, dp, Collective::AllGather, psi * element, gathers), 1, nothing);
 
   double shard = psi / ranks;  // elements each rank owns
   double regathered = 0;       // the fraction of the sharded parameters gathered again in backward
@@ -319,8 +332,8 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
     // The first block's gather has nothing to hide behind.
     Transfer first{gather.seconds / blocks, gather.bytes / blocks};
     Transfer rest{gather.seconds - first.seconds, gather.bytes - first.bytes};
-    queue("all-gather parameters (forward, first block)", first, micro_steps, 0);
-    queue("all-gather parameters (forward)", rest, micro_steps, prefetch ? 1 : 0);
+    queue("all-gather parameters (forward, first block)", first, micro_steps, nothing);
+    queue("all-gather parameters (forward)", rest, micro_steps, prefetch ? in_forward : nothing);
     const double again = std::max(0.0, sharded - kept);
     regathered = sharded > 0 ? again / sharded : 0;
     if (again > 0) {
@@ -330,14 +343,14 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
       queue(hpz > 1 ? "all-gather parameters (backward, within the secondary partition)"
                     : "all-gather parameters (backward)",
             collective(cluster, secondary, Collective::AllGather, again * element, count), micro_steps,
-            prefetch ? 2 : 0);
+            prefetch ? HiddenBehind::Backward : nothing);
       if (hpz > 1) st.notes.push_back(fmt::format("hpZ what-if: backward gathers within groups of {} ranks", hpz));
     }
     queue("reduce-scatter gradients", collective(cluster, dp, Collective::ReduceScatter, sharded * element, blocks),
-          micro_steps, overlap_grads ? 2 : 0);
+          micro_steps, grads_behind);
     if (persistent > 0)
       queue("all-reduce persistent gradients", collective(cluster, dp, Collective::AllReduce, persistent * element, 1),
-            micro_steps, overlap_grads ? 2 : 0);
+            micro_steps, grads_behind);
     shard = sharded / ranks + persistent / ranks;
   }
   if (tp > 1) {
@@ -347,9 +360,9 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
     const double activation = tokens * double(model.hidden) * element;
     const double count = 2.0 * double(std::max<int64_t>(1, model.layers));
     queue("tensor-parallel all-reduces (forward)", collective(cluster, tensor, Collective::AllReduce, activation, 1),
-          micro_steps * count, 0);
+          micro_steps * count, nothing);
     queue("tensor-parallel all-reduces (backward)", collective(cluster, tensor, Collective::AllReduce, activation, 1),
-          micro_steps * count * (recompute == Recompute::Full ? 2 : 1), 0);
+          micro_steps * count * (recompute == Recompute::Full ? 2 : 1), nothing);
   }
 
   // --- offload traffic -------------------------------------------------------------------------
@@ -361,23 +374,23 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   }
   if (host_step) {
     Transfer down{shard * element / r.host_device_bandwidth, shard * element};
-    queue("gradients to the host", down, zero.shard_gradients ? micro_steps : 1, overlap_grads ? 2 : 0, true);
+    queue("gradients to the host", down, zero.shard_gradients ? micro_steps : 1, grads_behind, true);
     Transfer up{shard * element / r.host_device_bandwidth, shard * element};
-    queue("parameters to the device", up, 1, 0, true);
+    queue("parameters to the device", up, 1, nothing, true);
   }
   if (param != OffloadTarget::None && zero.shard_parameters) {
     const double passes = 1.0 + regathered;  // every gather reads its shard from the host first
     if (gpu) {
       Transfer in{shard * element / r.host_device_bandwidth, shard * element};
-      queue("parameter shards to the device", in, micro_steps * passes, 1, true);
+      queue("parameter shards to the device", in, micro_steps * passes, in_forward, true);
     }
     if (param == OffloadTarget::Nvme) {
       if (!(r.nvme_read_bandwidth > 0 && r.nvme_write_bandwidth > 0))
         throw ConfigError("cluster rates: offload to nvme needs the NVMe read and write bandwidths; found none");
       Transfer read{node_share * shard * element / r.nvme_read_bandwidth, shard * element};
-      queue("parameter shards from NVMe", read, micro_steps * passes, 1, true);
+      queue("parameter shards from NVMe", read, micro_steps * passes, in_forward, true);
       Transfer write{node_share * shard * element / r.nvme_write_bandwidth, shard * element};
-      queue("updated parameter shards to NVMe", write, 1, 0, true);
+      queue("updated parameter shards to NVMe", write, 1, nothing, true);
     }
   }
 
@@ -405,16 +418,20 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   st.terms.push_back({host_step ? "optimizer step on the host" : "optimizer step", optimizer, optimizer, 0});
 
   // --- overlap ---------------------------------------------------------------------------------
+  // A transfer issued once per step (times 1) runs in the boundary micro-step only.
   for (const Pending& p : pending) {
-    if (p.phase == 1) fwd.pool += p.t.seconds * p.times / micro_steps;
-    if (p.phase == 2) bwd.pool += p.t.seconds * p.times / micro_steps;
+    if (p.behind == nothing) continue;
+    Phase& phase = p.behind == in_forward ? fwd : bwd;
+    if (p.times == 1 && micro_steps > 1)
+      phase.boundary += p.t.seconds;
+    else
+      phase.each += p.t.seconds * p.times / micro_steps;
   }
-  const double fwd_hidden = fwd.pool > 0 ? (fwd.pool - fwd.exposed(r.overlap)) / fwd.pool : 0;
-  const double bwd_hidden = bwd.pool > 0 ? (bwd.pool - bwd.exposed(r.overlap)) / bwd.pool : 0;
+  const double fwd_hidden = fwd.hidden(r.overlap, micro_steps), bwd_hidden = bwd.hidden(r.overlap, micro_steps);
   double exposed = 0;
   for (const Pending& p : pending) {
     const double seconds = p.t.seconds * p.times;
-    const double hidden = p.phase == 1 ? fwd_hidden : p.phase == 2 ? bwd_hidden : 0.0;
+    const double hidden = p.behind == nothing ? 0.0 : p.behind == in_forward ? fwd_hidden : bwd_hidden;
     StepTimeTerm term{p.name, seconds, seconds * (1 - hidden), p.t.bytes * p.times};
     exposed += term.exposed;
     (p.offload ? st.offload : st.communication) += seconds;
@@ -426,7 +443,7 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   st.tokens_per_second = global_tokens / st.total;
   st.model_flops_per_device = micro_steps * 3 * forward_flops * per_device / st.total;
   st.executed_flops_per_device = micro_steps * (3 * forward_flops + recompute_flops) * per_device / st.total;
-  if (r.overlap < 1 && (fwd.pool > 0 || bwd.pool > 0))
+  if (r.overlap < 1 && (fwd.each + fwd.boundary > 0 || bwd.each + bwd.boundary > 0))
     st.notes.push_back(fmt::format("{:.0f}% of the overlappable communication can hide behind compute on these devices",
                                    100 * r.overlap));
   return st;
