@@ -75,8 +75,32 @@ TEST(CommRendezvous, Torchrun) {
   EXPECT_EQ(info.world_size, 8);
   EXPECT_EQ(info.local_rank, 1);
   EXPECT_EQ(info.local_world_size, 2);
+  EXPECT_EQ(info.node_rank, 1);  // without GROUP_RANK: placed node by node
   EXPECT_EQ(info.master_addr, "10.0.0.5");
   EXPECT_EQ(info.master_port, 29555);
+}
+
+// The node comes from GROUP_RANK (torchrun, zerotrain's launcher), SLURM_NODEID or Open MPI's
+// placement; a single process is node 0.
+TEST(CommRendezvous, NodeRankFromEachLauncher) {
+  EXPECT_EQ(rendezvous_from_environment(env_of({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                                                {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "3"}}))
+                .node_rank,
+            3);
+  EXPECT_EQ(rendezvous_from_environment(env_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}})).node_rank, 0);
+  EXPECT_EQ(rendezvous_from_environment(env_of({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "1"},
+                                                {"SLURM_NTASKS_PER_NODE", "3"}, {"SLURM_NODEID", "1"},
+                                                {"SLURM_JOB_NODELIST", "node[01-02]"}}))
+                .node_rank,
+            1);
+  EXPECT_EQ(rendezvous_from_environment(env_of({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "6"},
+                                                {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                                {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}, {"MASTER_ADDR", "10.0.0.5"}}))
+                .node_rank,
+            1);
+  EXPECT_EQ(rendezvous_from_environment(env_of({})).node_rank, 0);
+  expect_config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"GROUP_RANK", "2"}}, {"GROUP_RANK"});
+  expect_config_error({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"GROUP_RANK", "x"}}, {"GROUP_RANK"});
 }
 
 TEST(CommRendezvous, TorchrunDefaults) {
@@ -333,6 +357,77 @@ TEST(CommMultiRank, AllReduce) {
   }
   expect_ranks_pass("CommMultiRank.AllReduce", {2, 3});
   expect_ranks_pass("CommMultiRank.AllReduce", {3}, kEmulate);
+}
+
+// split(): groups of the ranks with one color, each with collectives of its own; a group of one
+// is local, a group of all ranks shares the job's connections; groups split again; node groups
+// from the placement (here two "nodes" of two ranks on this machine).
+TEST(CommMultiRank, SplitMakesGroupsOfTheRanksWithOneColor) {
+  if (is_rank_process()) {
+    RendezvousInfo info = rendezvous_from_environment();
+    const int rank = info.rank;
+    info.local_world_size = 2;
+    info.local_rank = rank % 2;
+    info.node_rank = rank / 2;
+    auto world = make_communicator(info, comm_options_from_environment());
+    auto sum_of_job_ranks = [&](Communicator& group) {
+      at::Tensor t = at::full({3}, double(rank), at::kFloat);
+      group.all_reduce(t, ReduceOp::Sum, "sum").wait();
+      return t[2].item<double>();
+    };
+    auto pairs = world->split(rank / 2, "pairs");  // {0,1}, {2,3}
+    ASSERT_EQ(pairs->world_size(), 2);
+    EXPECT_EQ(pairs->rank(), rank % 2);
+    EXPECT_EQ(sum_of_job_ranks(*pairs), rank < 2 ? 1.0 : 5.0);
+    auto across = world->split(rank % 2, "across");  // {0,2}, {1,3}
+    EXPECT_EQ(across->rank(), rank / 2);
+    EXPECT_EQ(sum_of_job_ranks(*across), rank % 2 == 0 ? 2.0 : 4.0);
+    // A gather within a group: block r is the group's rank r's.
+    at::Tensor mine = at::full({2}, double(rank), at::kBFloat16);
+    at::Tensor both = at::empty({4}, at::kBFloat16);
+    across->all_gather(mine, both, "gather").wait();
+    EXPECT_EQ(both[0].item<double>(), double(rank % 2));
+    EXPECT_EQ(both[3].item<double>(), double(rank % 2 + 2));
+    auto everyone = world->split(7, "all");
+    EXPECT_EQ(everyone->world_size(), 4);
+    EXPECT_EQ(sum_of_job_ranks(*everyone), 6.0);
+    auto alone = world->split(rank, "alone");
+    EXPECT_EQ(alone->world_size(), 1);
+    EXPECT_EQ(sum_of_job_ranks(*alone), double(rank));
+    auto nested = pairs->split(0, "again");  // a group of a group
+    EXPECT_EQ(nested->world_size(), 2);
+    EXPECT_EQ(sum_of_job_ranks(*nested), rank < 2 ? 1.0 : 5.0);
+    // The groups and the world keep their own sequence numbers; the world's collectives still pair.
+    EXPECT_EQ(sum_of_job_ranks(*world), 6.0);
+    // Errors name the group and the rank in the job.
+    try {
+      pairs->all_gather(at::zeros({2}), at::zeros({3}), "bad");
+      ADD_FAILURE() << "expected CommError";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(rank % 2) + "/2 of group 'pairs' (rank " +
+                                           std::to_string(rank) + " of the job)"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(world->split(-1, "negative"), CommError);
+    const NodeGroups nodes = make_node_groups(world);
+    EXPECT_EQ(nodes.within_node->world_size(), 2);
+    EXPECT_EQ(nodes.within_node->rank(), rank % 2);
+    EXPECT_EQ(sum_of_job_ranks(*nodes.within_node), rank < 2 ? 1.0 : 5.0);
+    EXPECT_EQ(nodes.across_nodes->world_size(), 2);
+    EXPECT_EQ(sum_of_job_ranks(*nodes.across_nodes), rank % 2 == 0 ? 2.0 : 4.0);
+    return;
+  }
+  expect_ranks_pass("CommMultiRank.SplitMakesGroupsOfTheRanksWithOneColor", {4});
+}
+
+// On one node the node groups are the world itself and a world of one: nothing is sent.
+TEST(CommSingle, NodeGroupsOfOneNodeSendNothing) {
+  auto world = make_communicator(RendezvousInfo{}, CommOptions{});
+  const NodeGroups groups = make_node_groups(world);
+  EXPECT_EQ(groups.within_node.get(), world.get());
+  EXPECT_EQ(groups.across_nodes->world_size(), 1);
+  EXPECT_EQ(world->next_sequence(), 0u);
 }
 
 // Communicators made one after another on one port: a rank that makes its second while rank 0

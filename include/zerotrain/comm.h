@@ -36,6 +36,8 @@ struct RendezvousInfo {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  // The node this process runs on, 0-based (GROUP_RANK, SLURM_NODEID; see below).
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string source = "single";  // "torchrun", "slurm", "mpi" or "single"
@@ -53,16 +55,18 @@ using EnvLookup = std::function<const char*(const char*)>;
 
 // In order of precedence:
 //  1. torchrun and zerotrain's launcher: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//     GROUP_RANK (the node; default (RANK - LOCAL_RANK) / LOCAL_WORLD_SIZE),
 //     MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default 29500); for rank 0 also
 //     ZT_RENDEZVOUS_LISTEN_FD (the launcher's listening socket, see listen_fd);
 //     TORCHELASTIC_USE_AGENT_STORE=True (torchrun's agent serves the store, see agent_store).
-//  2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE or
+//  2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NTASKS_PER_NODE or
 //     SLURM_TASKS_PER_NODE (e.g. "2(x3),1", indexed by SLURM_NODEID); the master is
 //     MASTER_ADDR when set, else the first host of SLURM_STEP_NODELIST / SLURM_NODELIST
 //     (simple forms: "a,b", "node[01-04,07]"), else SLURM_LAUNCH_NODE_IPADDR; the port is
 //     MASTER_PORT, else 15000 + SLURM_JOB_ID % 20000 (so concurrent jobs rarely collide).
 //  3. Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE with MASTER_ADDR /
-//     MASTER_PORT; MASTER_ADDR defaults to 127.0.0.1 only when all ranks are on one node.
+//     MASTER_PORT; MASTER_ADDR defaults to 127.0.0.1 only when all ranks are on one node; the node
+//     is (rank - local rank) / local size (mpirun fills one node after another).
 //  4. Otherwise a single process: rank 0 of 1.
 // Malformed values throw zt::ConfigError naming the variable, what was expected and found.
 RendezvousInfo rendezvous_from_environment();
@@ -101,6 +105,13 @@ struct CommOptions {
 // throw zt::ConfigError.
 CommOptions comm_options_from_environment(std::optional<double> config_seconds = std::nullopt);
 CommOptions comm_options_from_environment(std::optional<double> config_seconds, const EnvLookup& getenv);
+
+// Where a rank runs among the nodes of its job.
+struct NodePlacement {
+  int node_rank = 0;
+  int local_rank = 0;
+  int local_world_size = 1;
+};
 
 // An issued collective. Copyable; all copies refer to the same collective.
 class CollectiveHandle {
@@ -146,7 +157,30 @@ class Communicator {
   virtual CollectiveHandle broadcast(at::Tensor tensor, int root, std::string_view label) = 0;
   // Blocks until every rank has entered it; throws zt::CommError after the timeout.
   virtual void barrier(std::string_view label) = 0;
+
+  // Where this rank runs; by default every rank on one node.
+  virtual NodePlacement placement() const { return {0, rank(), world_size()}; }
+  // A communicator over the ranks that pass the same `color` (>= 0), numbered in their order
+  // here, whose collectives involve those ranks alone. A collective of this communicator: every
+  // rank calls it at the same point, each with its own color. `name` labels the group in
+  // messages ("rank 1/2 of group 'node' (rank 3 of the job)"). The new communicator has its own
+  // sequence numbers and flight recorder (in memory), the same timeout and options, and reports
+  // all its ranks on one node; a group of one needs no network, a group of every rank shares this
+  // communicator's connections. Throws zt::CommError when the group cannot be formed; the
+  // default, for a communicator that cannot split, throws zt::Error.
+  virtual std::shared_ptr<Communicator> split(int color, std::string_view name);
 };
+
+// The job's node structure, for the collectives that follow it (hierarchical reductions, the
+// stage-3 secondary partition; docs/comm.md "Node groups").
+struct NodeGroups {
+  std::shared_ptr<Communicator> within_node;   // the ranks of this node
+  std::shared_ptr<Communicator> across_nodes;  // the ranks of this local rank, one per node
+};
+// On one node (placement().local_world_size == world_size()) `within_node` is `world` itself and
+// `across_nodes` a world of one, and nothing is sent. On several it splits `world` twice (by
+// node_rank, then by local_rank): a collective of `world`, at the same point on every rank.
+NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world);
 
 // Meets the other ranks (TCP store on rank 0 at master_addr:master_port; a master on the
 // loopback address binds only to loopback) and builds the backend(s). A world of one needs no

@@ -54,6 +54,9 @@ class FaultInjectingCommunicator final : public Communicator {
   CollectiveHandle all_gather(at::Tensor input, at::Tensor output, std::string_view label) override;
   CollectiveHandle broadcast(at::Tensor tensor, int root, std::string_view label) override;
   void barrier(std::string_view label) override;
+  // The inner communicator's; a group split from it carries no faults.
+  NodePlacement placement() const override;
+  std::shared_ptr<Communicator> split(int color, std::string_view name) override;
 
  private:
   // Applies the fault (if any) for the collective about to be issued; throws on Fail.

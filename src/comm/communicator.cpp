@@ -115,8 +115,7 @@ struct CollectiveHandle::State {
   std::string label;
   std::uint64_t sequence = 0;
   std::string size_text;  // "1000 float elements", "from rank 0", ...
-  int rank = 0;
-  int world_size = 1;
+  std::string who;  // "rank 1/2", or "rank 1/2 of group 'node' (rank 3 of the job)"
   std::chrono::milliseconds timeout{0};
   std::vector<c10::intrusive_ptr<c10d::Work>> works;  // empty when nothing was sent (world of one)
   // NCCL (device tensors): wait() orders the caller's current stream after the collective instead
@@ -163,12 +162,12 @@ struct CollectiveHandle::State {
         bool timed_out = waited >= 0.9 * seconds(timeout) || reason.find("imed out") != std::string::npos;
         if (timed_out) {
           error = fmt::format(
-              "rank {}/{} timed out after {:.1f} s in {}: waiting for the other ranks to enter the same collective "
+              "{} timed out after {:.1f} s in {}: waiting for the other ranks to enter the same collective "
               "(a rank that skipped it, issued collectives in another order, or is stuck elsewhere)",
-              rank, world_size, seconds(timeout), describe());
+              who, seconds(timeout), describe());
         } else {
-          error = fmt::format("rank {}/{} failed in {} after {:.1f} s: {} (another rank may have exited or failed)", rank,
-                              world_size, describe(), waited, reason);
+          error = fmt::format("{} failed in {} after {:.1f} s: {} (another rank may have exited or failed)", who,
+                              describe(), waited, reason);
         }
         recorder->finished(sequence, timed_out ? CollectiveState::TimedOut : CollectiveState::Failed);
         if (failure->record(error)) dump_flight_recorder(*recorder, error);
@@ -399,10 +398,33 @@ std::shared_ptr<FlightRecorder> make_recorder(const RendezvousInfo& info) {
   return std::make_shared<FlightRecorder>(info.rank, info.world_size);
 }
 
+// The Gloo process group of `info`'s ranks over `store` (on the loopback device when the master
+// is loopback, else GLOO_SOCKET_IFNAME's interface or the default one).
+c10::intrusive_ptr<c10d::Backend> connect_gloo(const c10::intrusive_ptr<c10d::Store>& store, const RendezvousInfo& info,
+                                               const CommOptions& options, const std::string& who) {
+  try {
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+    if (is_loopback(info.master_addr)) {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else {
+      gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("zt/gloo", store),
+                                                       info.rank, info.world_size, gloo_options);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{}: could not connect the Gloo process group ({}:{}) within {:.1f} s: {}", who,
+                                info.master_addr, info.master_port, seconds(options.timeout), first_line(e.what())));
+  }
+}
+
 class ProcessGroupCommunicator final : public Communicator {
  public:
   ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options)
-      : info_(info), options_(options), failure_(std::make_shared<FailureState>()) {
+      : info_(info), options_(options), who_(fmt::format("rank {}/{}", info.rank, info.world_size)),
+        job_rank_(info.rank),
+        failure_(std::make_shared<FailureState>()) {
     if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size) {
       throw ConfigError(fmt::format("rendezvous: expected 0 <= rank < world size, found rank {} of {}", info.rank,
                                     info.world_size));
@@ -415,23 +437,26 @@ class ProcessGroupCommunicator final : public Communicator {
     caps_.reduce_scatter = caps_.reduce_scatter && !options.emulate_reduce_scatter;
 
     store_ = rendezvous(info, options.timeout);
-    try {
-      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-      if (is_loopback(info.master_addr)) {
-        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-      } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
-        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-      } else {
-        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-      }
-      gloo_ = c10::make_intrusive<c10d::ProcessGroupGloo>(c10::make_intrusive<c10d::PrefixStore>("zt/gloo", store_),
-                                                          info.rank, info.world_size, gloo_options);
-    } catch (const std::exception& e) {
-      throw CommError(fmt::format("rank {}/{}: could not connect the Gloo process group ({}:{}) within {:.1f} s: {}",
-                                  info.rank, info.world_size, info.master_addr, info.master_port,
-                                  seconds(options.timeout), first_line(e.what())));
-    }
+    gloo_ = connect_gloo(store_, info, options, who_);
   }
+
+  // A group of a split: `store` is the group's own prefix of the job's store (null for a group of
+  // one), `gloo` the group's process group (null for a group of one).
+  struct Group {
+    std::string name;  // "node"; a group split from a group: "hpz/node"
+    int job_rank = 0;
+    c10::intrusive_ptr<c10d::Store> store;
+    c10::intrusive_ptr<c10d::Backend> gloo;
+    BackendCaps caps;
+  };
+  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, Group group)
+      : info_(info), options_(options),
+        who_(fmt::format("rank {}/{} of group '{}' (rank {} of the job)", info.rank, info.world_size, group.name,
+                         group.job_rank)),
+        group_name_(std::move(group.name)), job_rank_(group.job_rank), caps_(group.caps),
+        failure_(std::make_shared<FailureState>()),
+        recorder_(std::make_shared<FlightRecorder>(info.rank, info.world_size)),
+        store_(std::move(group.store)), gloo_(std::move(group.gloo)) {}
 
   int rank() const override { return info_.rank; }
   int world_size() const override { return info_.world_size; }
@@ -552,8 +577,8 @@ class ProcessGroupCommunicator final : public Communicator {
   CollectiveHandle broadcast(at::Tensor tensor, int root, std::string_view label) override {
     check_tensor("broadcast", label, tensor, "tensor");
     if (root < 0 || root >= info_.world_size) {
-      throw CommError(fmt::format("rank {}/{}: broadcast '{}': expected a root rank in 0..{}, found {}", info_.rank,
-                                  info_.world_size, label, info_.world_size - 1, root));
+      throw CommError(fmt::format("{}: broadcast '{}': expected a root rank in 0..{}, found {}", who_, label,
+                                  info_.world_size - 1, root));
     }
     auto state = begin("broadcast", label, fmt::format("{} from rank {}", elements_text(tensor), root), tensor.nbytes(),
                        tensor.nbytes());
@@ -567,6 +592,9 @@ class ProcessGroupCommunicator final : public Communicator {
     state->keep_alive = {tensor};
     return CollectiveHandle(state);
   }
+
+  NodePlacement placement() const override { return {info_.node_rank, info_.local_rank, info_.local_world_size}; }
+  std::shared_ptr<Communicator> split(int color, std::string_view name) override;
 
   void barrier(std::string_view label) override {
     auto state = begin("barrier", label, "", 0, 0);
@@ -592,15 +620,14 @@ class ProcessGroupCommunicator final : public Communicator {
     state->kind = kind;
     state->label = std::string(label);
     state->size_text = std::move(size_text);
-    state->rank = info_.rank;
-    state->world_size = info_.world_size;
+    state->who = who_;
     state->timeout = options_.timeout;
     state->failure = failure_;
     state->recorder = recorder_;
     if (std::string earlier = failure_->get(); !earlier.empty()) {
       state->sequence = next_sequence_;
-      throw CommError(fmt::format("rank {}/{} cannot start {}: the communicator failed earlier: {}", info_.rank,
-                                  info_.world_size, state->describe(), earlier));
+      throw CommError(
+          fmt::format("{} cannot start {}: the communicator failed earlier: {}", who_, state->describe(), earlier));
     }
     state->sequence = next_sequence_++;
     recorder_->issued(state->sequence, kind, label, bytes);
@@ -633,8 +660,7 @@ class ProcessGroupCommunicator final : public Communicator {
   }
 
   [[noreturn]] void fail_to_start(CollectiveHandle::State& state, const std::exception& e) {
-    std::string error = fmt::format("rank {}/{} could not start {}: {}", info_.rank, info_.world_size,
-                                    state.describe(), first_line(e.what()));
+    std::string error = fmt::format("{} could not start {}: {}", who_, state.describe(), first_line(e.what()));
     recorder_->finished(state.sequence, CollectiveState::Failed);
     if (failure_->record(error)) dump_flight_recorder(*recorder_, error);
     throw CommError(error);
@@ -655,13 +681,13 @@ class ProcessGroupCommunicator final : public Communicator {
       return *nccl_;
     }
 #endif
-    throw CommError(fmt::format("rank {}/{}: {}: the tensor is on {}, which has no backend", info_.rank,
-                                info_.world_size, state.describe(), t.device().str()));
+    throw CommError(
+        fmt::format("{}: {}: the tensor is on {}, which has no backend", who_, state.describe(), t.device().str()));
   }
 
   void check_tensor(const char* kind, std::string_view label, const at::Tensor& t, const char* name) const {
     auto fail = [&](const std::string& what) {
-      throw CommError(fmt::format("rank {}/{}: {} '{}': {}", info_.rank, info_.world_size, kind, label, what));
+      throw CommError(fmt::format("{}: {} '{}': {}", who_, kind, label, what));
     };
     if (!t.defined()) fail(fmt::format("{} is an undefined tensor", name));
     if (!t.is_contiguous()) fail(fmt::format("{} must be contiguous (a flat buffer), found strides {}", name, c10::str(t.strides())));
@@ -679,7 +705,7 @@ class ProcessGroupCommunicator final : public Communicator {
   void check_pair(const char* kind, std::string_view label, const at::Tensor& part, const at::Tensor& whole,
                   const char* whole_name) const {
     auto fail = [&](const std::string& what) {
-      throw CommError(fmt::format("rank {}/{}: {} '{}': {}", info_.rank, info_.world_size, kind, label, what));
+      throw CommError(fmt::format("{}: {} '{}': {}", who_, kind, label, what));
     };
     if (part.scalar_type() != whole.scalar_type() || part.device() != whole.device()) {
       fail(fmt::format("input and output must have the same dtype and device, found {} on {} and {} on {}",
@@ -707,6 +733,9 @@ class ProcessGroupCommunicator final : public Communicator {
 
   RendezvousInfo info_;
   CommOptions options_;
+  std::string who_;         // how messages name this rank
+  std::string group_name_;  // empty for the job's own communicator
+  int job_rank_ = 0;
   BackendCaps caps_;
   std::shared_ptr<FailureState> failure_;
   std::shared_ptr<FlightRecorder> recorder_;
@@ -716,9 +745,59 @@ class ProcessGroupCommunicator final : public Communicator {
   c10::intrusive_ptr<c10d::Backend> nccl_;
 #endif
   std::uint64_t next_sequence_ = 0;
+  int splits_ = 0;  // split() calls so far: the same count on every rank, which keeps groups' keys apart
 };
 
+std::shared_ptr<Communicator> ProcessGroupCommunicator::split(int color, std::string_view name) {
+  if (color < 0)
+    throw CommError(fmt::format("{}: split into groups '{}': expected a color >= 0, found {}", who_, name, color));
+  const int world = info_.world_size;
+  at::Tensor mine = at::full({1}, int64_t(color), at::kLong);
+  at::Tensor colors = at::empty({world}, at::kLong);
+  all_gather(mine, colors, fmt::format("split.{}", name)).wait();
+  std::vector<int> members;
+  const int64_t* color_of = colors.data_ptr<int64_t>();
+  for (int r = 0; r < world; ++r)
+    if (color_of[r] == color) members.push_back(r);
+  const int split_number = ++splits_;
+  RendezvousInfo group = info_;
+  group.rank = int(std::find(members.begin(), members.end(), info_.rank) - members.begin());
+  group.world_size = int(members.size());
+  group.local_rank = group.rank;
+  group.local_world_size = group.world_size;
+  group.node_rank = 0;
+  group.listen_fd = -1;
+  Group g;
+  g.name = group_name_.empty() ? std::string(name) : fmt::format("{}/{}", group_name_, name);
+  g.job_rank = job_rank_;
+  g.caps = caps_;
+  if (members.size() > 1) {
+    // The group's own keys: NCCL's (made at its first CUDA collective) and, unless the group is
+    // every rank (then it shares this communicator's connections), Gloo's.
+    g.store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("zt/split{}/{}/{}", split_number, name, color), store_);
+    g.gloo = members.size() == size_t(world)
+                 ? gloo_
+                 : connect_gloo(g.store, group, options_, fmt::format("rank {} of the job, group '{}'", job_rank_, g.name));
+  }
+  return std::make_shared<ProcessGroupCommunicator>(group, options_, std::move(g));
+}
+
 }  // namespace
+
+std::shared_ptr<Communicator> Communicator::split(int color, std::string_view name) {
+  (void)color;
+  throw Error(fmt::format("rank {}/{}: this communicator cannot split into groups ('{}')", rank(), world_size(), name));
+}
+
+NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world) {
+  const NodePlacement where = world->placement();
+  if (where.local_world_size >= world->world_size())
+    return {world, make_communicator(RendezvousInfo{}, CommOptions{})};
+  NodeGroups groups;
+  groups.within_node = world->split(where.node_rank, "node");
+  groups.across_nodes = world->split(where.local_rank, "across nodes");
+  return groups;
+}
 
 std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options) {
   // A write to a peer that has died raises SIGPIPE, whose default action ends this rank before

@@ -73,4 +73,10 @@ void FaultInjectingCommunicator::barrier(std::string_view label) {
   inner_->barrier(label);
 }
 
+NodePlacement FaultInjectingCommunicator::placement() const { return inner_->placement(); }
+
+std::shared_ptr<Communicator> FaultInjectingCommunicator::split(int color, std::string_view name) {
+  return inner_->split(color, name);
+}
+
 }  // namespace zt

@@ -116,6 +116,12 @@ RendezvousInfo from_torchrun(const Env& env) {
                                   info.world_size, info.local_world_size));
   }
   check_rank("LOCAL_RANK", info.local_rank, "LOCAL_WORLD_SIZE", info.local_world_size);
+  // torchrun and zerotrain's launcher number the nodes in GROUP_RANK; without it, ranks are
+  // assumed placed node by node (torchrun's own numbering).
+  info.node_rank = env.has("GROUP_RANK") ? env.index("GROUP_RANK") : (info.rank - info.local_rank) / info.local_world_size;
+  if (info.node_rank > info.rank)
+    throw ConfigError(fmt::format("environment variable GROUP_RANK: expected a node index at most RANK={}, found {}",
+                                  info.rank, info.node_rank));
   if (const char* addr = env.get("MASTER_ADDR")) info.master_addr = addr;
   if (env.has("MASTER_PORT")) info.master_port = env.port("MASTER_PORT");
   // torchrun (static and c10d rendezvous alike) hands its workers the store its agent on node 0
@@ -150,6 +156,7 @@ RendezvousInfo from_slurm(const Env& env) {
     info.local_world_size = info.local_rank + 1;
   }
   check_rank("SLURM_LOCALID", info.local_rank, "the tasks per node", info.local_world_size);
+  info.node_rank = env.has("SLURM_NODEID") ? env.index("SLURM_NODEID") : 0;
 
   // Rank 0 (the store's server) runs on the first node of the step, so that is the master.
   // The launch node is only a fallback: srun started from a login node reports the login node.
@@ -190,6 +197,8 @@ RendezvousInfo from_open_mpi(const Env& env) {
   info.local_world_size =
       env.has("OMPI_COMM_WORLD_LOCAL_SIZE") ? env.count("OMPI_COMM_WORLD_LOCAL_SIZE") : info.world_size;
   check_rank("OMPI_COMM_WORLD_LOCAL_RANK", info.local_rank, "OMPI_COMM_WORLD_LOCAL_SIZE", info.local_world_size);
+  // mpirun's default placement fills one node after another.
+  info.node_rank = (info.rank - info.local_rank) / info.local_world_size;
   if (const char* addr = env.get("MASTER_ADDR")) {
     info.master_addr = addr;
   } else if (info.local_world_size != info.world_size) {
