@@ -856,7 +856,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"zero_optimization.elastic_checkpoint", {Reserved, "", nullptr, ""}},
       {"zero_optimization.ignore_unused_parameters", {Noted, "false", nullptr, ""}},
       {"zero_optimization.legacy_stage1", {Reserved, "", nullptr, ""}},
-      {"zero_optimization.zero_hpz_partition_size", {Noted, "8", nullptr, ""}},
+      {"zero_optimization.zero_hpz_partition_size", {Used, "0", [](C c) { return c.zero.hpz_partition_size == 0; }, "engine (stage 3), estimate"}},
       {"zero_optimization.zero_quantized_weights", {Reserved, "", nullptr, ""}},
       {"zero_optimization.zero_quantized_nontrainable_weights", {Reserved, "", nullptr, ""}},
       {"zero_optimization.zero_quantized_gradients", {Reserved, "", nullptr, ""}},
@@ -1022,6 +1022,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
   };
   // Values some keys need besides themselves to be accepted.
   const std::map<std::string, std::vector<std::string>> context = {
+      {"zero_optimization.zero_hpz_partition_size", {"zero_optimization.stage=3"}},
       {"optimizer.params.min_coeff", {"optimizer.type=\"Lamb\""}},
       {"optimizer.params.max_coeff", {"optimizer.type=\"Lamb\""}},
       {"optimizer.params.momentum", {"optimizer.type=\"SGD\""}},
@@ -1152,6 +1153,28 @@ TEST(ConfigAudit, DataKeysTheSourceNeverReadsAreRefused) {
   expect_one_line_error(error_of(R"({"data": {"source": "bin", "path": "a.bin", "val_path": "b.bin", "val_fraction": 0.2}})"),
                         "data.val_fraction: not used when data.val_path names the held-out file");
   EXPECT_NO_THROW(parse_config(R"({"data": {"source": "bin", "path": "a.bin", "val_path": "b.bin"}})", {}, 1));
+}
+
+// zero_hpz_partition_size: stage 3 only, a divisor of the world size; 0 and 1 mean none.
+TEST(ConfigValidation, SecondaryPartitionNeedsStageThreeAndADivisorOfTheWorld) {
+  EXPECT_EQ(parse_config(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})", {}, 4)
+                .zero.hpz_partition_size,
+            2);
+  EXPECT_EQ(parse_config(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 4}})", {}, 4)
+                .zero.hpz_partition_size,
+            4);
+  EXPECT_NO_THROW(parse_config(R"({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 1}})", {}, 4));
+  expect_one_line_error(
+      any_error_of([] { parse_config(R"({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}})", {}, 4); }),
+      "zero_optimization.zero_hpz_partition_size: expected 0 or 1 at zero_optimization.stage 2 (the secondary "
+      "partition holds stage-3 parameter shards), found 2");
+  expect_one_line_error(
+      any_error_of([] { parse_config(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}})", {}, 4); }),
+      "zero_optimization.zero_hpz_partition_size: expected a divisor of the world size 4 (groups of consecutive "
+      "ranks), found 3");
+  expect_one_line_error(
+      any_error_of([] { parse_config(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": -1}})", {}, 4); }),
+      "zero_optimization.zero_hpz_partition_size");
 }
 
 TEST(ConfigAudit, KeysWithoutEffectHereAreNoted) {

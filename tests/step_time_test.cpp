@@ -292,6 +292,23 @@ TEST(StepTimeCli, TimeAndPlanFromAPreset) {
   EXPECT_EQ(j["inputs"]["cluster"], "dgx-h100");
   EXPECT_GT(j["step_time"]["tokens_per_second"].get<double>(), 0);
   EXPECT_EQ(j["rates"]["inter_node_bandwidth"].get<double>(), 360e9);
+  // --hpz-partition-size sets the configuration's secondary partition: the memory estimate holds
+  // the second copy (2 bytes per parameter over 8 ranks), the step time gathers within it after the
+  // first micro-step's forward (here every block stays gathered through backward, so the second
+  // micro-step's forward is what reads it).
+  r = run_process({cli_path(), "estimate", "--cluster", "dgx-h100", "--nodes", "2", "--preset", "gpt2-350m", "--stage",
+                   "3", "--precision", "bf16", "--micro-batch", "8", "--seq", "1024", "--time", "--json",
+                   "--hpz-partition-size", "8", "--set", "gradient_accumulation_steps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto with_hpz = nlohmann::json::parse(r.output);
+  EXPECT_EQ(with_hpz["inputs"]["hpz_partition_size"], 8);
+  const int64_t psi = j["inputs"]["parameters"].get<int64_t>();
+  EXPECT_EQ(with_hpz["per_device"]["parameters"].get<int64_t>() - j["per_device"]["parameters"].get<int64_t>(),
+            2 * psi / 8);
+  bool within = false;
+  for (const auto& term : with_hpz["step_time"]["terms"])
+    within = within || term["name"].get<std::string>().find("within the secondary partition") != std::string::npos;
+  EXPECT_TRUE(within) << r.output;
   // A bandwidth flag overrides the preset; bits are read as bits.
   r = run_process({cli_path(), "estimate", "--cluster", "dgx-h100", "--nodes", "2", "--preset", "gpt2-350m",
                    "--rate", "inter_node_bandwidth=400Gb/s", "--rate", "overlap=0.5", "--rate", "inter_node_latency=2e-6",
@@ -317,7 +334,8 @@ TEST(StepTimeCli, BadInputsAreOneLineErrors) {
            {"--cluster", "dgx-h100", "--rate", "inter_node_bandwidth=fast", "--time"},
            {"--cluster", "dgx-h100", "--rate", "network=50GB/s", "--time"},
            {"--cluster", "dgx-h100", "--rate", "overlap", "--time"},
-           {"--cluster", "dgx-h100", "--hpz-partition-size", "8"},
+           {"--cluster", "dgx-h100", "--stage", "2", "--hpz-partition-size", "8"},
+           {"--cluster", "dgx-h100", "--stage", "3", "--hpz-partition-size", "3", "--time"},
            {"--cluster", "dgx-h100", "--time", "--plan"},
            {"--cluster", "dgx-h100", "--time", "--tensor-parallel", "3"},
            {"--cluster", "dgx-h100", "--time", "--rate", "overlap=2"},

@@ -337,10 +337,16 @@ void expect_nodes_equal_one_node(int nnodes, int nproc, const std::vector<int>& 
                                              "zero_optimization.stage=" + std::to_string(stage)};
     const auto one = train_on_nodes("one-node", 1, zerotrain_nodes(1, world), overrides);
     const auto several = train_on_nodes("nodes", nnodes, zerotrain_nodes(nnodes, nproc), overrides);
-    const std::string what = std::to_string(nnodes) + " nodes x " + std::to_string(nproc) + " ranks, stage " +
-                             std::to_string(stage);
+    std::ostringstream describe;
+    describe << nnodes << " nodes x " << nproc << " ranks, stage " << stage;
+    const std::string what = describe.str();
     ASSERT_FALSE(one.is_null() || several.is_null()) << what;
     EXPECT_EQ(several["world_size"], world) << what;
+    // The engine's node groups follow the launchers' nodes.
+    EXPECT_EQ(several["nodes"]["count"], nnodes) << what;
+    EXPECT_EQ(several["nodes"]["ranks_per_node"], nproc) << what;
+    EXPECT_EQ(one["nodes"]["count"], 1) << what;
+    EXPECT_EQ(one["nodes"]["ranks_per_node"], world) << what;
     expect_same_losses(one, several, what);
   }
 }
@@ -349,6 +355,25 @@ TEST(TrainNodes, TwoNodesOfTwoRanksEqualOneNodeOfFourAtStagesZeroAndOne) { expec
 TEST(TrainNodes, TwoNodesOfTwoRanksEqualOneNodeOfFourAtStagesTwoAndThree) { expect_nodes_equal_one_node(2, 2, {2, 3}); }
 TEST(TrainNodes, ThreeNodesOfOneRankEqualOneNodeOfThreeAtStagesZeroAndOne) { expect_nodes_equal_one_node(3, 1, {0, 1}); }
 TEST(TrainNodes, ThreeNodesOfOneRankEqualOneNodeOfThreeAtStagesTwoAndThree) { expect_nodes_equal_one_node(3, 1, {2, 3}); }
+
+// hpZ on two nodes of two ranks: each node's ranks hold a secondary partition, and with every
+// block released after its use (reuse distance 0) and none persistent, backward gathers within the
+// node; the run is the one of a single node of four without it.
+TEST(TrainNodes, SecondaryPartitionWithinEachNodeTrainsAsOneNodeWithout) {
+  const std::vector<std::string> common{"train_batch_size=16", "zero_optimization.stage=3",
+                                        "zero_optimization.stage3_max_reuse_distance=0",
+                                        "zero_optimization.stage3_param_persistence_threshold=0"};
+  std::vector<std::string> with_hpz = common;
+  with_hpz.push_back("zero_optimization.zero_hpz_partition_size=2");
+  const auto one = train_on_nodes("one-node", 1, zerotrain_nodes(1, 4), common);
+  const auto several = train_on_nodes("nodes-hpz", 2, zerotrain_nodes(2, 2), with_hpz);
+  ASSERT_FALSE(one.is_null() || several.is_null());
+  EXPECT_EQ(several["zero"]["hpz_partition_size"], 2);
+  EXPECT_EQ(one["zero"]["secondary_block_gathers_rank0"], 0);
+  EXPECT_GT(several["zero"]["secondary_block_gathers_rank0"].get<int64_t>(), 0);
+  EXPECT_EQ(several["zero"]["block_gathers_rank0"], one["zero"]["block_gathers_rank0"]);
+  expect_same_losses(one, several, "2 nodes x 2 ranks with hpZ 2 against 1 node of 4 without");
+}
 
 // The torch wheel's own torchrun starts the ranks (--no-python): its agent on node 0 serves the
 // store every rank connects to (TORCHELASTIC_USE_AGENT_STORE=True).

@@ -39,6 +39,7 @@ struct RunOptions {
   std::string optimizer = "AdamW";
   int64_t persistence_threshold = 0;  // stage 3: 0 shards every parameter of a block
   int64_t reuse_distance = 1'000'000'000;  // stage 3: zero_optimization.stage3_max_reuse_distance
+  int hpz = 1;                              // stage 3: zero_optimization.zero_hpz_partition_size
   bool sharded_construction = false;  // build the model under zt::ShardedConstruction
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
@@ -57,6 +58,9 @@ struct RunResult {
   int64_t psi = 0;
   int64_t peak_gathered = 0;
   int64_t last_micro_step_gathers = 0;  // stage 3: block gathers in the last micro-step
+  int64_t last_micro_step_secondary = 0;  // of those, served by the secondary partition
+  int64_t secondary_gathers = 0;          // in the whole run
+  int64_t secondary_bytes = 0;            // hpZ's shards: bytes.parameters beyond the partition's
 };
 
 zt::TrainConfig make_config(const RunOptions& o, int world) {
@@ -73,6 +77,7 @@ zt::TrainConfig make_config(const RunOptions& o, int world) {
           R"(, "gradient_predivide_factor": )" + std::to_string(o.gradient_predivide_factor);
   auto config = zt::parse_config(json + "}", {}, world);
   config.zero.stage3_max_reuse_distance = o.reuse_distance;
+  config.zero.hpz_partition_size = o.hpz;
   return config;
 }
 
@@ -98,6 +103,7 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + 10 * step + a);
       auto tokens = torch::randint(0, gpt_config.vocab_size, {2, 17}, gen, torch::kLong);
       const int64_t gathers_before = engine.block_gathers();
+      const int64_t secondary_before = engine.secondary_block_gathers();
       auto loss = model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
       loss_sum += loss.item<double>();
       if (micro == o.overflow_micro_step) {
@@ -117,6 +123,7 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
       engine.backward(loss);
       r = engine.step();
       result.last_micro_step_gathers = engine.block_gathers() - gathers_before;
+      result.last_micro_step_secondary = engine.secondary_block_gathers() - secondary_before;
     }
     EXPECT_TRUE(r.boundary);
     result.losses.push_back(loss_sum / 2);
@@ -142,6 +149,7 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
   }
   result.psi = engine.trainable_parameters();
   result.peak_gathered = engine.peak_gathered_parameter_bytes();
+  result.secondary_gathers = engine.secondary_block_gathers();
   result.bytes = engine.model_state_bytes();
   result.formula = zt::model_state_formula(engine.trainable_parameters(), world, config);
   return result;
@@ -751,6 +759,45 @@ TEST(ZeroStage3, ReuseDistanceKeepsBlocksGatheredForTheirNextUse) {
     return;
   }
   expect_ranks_pass("ZeroStage3.ReuseDistanceKeepsBlocksGatheredForTheirNextUse", {2});
+}
+
+// hpZ (zero_hpz_partition_size, docs/zero.md "hpZ"): each block's first gather after a step
+// reads the partition over all ranks and fills the secondary shards; every later gather of it
+// (backward's with reuse distance 0, and the second micro-step's, since the parameters change
+// only at the step) runs within the secondary group. Gathers copy, so the run is bitwise the
+// same as without it, in fp32 and bf16. 4 ranks in groups of 2; 2 ranks in one group of 2 (the
+// world). Memory: a secondary shard of Ψ/2 working elements more per rank.
+TEST(ZeroStage3, SecondaryPartitionServesLaterGathersAndTrainsTheSame) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    for (const std::string precision : {"fp32", "bf16"}) {
+      const RunOptions plain_options{.stage = 3, .precision = precision, .steps = 3, .reuse_distance = 0};
+      RunOptions hpz_options = plain_options;
+      hpz_options.hpz = 2;
+      const auto plain = train(comm, plain_options);
+      const auto hpz = train(comm, hpz_options);
+      const std::string what = precision + " hpz 2 on " + std::to_string(comm->world_size()) + " ranks";
+      EXPECT_EQ(plain.losses, hpz.losses) << what;
+      EXPECT_EQ(plain.grad_norms, hpz.grad_norms) << what;
+      EXPECT_EQ(plain.secondary_gathers, 0) << what;
+      // Reuse distance 0: 9 gathers per micro-step; in the window's second micro-step all of them
+      // are the secondary group's.
+      EXPECT_EQ(hpz.last_micro_step_gathers, 9) << what;
+      EXPECT_EQ(hpz.last_micro_step_secondary, 9) << what;
+      // In the first micro-step after a step each of the 4 blocks is gathered once from the
+      // partition and 5 times more from the secondary shards.
+      EXPECT_EQ(hpz.secondary_gathers, 3 * (9 - 4 + 9)) << what;
+      const int64_t element = precision == "fp32" ? 4 : 2;
+      const int64_t formula_extra = hpz.formula.parameters - plain.formula.parameters;
+      EXPECT_EQ(formula_extra, element * hpz.psi / 2) << what;
+      // The shards hold whole blocks' buckets: the layout's padding beyond the formula.
+      const int64_t measured_extra = hpz.bytes.parameters - plain.bytes.parameters;
+      EXPECT_GE(measured_extra, formula_extra) << what;
+      EXPECT_LE(measured_extra, formula_extra + 64 * 1024) << what;
+    }
+    return;
+  }
+  expect_ranks_pass("ZeroStage3.SecondaryPartitionServesLaterGathersAndTrainsTheSame", {2, 4});
 }
 
 namespace {

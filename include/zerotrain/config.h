@@ -130,6 +130,11 @@ struct ZeroConfig {
   // Stage 3: a trainable parameter with fewer elements stays gathered on every rank (its
   // optimizer state is still sharded); small tensors are not worth a collective each.
   int64_t stage3_param_persistence_threshold = 100'000;
+  // ZeRO++'s hpZ: stage 3 keeps a secondary partition of each block over groups of this many
+  // consecutive ranks (a node's), filled by a block's first gather after the parameters change;
+  // later gathers of it (backward's, after a release) run within the group. 0 or 1: none.
+  // docs/zero.md "hpZ".
+  int hpz_partition_size = 1;
   // Elements per optimizer sub-group: the unit the nvme tier reads, steps and writes back.
   int64_t sub_group_size = 1'000'000'000;
   OffloadOptimizerConfig offload_optimizer;

@@ -66,6 +66,7 @@ class Module;
 namespace zt {
 
 class Communicator;
+struct NodeGroups;
 struct TrainConfig;
 struct FlatLayout;
 
@@ -160,6 +161,9 @@ class Engine {
   // Stage 3: block gathers launched since construction, prefetched or not (a block kept gathered
   // for its next use, zero_optimization.stage3_max_reuse_distance, is not gathered again).
   int64_t block_gathers() const;
+  // Stage 3 with a secondary partition (zero_hpz_partition_size): of block_gathers(), those served
+  // within the secondary group from its shards (docs/zero.md "hpZ").
+  int64_t secondary_block_gathers() const;
   OffloadReport offload_report() const;
   // Checkpoints (docs/checkpoint.md): collectives, called between optimizer steps (not inside an
   // accumulation window). save_checkpoint writes dir/tag — this rank's master weights and
@@ -185,6 +189,9 @@ class Engine {
   // when reading fails on any rank it throws on every rank and the engine's state is unchanged.
   void load_weights(WeightReader& reader);
   Communicator& communicator() const;
+  // The job's node groups, made at construction (zerotrain/comm.h make_node_groups): one node's
+  // ranks, and one rank of each node. For the stages' collectives that follow the nodes.
+  const NodeGroups& node_groups() const;
   const TrainConfig& config() const;
 
   struct Impl;  // public so that the engine's autograd functions can reach it; not an API

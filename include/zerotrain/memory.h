@@ -25,7 +25,8 @@ struct ModelStateBytes {
 ModelStateBytes model_state_bytes_per_parameter(const TrainConfig& config);
 
 // Design §2: per-rank bytes for `trainable_parameters` (Ψ) on `world_size` ranks, each role
-// divided by world_size when config.zero's switch for it is on.
+// divided by world_size when config.zero's switch for it is on; with a stage-3 secondary partition
+// (zero_hpz_partition_size P > 1) the parameters hold Ψ/P more elements of the working dtype.
 ModelStateBytes model_state_formula(int64_t trainable_parameters, int world_size, const TrainConfig& config);
 
 }  // namespace zt

@@ -13,9 +13,10 @@
 //   (bucket reductions during backward with overlap_comm, stage 3's prefetch) hides communication
 //   behind the compute of the same phase, up to ClusterRates::overlap of it; the rest is exposed.
 // - Offload adds the host<->device copies (PCIe) and NVMe reads and writes of the tiers involved.
-// - Tensor parallelism and hpZ are inputs for what-if comparisons only (published Megatron + ZeRO
-//   runs, ZeRO++'s secondary partition); the engine implements neither and the planner never
-//   proposes them.
+// - Tensor parallelism is an input for what-if comparisons only (published Megatron + ZeRO runs):
+//   the engine does not implement it. hpZ (ZeRO++'s secondary partition) follows the
+//   configuration's zero_hpz_partition_size, which the engine implements, or a what-if value.
+//   The planner proposes neither.
 #pragma once
 #include <string>
 #include <vector>
@@ -37,7 +38,9 @@ ClusterSpec cluster_preset(const std::string& name);
 
 struct StepTimeOptions {
   int tensor_parallel = 1;      // what-if: Megatron tensor parallelism within a node (published runs)
-  int hpz_partition_size = 1;   // what-if: stage-3 secondary partition over this many ranks of a node
+  // Stage-3 secondary partition over this many ranks of a node; 1 takes the configuration's
+  // zero_optimization.zero_hpz_partition_size (which the engine implements, docs/zero.md "hpZ").
+  int hpz_partition_size = 1;
 };
 
 // One contribution to the step, in seconds per optimizer step.

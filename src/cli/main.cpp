@@ -284,9 +284,9 @@ int run_estimate(const EstimateArgs& args) {
   if (!args.device.empty() || args.cluster.empty())
     cluster.device = zt::parse_device_kind(args.device.empty() ? "cuda" : args.device, "--device");
   for (const std::string& assignment : args.rates) set_rate(cluster.rates, assignment);
-  if ((args.tensor_parallel != 1 || args.hpz_partition_size != 1) && !args.time)
-    throw zt::ConfigError("--tensor-parallel and --hpz-partition-size are what-if inputs of the step-time model: "
-                          "expected them with --time, found them without");
+  if (args.tensor_parallel != 1 && !args.time)
+    throw zt::ConfigError("--tensor-parallel is a what-if input of the step-time model: expected it with --time, "
+                          "found it without");
   if (!args.device_memory.empty()) cluster.device_memory = parse_bytes(args.device_memory, "--device-memory");
   if (!args.host_memory.empty()) cluster.host_memory = parse_bytes(args.host_memory, "--host-memory");
   if (!args.nvme.empty()) cluster.nvme_bytes = parse_bytes(args.nvme, "--nvme");
@@ -301,6 +301,8 @@ int run_estimate(const EstimateArgs& args) {
     overrides.push_back(fmt::format("fp16.enabled={}", args.precision == "fp16"));
   }
   if (args.micro_batch > 0) overrides.push_back(fmt::format("train_micro_batch_size_per_gpu={}", args.micro_batch));
+  if (args.hpz_partition_size != 1)
+    overrides.push_back(fmt::format("zero_optimization.zero_hpz_partition_size={}", args.hpz_partition_size));
   if (!args.preset.empty()) overrides.push_back("model.preset=" + args.preset);
   const bool raw = !args.params.empty();
   if (!raw) {  // shape flags adjust the configuration's GPT
@@ -402,7 +404,6 @@ int run_estimate(const EstimateArgs& args) {
   if (args.time) {
     zt::StepTimeOptions what_if;
     what_if.tensor_parallel = args.tensor_parallel;
-    what_if.hpz_partition_size = args.hpz_partition_size;
     time = zt::estimate_step_time(model, cluster, config, options, what_if);
   }
   if (args.json) {
@@ -411,8 +412,8 @@ int run_estimate(const EstimateArgs& args) {
       out["step_time"] = zt::step_time_to_json(*time);
       out["rates"] = zt::rates_to_json(cluster.rates);
       inputs["tensor_parallel"] = args.tensor_parallel;
-      inputs["hpz_partition_size"] = args.hpz_partition_size;
     }
+    inputs["hpz_partition_size"] = std::max(1, config.zero.hpz_partition_size);
     inputs["cluster"] = cluster.name;
     inputs["stage"] = config.zero.stage;
     inputs["offload_optimizer"] = zt::to_string(estimate.offload_optimizer);
@@ -428,10 +429,10 @@ int run_estimate(const EstimateArgs& args) {
                              zt::to_string(options.recompute.value_or(zt::recompute_of(config))))
               << zt::format_estimate(estimate, cluster);
     if (time) {
-      if (args.tensor_parallel > 1 || args.hpz_partition_size > 1)
-        std::cout << fmt::format("what-if (the engine implements neither, and the memory estimate above does not "
-                                 "see them): tensor parallel {}, hpZ partition {}\n",
-                                 args.tensor_parallel, args.hpz_partition_size);
+      if (args.tensor_parallel > 1)
+        std::cout << fmt::format("what-if (the engine does not implement it, and the memory estimate above does not "
+                                 "see it): tensor parallel {}\n",
+                                 args.tensor_parallel);
       std::cout << zt::format_step_time(*time);
     }
   }
@@ -693,7 +694,8 @@ int main(int argc, char** argv) {
                        "what-if for --time: Megatron tensor parallelism within a node (not implemented by the engine)")
       ->check(CLI::Range(1, 1024));
   estimate->add_option("--hpz-partition-size", estimate_args.hpz_partition_size,
-                       "what-if for --time: ZeRO++ secondary partition of stage-3 parameters (not implemented by the engine)")
+                       "ZeRO++ secondary partition of stage-3 parameters over K ranks of a node (sets "
+                       "zero_optimization.zero_hpz_partition_size: memory and --time see it)")
       ->check(CLI::Range(1, 1024));
 
   try {

@@ -161,6 +161,24 @@ std::string join(const std::set<std::string>& names) {
   return out;
 }
 
+// ZeRO++'s secondary partition (hpZ): stage-3 parameters only (DeepSpeed ignores it below stage
+// 3, which would leave the key without effect), over groups of consecutive ranks that divide the
+// world. 0 and 1 both mean none, as in DeepSpeed.
+void validate_secondary_partition(const TrainConfig& c) {
+  const int size = c.zero.hpz_partition_size;
+  if (size <= 1) return;
+  if (!c.zero.shard_parameters)
+    throw ConfigError(fmt::format(
+        "zero_optimization.zero_hpz_partition_size: expected 0 or 1 at zero_optimization.stage {} (the secondary "
+        "partition holds stage-3 parameter shards), found {}",
+        c.zero.stage, size));
+  if (c.world_size % size != 0)
+    throw ConfigError(fmt::format(
+        "zero_optimization.zero_hpz_partition_size: expected a divisor of the world size {} (groups of consecutive "
+        "ranks), found {}",
+        c.world_size, size));
+}
+
 // ZeRO-Offload / ZeRO-Infinity: the tiers need sharding, and the nvme tier a directory.
 // DeepSpeed requires ZeRO for optimizer offload and silently ignores parameter offload below
 // stage 3; zerotrain refuses both, since either would leave the key without effect.
@@ -405,6 +423,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
             bound));
 
   validate_offload(c, values);
+  validate_secondary_partition(c);
 
   const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
   if (ac.contiguous_memory_optimization && ac.policy == "selective")

@@ -366,8 +366,7 @@ std::vector<Leaf> build_table() {
   t.push_back(inert(boolean(Z + "ignore_unused_parameters", true, none),
                     "zerotrain reduces a parameter without a gradient as zero (docs/zero.md)"));
   t.push_back(reserved(boolean(Z + "legacy_stage1", false, none), "DeepSpeed's legacy stage 1"));
-  t.push_back(inert(integer(Z + "zero_hpz_partition_size", 1, 0, std::nullopt, none),
-                    "ZeRO++'s secondary parameter partition (hpZ) speeds up gathers; the math is the same"));
+  t.push_back(integer(Z + "zero_hpz_partition_size", 1, 0, 1 << 20, ZT_FIELD(zero.hpz_partition_size)));
   t.push_back(reserved(boolean(Z + "zero_quantized_weights", false, none), "ZeRO++ quantized weight gathers (qwZ)"));
   t.push_back(reserved(boolean(Z + "zero_quantized_nontrainable_weights", false, none),
                        "quantized storage of frozen weights"));

@@ -220,6 +220,9 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const ModelStateBytes formula = model_state_formula(psi, N, config);
   const int64_t persistent = zero.shard_parameters ? std::min(psi, model.persistent_parameters) : 0;
   const int64_t working_params = formula.parameters + persistent * e;
+  // hpZ's secondary partition (in the formula's parameters) stays on the device with offload too.
+  const int64_t secondary =
+      zero.shard_parameters && zero.hpz_partition_size > 1 ? e * psi / zero.hpz_partition_size : 0;
   // The optimizer-state term split into its parts, each divided on its own (so each is exact).
   const int64_t moments_per_parameter = model_state_bytes_per_parameter(config).optimizer_states - (mixed ? 4 : 0);
   // The delayed update keeps fp32 masters of their own in fp32 training too (docs/offload.md).
@@ -355,10 +358,11 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     host_per_rank.buffers += buffers * ceil_div(shard_bytes, page) * page +
                              (config.gradient_accumulation_steps > 1 ? buffers - 1 : buffers) * shard_bytes;
   }
-  const int64_t shard = working_params - persistent * e;  // persistent parameters stay where they are
+  // Persistent parameters and the secondary partition stay where they are.
+  const int64_t shard = working_params - persistent * e - secondary;
   if (offload_param == OffloadTarget::Cpu && !cpu_device) {
     host_per_rank.parameters += shard;
-    device.parameters = persistent * e;
+    device.parameters = persistent * e + secondary;
   }
   if (offload_param == OffloadTarget::Nvme) {
     // The shard is in a file; block shards are read into buffer_count buffers of buffer_size
@@ -373,7 +377,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     nvme.parameters = shard;
     host_per_rank.parameters += std::min(o.max_in_cpu, shard / e) * e;
     host_per_rank.buffers += int64_t{o.buffer_count} * block_shard * e;
-    device.parameters = persistent * e;
+    device.parameters = persistent * e + secondary;
   }
   if (delayed) {
     // The delayed update's snapshot of the owned gradients, and its second working copy of the

@@ -22,6 +22,9 @@ ModelStateBytes model_state_formula(int64_t trainable_parameters, int world_size
   };
   ModelStateBytes bytes;
   bytes.parameters = part(per.parameters, config.zero.shard_parameters);
+  // hpZ's secondary partition: each parameter once more over the secondary group.
+  if (config.zero.shard_parameters && config.zero.hpz_partition_size > 1)
+    bytes.parameters += per.parameters * trainable_parameters / config.zero.hpz_partition_size;
   bytes.gradients = part(per.gradients, config.zero.shard_gradients);
   bytes.optimizer_states = part(per.optimizer_states, config.zero.shard_optimizer_states);
   return bytes;

@@ -74,6 +74,7 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
             c.zero.shard_optimizer_states = stage >= 1;
             c.zero.shard_gradients = stage >= 2;
             c.zero.shard_parameters = stage >= 3;
+            c.zero.hpz_partition_size = 1;  // the planner does not propose hpZ (docs/step_time.md)
             // overlap_comm is a choice too unless the configuration gave it: it can only hide
             // communication, at the memory of a second bucket buffer.
             if (overlap_given ? overlap != config.zero.overlap_comm : false) continue;

@@ -236,11 +236,13 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   if (tp < 1 || cluster.devices_per_node % tp != 0)
     throw ConfigError(fmt::format("tensor_parallel: expected a divisor of the {} devices per node, found {}",
                                   cluster.devices_per_node, tp));
-  const int hpz = what_if.hpz_partition_size;
-  if (hpz < 1 || cluster.devices_per_node % hpz != 0)
-    throw ConfigError(fmt::format("hpz_partition_size: expected a divisor of the {} devices per node, found {}",
-                                  cluster.devices_per_node, hpz));
   const ZeroConfig& zero = config.zero;
+  const bool hpz_configured = what_if.hpz_partition_size == 1 && zero.shard_parameters && zero.hpz_partition_size > 1;
+  const int hpz = hpz_configured ? zero.hpz_partition_size : what_if.hpz_partition_size;
+  if (hpz < 1 || cluster.devices_per_node % hpz != 0)
+    throw ConfigError(fmt::format("{}: expected a divisor of the {} devices per node, found {}",
+                                  hpz_configured ? "zero_optimization.zero_hpz_partition_size" : "hpz_partition_size",
+                                  cluster.devices_per_node, hpz));
   const OffloadTarget opt = options.offload_optimizer.value_or(zero.offload_optimizer.device);
   const OffloadTarget param = options.offload_param.value_or(zero.offload_param.device);
   const Recompute recompute = options.recompute.value_or(recompute_of(config));
@@ -328,24 +330,35 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
     // The gatherer prefetches at least the next block, however large, while a positive
     // stage3_prefetch_bucket_size and the live-parameter budget allow (zero/parameter_gatherer.cpp).
     const bool prefetch = zero.stage3_prefetch_bucket_size > 0 && zero.stage3_max_live_parameters > model.largest_block;
-    const Transfer gather = collective(cluster, dp, Collective::AllGather, sharded * element, blocks);
-    // The first block's gather has nothing to hide behind.
-    Transfer first{gather.seconds / blocks, gather.bytes / blocks};
-    Transfer rest{gather.seconds - first.seconds, gather.bytes - first.bytes};
-    queue("all-gather parameters (forward, first block)", first, micro_steps, nothing);
-    queue("all-gather parameters (forward)", rest, micro_steps, prefetch ? in_forward : nothing);
+    // With hpZ only the first micro-step's forward reads the primary partition; every later gather
+    // until the optimizer step reads the secondary one (zero/parameter_gatherer.cpp).
+    Group secondary = dp;
+    if (hpz > 1) secondary = Group{std::min(hpz, dp.per_node), 1};
+    const double primary_forwards = hpz > 1 ? 1 : micro_steps;
+    auto forward_gathers = [&](const Group& group, double times, const std::string& suffix) {
+      const Transfer gather = collective(cluster, group, Collective::AllGather, sharded * element, blocks);
+      // The first block's gather has nothing to hide behind.
+      Transfer first{gather.seconds / blocks, gather.bytes / blocks};
+      Transfer rest{gather.seconds - first.seconds, gather.bytes - first.bytes};
+      queue("all-gather parameters (forward, first block" + suffix + ")", first, times, nothing);
+      queue("all-gather parameters (forward" + suffix + ")", rest, times, prefetch ? in_forward : nothing);
+    };
+    forward_gathers(dp, primary_forwards, "");
+    if (micro_steps > primary_forwards)
+      forward_gathers(secondary, micro_steps - primary_forwards, ", later micro-steps, within the secondary partition");
     const double again = std::max(0.0, sharded - kept);
     regathered = sharded > 0 ? again / sharded : 0;
     if (again > 0) {
-      Group secondary = dp;
-      if (hpz > 1) secondary = Group{std::min(hpz, dp.per_node), 1};
       const double count = blocks * again / std::max(1.0, sharded);
       queue(hpz > 1 ? "all-gather parameters (backward, within the secondary partition)"
                     : "all-gather parameters (backward)",
             collective(cluster, secondary, Collective::AllGather, again * element, count), micro_steps,
             prefetch ? HiddenBehind::Backward : nothing);
-      if (hpz > 1) st.notes.push_back(fmt::format("hpZ what-if: backward gathers within groups of {} ranks", hpz));
     }
+    if (hpz > 1)
+      st.notes.push_back(fmt::format(
+          "hpZ{}: the gathers after the first micro-step's forward stay within groups of {} ranks{}", hpz_configured ? "" : " what-if",
+          hpz, again > 0 || micro_steps > 1 ? "" : " (none here: every block stays gathered through backward, one micro-step)"));
     queue("reduce-scatter gradients", collective(cluster, dp, Collective::ReduceScatter, sharded * element, blocks),
           micro_steps, grads_behind);
     if (persistent > 0)

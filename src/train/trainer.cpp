@@ -914,7 +914,13 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     summary["zero"] = {{"stage", config.zero.stage},
                        {"shard_optimizer_states", config.zero.shard_optimizer_states},
                        {"shard_gradients", config.zero.shard_gradients},
-                       {"shard_parameters", config.zero.shard_parameters}};
+                       {"shard_parameters", config.zero.shard_parameters},
+                       {"hpz_partition_size", std::max(1, config.zero.hpz_partition_size)},
+                       {"block_gathers_rank0", engine.block_gathers()},
+                       {"secondary_block_gathers_rank0", engine.secondary_block_gathers()}};
+    // Rank 0's node groups: its node's ranks, and the nodes (one rank 0 of a node each).
+    summary["nodes"] = {{"count", engine.node_groups().across_nodes->world_size()},
+                        {"ranks_per_node", engine.node_groups().within_node->world_size()}};
     summary["precision"] = to_string(config.precision);
     summary["memory"] = {{"measured_peak_above_baseline_bytes", measured_peak},
                          {"heap_retained", heap_retained},

@@ -83,6 +83,7 @@ struct Engine::Impl {
   std::shared_ptr<torch::nn::Module> model;
   TrainConfig config;
   std::shared_ptr<Communicator> comm;
+  NodeGroups node_groups;  // within and across nodes (zerotrain/comm.h)
   LrSchedule schedule;
   LossScaler scaler;
 
@@ -142,6 +143,7 @@ struct Engine::Impl {
       shard_world = world;
       shard_rank = rank;
     }
+    node_groups = make_node_groups(comm);
     build();
     if (gatherer) gatherer->install();
     liveness->impl = this;
@@ -247,7 +249,7 @@ struct Engine::Impl {
     optimizer = std::make_unique<OptimizerPartition>(layout, optimizer_options, *comm, optimizer_working);
     if (shard_parameters)
       gatherer = std::make_unique<ParameterGatherer>(layout, std::move(planned_blocks), config.zero, working_dtype,
-                                                     devices.compute, *comm, *parameter_tier);
+                                                     devices.compute, *comm, *parameter_tier, secondary_group());
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
     // anything is rounded to the working dtype. Bucket by bucket, so that with sharded
@@ -571,6 +573,25 @@ struct Engine::Impl {
   }
 
 
+  // The stage-3 secondary partition's group (hpZ, docs/zero.md "hpZ"): zero_hpz_partition_size
+  // consecutive ranks, as DeepSpeed forms them, which with ranks placed node by node and a size
+  // dividing the ranks per node lie within one node. Null without a secondary partition.
+  std::shared_ptr<Communicator> secondary_group() {
+    const int size = config.zero.hpz_partition_size;
+    if (!shard_parameters || size <= 1) return nullptr;
+    if (world % size != 0)
+      throw ConfigError("zero_optimization.zero_hpz_partition_size: expected a divisor of the world size " +
+                        std::to_string(world) + ", found " + std::to_string(size));
+    const NodePlacement where = comm->placement();
+    if (rank == 0 && where.local_world_size % size != 0)
+      std::fprintf(stderr,
+                   "zerotrain: engine: zero_hpz_partition_size %d does not divide the %d ranks of a node: secondary "
+                   "groups span nodes, so backward's gathers cross them\n",
+                   size, where.local_world_size);
+    if (size == world) return comm;
+    return comm->split(rank / size, "hpz");
+  }
+
   // ---------------------------------------------------------------- backward
   bool boundary_next() const { return micro_step + 1 == config.gradient_accumulation_steps; }
 
@@ -623,8 +644,10 @@ struct Engine::Impl {
   // The updated partition reaches the working parameters every rank uses.
   void publish_parameters() {
     if (shard_parameters) {
-      // A block gathered (or read) ahead for a forward that did not come holds old values.
+      // A block gathered (or read) ahead for a forward that did not come holds old values, and so
+      // do the secondary shards.
       gatherer->release_all();
+      gatherer->invalidate_secondary();
       parameter_tier->invalidate();
       gatherer->gather_persistent();
     } else if (shard_world > 1) {
@@ -950,7 +973,8 @@ struct Engine::Impl {
 
   ModelStateBytes model_state_bytes() const {
     ModelStateBytes bytes;
-    if (shard_parameters) bytes.parameters = param_partition.memory_bytes() + gatherer->persistent_bytes();
+    if (shard_parameters)
+      bytes.parameters = param_partition.memory_bytes() + gatherer->persistent_bytes() + gatherer->secondary_bytes();
     else bytes.parameters = int64_t(flat_params.nbytes());
     bytes.gradients = reducer->gradient_bytes();
     bytes.optimizer_states = optimizer->memory_bytes();
@@ -1014,6 +1038,10 @@ const FlatLayout& Engine::layout() const { return impl_->layout; }
 int64_t Engine::peak_gathered_parameter_bytes() const { return impl_->gatherer ? impl_->gatherer->peak_gathered_bytes() : 0; }
 int64_t Engine::prefetched_blocks() const { return impl_->gatherer ? impl_->gatherer->prefetched_blocks() : 0; }
 int64_t Engine::block_gathers() const { return impl_->gatherer ? impl_->gatherer->block_gathers() : 0; }
+int64_t Engine::secondary_block_gathers() const {
+  return impl_->gatherer ? impl_->gatherer->secondary_gathers() : 0;
+}
+const NodeGroups& Engine::node_groups() const { return impl_->node_groups; }
 OffloadReport Engine::offload_report() const { return impl_->offload_report(); }
 void Engine::reset_peak_gathered_parameter_bytes() {
   if (impl_->gatherer) impl_->gatherer->reset_peak_gathered_bytes();

@@ -79,9 +79,9 @@ struct Regather : public torch::autograd::Function<Regather> {
 
 ParameterGatherer::ParameterGatherer(const FlatLayout& layout, std::vector<Block> blocks, const ZeroConfig& zero,
                                      at::ScalarType working_dtype, c10::Device device, Communicator& comm,
-                                     ParameterShards& shards)
+                                     ParameterShards& shards, std::shared_ptr<Communicator> secondary)
     : layout_(layout), zero_(zero), working_dtype_(working_dtype), comm_(comm), shards_(shards),
-      liveness_(c10::make_intrusive<GathererLiveness>()) {
+      secondary_(std::move(secondary)), liveness_(c10::make_intrusive<GathererLiveness>()) {
   for (Block& b : blocks) {
     blocks_.emplace_back().name = b.name;
     modules_.push_back(std::move(b.module));
@@ -98,6 +98,14 @@ ParameterGatherer::ParameterGatherer(const FlatLayout& layout, std::vector<Block
   for (const BlockState& state : blocks_) largest = std::max(largest, state.bytes);
   pool_ = GatherPool(2 * largest, device);
   bucket_params_.resize(layout.buckets.size());
+  secondary_shards_.resize(layout.buckets.size());
+  if (secondary_) {
+    const int64_t size = secondary_->world_size();
+    ZT_CHECK_STATE(size >= 1 && comm.world_size() % size == 0, "the secondary group's size must divide the world's");
+    const auto options = at::TensorOptions().dtype(working_dtype).device(device);
+    for (int b = 0; b < int(layout.buckets.size()); ++b)
+      if (layout.buckets[b].group >= 0) secondary_shards_[b] = at::empty({layout.buckets[b].numel / size}, options);
+  }
   liveness_->gatherer = this;
 }
 
@@ -144,22 +152,32 @@ void ParameterGatherer::release_all() {
 void ParameterGatherer::launch_gather(int block) {
   BlockState& state = blocks_[block];
   ZT_CHECK_STATE(state.residence == Residence::Released, "gathering a block that is not released");
-  // The shard source's buffers are held by the gathers in flight: complete the oldest ones
-  // until this block's shards have a place.
-  while (!shards_.can_prepare(block)) {
-    ZT_CHECK_STATE(!gathering_order_.empty(), "no shard buffer free and no gather in flight to free one");
-    complete_gathering(gathering_order_.front());
+  // The secondary shards, within their group, serve every gather after the first since the
+  // parameters last changed; the first reads this rank's partition.
+  state.from_secondary = reads_secondary(block);
+  if (!state.from_secondary) {
+    // The shard source's buffers are held by the gathers in flight: complete the oldest ones
+    // until this block's shards have a place.
+    while (!shards_.can_prepare(block)) {
+      ZT_CHECK_STATE(!gathering_order_.empty(), "no shard buffer free and no gather in flight to free one");
+      complete_gathering(gathering_order_.front());
+    }
+    shards_.prepare(block);
   }
-  shards_.prepare(block);
   for (int b : state.buckets) {
     torch::Tensor& full = bucket_params_[b];
     c10::StorageImpl* storage = full.storage().unsafeGetStorageImpl();
     storage->set_data_ptr_noswap(pool_.take(int64_t(full.nbytes())));
     storage->set_nbytes(full.nbytes());
-    state.gathering.push_back(comm_.all_gather(shards_.shard(b), full, "params." + state.name));
+    state.gathering.push_back(state.from_secondary
+                                  ? secondary_->all_gather(secondary_shards_[b], full, "params.secondary." + state.name)
+                                  : comm_.all_gather(shards_.shard(b), full, "params." + state.name));
   }
   state.residence = Residence::Gathering;
-  if (!state.buckets.empty()) ++gathers_;
+  if (!state.buckets.empty()) {
+    ++gathers_;
+    if (state.from_secondary) ++secondary_gathers_;
+  }
   gathering_order_.push_back(block);
   gathered_bytes_ += state.bytes;
   peak_gathered_bytes_ = std::max(peak_gathered_bytes_, gathered_bytes_);
@@ -177,7 +195,28 @@ void ParameterGatherer::complete_gathering(int block) {
   state.gathering.clear();
   state.residence = Residence::Gathered;
   std::erase(gathering_order_, block);
+  if (state.from_secondary) return;
   shards_.done(block);
+  if (secondary_) {
+    // This rank's piece of the secondary partition: block r of the group's gather is the group's
+    // rank r's.
+    for (int b : state.buckets) {
+      at::Tensor& mine = secondary_shards_[b];
+      mine.copy_(bucket_params_[b].narrow(0, secondary_->rank() * mine.numel(), mine.numel()));
+    }
+    state.secondary_valid = true;
+  }
+}
+
+void ParameterGatherer::invalidate_secondary() {
+  for (BlockState& state : blocks_) state.secondary_valid = false;
+}
+
+int64_t ParameterGatherer::secondary_bytes() const {
+  int64_t bytes = 0;
+  for (const at::Tensor& t : secondary_shards_)
+    if (t.defined()) bytes += int64_t(t.nbytes());
+  return bytes;
 }
 
 // Frees the block's full parameters; their tensors (and views autograd saved) stay valid as
@@ -219,7 +258,7 @@ void ParameterGatherer::prefetch(int64_t position, int direction) {
   for (; launched < budget && p >= 0 && p < int64_t(recorded_order_.size()); p += direction) {
     const int block = recorded_order_[p];
     if (blocks_[block].residence != Residence::Released) continue;
-    if (!shards_.can_prepare(block)) break;  // a prefetch never waits for a buffer
+    if (!reads_secondary(block) && !shards_.can_prepare(block)) break;  // a prefetch never waits for a buffer
     launch_gather(block);
     ++prefetched_;
     launched += blocks_[block].numel;

@@ -7,7 +7,9 @@
 //   only while the block is gathered; the views (and what autograd saved of them) stay valid as
 //   metadata in between.
 // - The source of the gathers is this rank's working partition, read through a ParameterShards
-//   (memory or an offload tier, zero/partition_store.h).
+//   (memory or an offload tier, zero/partition_store.h); with a secondary partition (hpZ,
+//   zero_hpz_partition_size, docs/zero.md "hpZ") a block gathered once since the last change of
+//   the parameters is gathered again from its secondary shards, within the secondary group only.
 // - It is the BlockRunner of its blocks (zerotrain/blocks.h) from construction to destruction;
 //   a backward through a graph it left behind after that throws zt::Error naming the block.
 // - Collectives are issued in the same order on every rank (the first forward checks the block
@@ -78,8 +80,11 @@ class ParameterGatherer : public BlockRunner {
     std::string name;
     std::shared_ptr<torch::nn::Module> module;
   };
+  // `secondary`: the group of the secondary partition (hpZ), whose size divides the world's; null
+  // for none. Its shards (each block's 1/size, in the working dtype) are allocated here.
   ParameterGatherer(const FlatLayout& layout, std::vector<Block> blocks, const ZeroConfig& zero,
-                    at::ScalarType working_dtype, c10::Device device, Communicator& comm, ParameterShards& shards);
+                    at::ScalarType working_dtype, c10::Device device, Communicator& comm, ParameterShards& shards,
+                    std::shared_ptr<Communicator> secondary = nullptr);
   ~ParameterGatherer() override;
 
   // Starts running the blocks' modules (install_block_runner).
@@ -97,6 +102,9 @@ class ParameterGatherer : public BlockRunner {
   void release_all();
   // Parameters outside every block stay whole on every rank; refresh them after a step.
   void gather_persistent();
+  // The parameters changed (a step, a load): the secondary shards are stale until each block's
+  // next gather from the partition.
+  void invalidate_secondary();
 
   at::Tensor run(int block, const at::Tensor& x, const BlockFunction& fn) override;
   void gather_for_backward(int block, int64_t position);
@@ -106,6 +114,9 @@ class ParameterGatherer : public BlockRunner {
   void reset_peak_gathered_bytes() { peak_gathered_bytes_ = gathered_bytes_; }
   int64_t prefetched_blocks() const { return prefetched_; }
   int64_t block_gathers() const { return gathers_; }
+  // Of block_gathers(): those served by the secondary partition.
+  int64_t secondary_gathers() const { return secondary_gathers_; }
+  int64_t secondary_bytes() const;
 
  private:
   enum class Residence { Released, Gathering, Gathered };
@@ -116,6 +127,8 @@ class ParameterGatherer : public BlockRunner {
     int remaining = 0;  // their gradients still to come in this backward
     Residence residence = Residence::Released;
     std::vector<CollectiveHandle> gathering;  // while Gathering
+    bool from_secondary = false;              // while Gathering: from the secondary shards
+    bool secondary_valid = false;             // its secondary shards hold the current parameters
     int64_t bytes = 0;  // full size of its buckets in the working dtype
     int64_t numel = 0;
   };
@@ -127,6 +140,7 @@ class ParameterGatherer : public BlockRunner {
   void release_storage(int bucket);
   void prefetch(int64_t position, int direction);
   void check_block_call(int block);
+  bool reads_secondary(int block) const { return secondary_ && blocks_[block].secondary_valid; }
 
   const FlatLayout& layout_;
   const ZeroConfig& zero_;
@@ -136,10 +150,13 @@ class ParameterGatherer : public BlockRunner {
   std::vector<BlockState> blocks_;
   std::vector<std::shared_ptr<torch::nn::Module>> modules_;
   std::vector<at::Tensor> bucket_params_;
+  std::shared_ptr<Communicator> secondary_;
+  std::vector<at::Tensor> secondary_shards_;  // per bucket of a block: this rank's 1/size of it
   GatherPool pool_;
   c10::intrusive_ptr<GathererLiveness> liveness_;
   bool installed_ = false;
-  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0, prefetched_ = 0, gathers_ = 0;
+  int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0, prefetched_ = 0, gathers_ = 0,
+          secondary_gathers_ = 0;
   // Block order: recorded (and checked across ranks) until the first backward, then used to
   // prefetch. docs/zero.md "Stage 3".
   std::vector<int> gathering_order_;  // blocks in Gathering state, oldest launch first
