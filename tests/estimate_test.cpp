@@ -589,7 +589,9 @@ TEST(EstimateMeasured, SixConfigurationsMatchModelStatesAndPeakMemory) {
     std::filesystem::remove(summary_path);
     std::vector<std::string> args{cli_path(), "train", config, "--nproc", std::to_string(c.world), "--summary",
                                   summary_path, "--set", "zero_optimization.stage=" + std::to_string(c.stage)};
-    if (std::string(c.precision) == "bf16") args.insert(args.end(), {"--set", "bf16.enabled=true"});
+    // bf16 on every CPU, also where "auto" would train in fp32 (no 16-bit units).
+    if (std::string(c.precision) == "bf16")
+      args.insert(args.end(), {"--set", "bf16.enabled=true", "--set", "train.cpu_half_precision=always"});
     args.insert(args.end(), {"--set", "train_micro_batch_size_per_gpu=" + std::to_string(c.micro_batch)});
     auto r = run_process(args, {}, std::chrono::seconds(240));
     ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -66,7 +66,7 @@ std::vector<std::string> split_csv(const std::string& line) {
   return fields;
 }
 
-Run train(int world, const std::vector<std::string>& overrides = {}) {
+Run train(int world, const std::vector<std::string>& overrides = {}, const std::map<std::string, std::string>& env = {}) {
   auto dir = make_temp_dir("parity" + std::to_string(world));
   auto summary = dir + "/summary.json";
   std::vector<std::string> args{cli_path(), "train", parity_config(dir), "--nproc", std::to_string(world), "--summary",
@@ -75,7 +75,7 @@ Run train(int world, const std::vector<std::string>& overrides = {}) {
     args.push_back("--set");
     args.push_back(o);
   }
-  auto r = run_process(args, {}, std::chrono::seconds(240));
+  auto r = run_process(args, env, std::chrono::seconds(240));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   Run run;
   run.output = r.output;
@@ -107,6 +107,62 @@ TEST(TrainParity, TwoAndThreeRanksEqualOneRank) {
   }
 }
 
+// Whether /proc/cpuinfo lists every flag in `flags`.
+bool cpu_has_flags(std::initializer_list<const char*> flags) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) {
+      line += " ";
+      for (const char* f : flags)
+        if (line.find(std::string(" ") + f + " ") == std::string::npos) return false;
+      return true;
+    }
+  return false;
+}
+
+// bf16/fp16 on a CPU without LibTorch's fast 16-bit matrix multiply trains in fp32 ("auto"),
+// exactly as an fp32 run, and says so; "always" keeps the configured precision. The CPU's answer
+// is forced both ways (ZT_CPU_HALF_PRECISION_UNITS) so that every machine kind runs each case.
+TEST(TrainPrecision, SixteenBitWithoutTheCpuUnitsTrainsInFp32AndSaysSo) {
+  const std::map<std::string, std::string> absent{{"ZT_CPU_HALF_PRECISION_UNITS", "absent"}};
+  const std::map<std::string, std::string> present{{"ZT_CPU_HALF_PRECISION_UNITS", "present"}};
+  const auto fp32 = train(2, {"zero_optimization.stage=1"});
+  const auto fallback = train(2, {"zero_optimization.stage=1", "bf16.enabled=true"}, absent);
+  ASSERT_EQ(fallback.summary["losses"].size(), 5u) << fallback.output;
+  EXPECT_EQ(fallback.summary["precision"], "fp32");
+  EXPECT_EQ(fallback.summary["precision_configured"], "bf16");
+  EXPECT_NE(fallback.output.find("this run trains in fp32"), std::string::npos) << fallback.output;
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(fallback.summary["losses"][i], fp32.summary["losses"][i]) << "step " << i;
+
+  const auto fp16 = train(2, {"zero_optimization.stage=1", "fp16.enabled=true"}, absent);
+  EXPECT_EQ(fp16.summary["precision"], "fp32");
+  EXPECT_EQ(fp16.summary["precision_configured"], "fp16");
+
+  for (const auto& [overrides, env] :
+       {std::pair{std::vector<std::string>{"bf16.enabled=true", "train.cpu_half_precision=always"}, absent},
+        std::pair{std::vector<std::string>{"bf16.enabled=true"}, present}}) {
+    const auto kept = train(2, overrides, env);
+    EXPECT_EQ(kept.summary["precision"], "bf16") << overrides.back();
+    EXPECT_EQ(kept.output.find("this run trains in fp32"), std::string::npos) << kept.output;
+  }
+
+  // Unforced, the answer is LibTorch's: oneDNN's bf16 path needs AVX-512 (BW, VL, DQ) or
+  // AVX2-VNNI-2 (AVX-NE-CONVERT with AVX-VNNI-INT8).
+  const bool units = cpu_has_flags({"avx512bw", "avx512vl", "avx512dq"}) ||
+                     cpu_has_flags({"avx_ne_convert", "avx_vnni_int8"});
+  const auto detected = train(2, {"bf16.enabled=true"});
+  EXPECT_EQ(detected.summary["precision"], units ? "bf16" : "fp32") << detected.output;
+
+  auto dir = make_temp_dir("precision-env");
+  auto r = run_process({cli_path(), "train", parity_config(dir), "--nproc", "1", "--set", "bf16.enabled=true"},
+                       {{"ZT_CPU_HALF_PRECISION_UNITS", "maybe"}}, std::chrono::seconds(60));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("ZT_CPU_HALF_PRECISION_UNITS: expected \"present\" or \"absent\", found \"maybe\""),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(TrainSummary, HasTheDocumentedFields) {
   auto run = train(2);
   const auto& s = run.summary;
@@ -132,7 +188,7 @@ TEST(TrainSummary, ShardedBytesMatchTheFormula) {
     std::string precision;
     int64_t bytes_per_parameter_whole, bytes_per_parameter_sharded;
   };
-  for (const Case& c : {Case{{"zero_optimization.stage=2", "bf16.enabled=true"}, "bf16", 2, 14},
+  for (const Case& c : {Case{{"zero_optimization.stage=2", "bf16.enabled=true", "train.cpu_half_precision=always"}, "bf16", 2, 14},
                         Case{{"zero_optimization.stage=3", "zero_optimization.stage3_param_persistence_threshold=0"}, "fp32", 0, 16}}) {
     auto run = train(2, c.overrides);
     const auto& s = run.summary;

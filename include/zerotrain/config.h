@@ -199,6 +199,10 @@ struct TrainLoopConfig {
   // every freed page in glibc's heap, "auto" does so unless parameters are sharded, "never"
   // returns every block of 64 KiB or more to the OS.
   std::string retain_freed_memory = "bounded";
+  // bf16/fp16 on a CPU where LibTorch has no fast 16-bit matrix multiply (bf16: no AVX-512 or
+  // AMX): "auto" trains in fp32 and says so, "always" keeps the configured 16-bit precision
+  // (docs/memory.md "Precision on CPUs without 16-bit units").
+  std::string cpu_half_precision = "auto";
 };
 
 struct CommConfig {

@@ -607,6 +607,7 @@ std::vector<Leaf> build_table() {
   t.push_back(string("train.log_dir", "runs", ZT_FIELD(train.log_dir)));
   t.push_back(string("train.retain_freed_memory", "bounded", ZT_FIELD(train.retain_freed_memory),
                      {"bounded", "auto", "always", "never"}));
+  t.push_back(string("train.cpu_half_precision", "auto", ZT_FIELD(train.cpu_half_precision), {"auto", "always"}));
   t.push_back(positive("comm.timeout_seconds", 300.0, ZT_FIELD(comm.timeout_seconds)));
   return t;
 }

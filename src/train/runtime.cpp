@@ -9,7 +9,11 @@
 #include <stdexcept>
 #include <string>
 
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <fmt/format.h>
+
 #include "zerotrain/cpu_block_cache.h"
+#include "zerotrain/error.h"
 #include "zerotrain/train.h"
 
 namespace zt {
@@ -21,7 +25,64 @@ int available_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
+// LibTorch's own answer (the operator behind torch.ops.mkldnn.<name>); false if it is not built in.
+bool libtorch_says(const char* op_name) {
+  const auto handle = c10::Dispatcher::singleton().findSchema({op_name, ""});
+  if (!handle) return false;
+  return handle->typed<bool()>().call();
+}
+
+// "model name" and the flags that decide 16-bit speed, from /proc/cpuinfo, for the note.
+std::string cpu_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, model = "this CPU", flags;
+  bool seen_model = false, seen_flags = false;
+  while (std::getline(in, line) && !(seen_model && seen_flags)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string value = line.substr(std::min(line.size(), colon + 2));
+    if (!seen_model && line.rfind("model name", 0) == 0) {
+      model = value;
+      seen_model = true;
+    } else if (!seen_flags && line.rfind("flags", 0) == 0) {
+      seen_flags = true;
+      for (const char* f : {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_fp16"})
+        if ((" " + value + " ").find(std::string(" ") + f + " ") != std::string::npos) {
+          if (!flags.empty()) flags += ' ';
+          flags += f;
+        }
+    }
+  }
+  return fmt::format("\"{}\" ({})", model, flags.empty() ? "neither AVX2 nor AVX-512" : flags);
+}
+
 }  // namespace
+
+bool cpu_multiplies_at_speed(Precision precision) {
+  if (precision == Precision::FP32) return true;
+  if (const char* forced = std::getenv("ZT_CPU_HALF_PRECISION_UNITS"); forced != nullptr && *forced != '\0') {
+    const std::string v = forced;
+    if (v == "present") return true;
+    if (v == "absent") return false;
+    throw ConfigError(fmt::format("ZT_CPU_HALF_PRECISION_UNITS: expected \"present\" or \"absent\", found \"{}\"", v));
+  }
+  return libtorch_says(precision == Precision::BF16 ? "mkldnn::_is_mkldnn_bf16_supported"
+                                                    : "mkldnn::_is_mkldnn_fp16_supported");
+}
+
+PrecisionChoice cpu_training_precision(Precision configured, const std::string& cpu_half_precision) {
+  if (configured == Precision::FP32 || cpu_half_precision == "always" || cpu_multiplies_at_speed(configured))
+    return {configured, ""};
+  if (cpu_half_precision != "auto")
+    throw ConfigError(fmt::format("train.cpu_half_precision: expected \"auto\" or \"always\", found \"{}\"",
+                                  cpu_half_precision));
+  return {Precision::FP32,
+          fmt::format("precision: {} is configured, but LibTorch has no fast {} matrix multiply on {}: there it falls "
+                      "back to a loop many times slower than fp32 (docs/memory.md \"Precision on CPUs without 16-bit "
+                      "units\"), so this run trains in fp32 (model states, gradients and collectives; "
+                      "train.cpu_half_precision: \"always\" keeps {})",
+                      to_string(configured), to_string(configured), cpu_description(), to_string(configured))};
+}
 
 HeapPolicy heap_policy_of(const std::string& retain_freed_memory, bool shard_parameters) {
   if (retain_freed_memory == "bounded") return HeapPolicy::BoundedCache;

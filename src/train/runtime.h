@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "zerotrain/config.h"
+
 namespace zt {
 
 // What happens to freed memory (train.retain_freed_memory; docs/memory.md "The heap policy").
@@ -28,5 +30,22 @@ struct RuntimeSettings {
 // inter-op thread, and the heap policy (BoundedCache installs the process-wide CpuBlockCache as
 // LibTorch's CPU allocator). Call once, before large allocations.
 RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, HeapPolicy heap_policy);
+
+// Whether LibTorch multiplies matrices in `precision` at this CPU's hardware speed: fp32 always;
+// bf16 and fp16 when its oneDNN path supports the CPU (as torch.ops.mkldnn._is_mkldnn_bf16_supported
+// and _is_mkldnn_fp16_supported say: bf16 needs AVX-512 or AMX, fp16 AVX-512-FP16 or AMX-FP16).
+// Without it LibTorch falls back to a loop many times slower than fp32 (docs/memory.md "Precision
+// on CPUs without 16-bit units"). ZT_CPU_HALF_PRECISION_UNITS=present|absent overrides
+// the answer for 16-bit precisions (tests, diagnosis); any other value throws ConfigError.
+bool cpu_multiplies_at_speed(Precision precision);
+
+struct PrecisionChoice {
+  Precision precision = Precision::FP32;  // the one to train in
+  std::string note;                       // why it differs from the configured one; empty if it does not
+};
+
+// The precision a rank on the CPU trains in: fp32 when the configured one is 16-bit,
+// train.cpu_half_precision is "auto" and the CPU has no fast path for it; else the configured one.
+PrecisionChoice cpu_training_precision(Precision configured, const std::string& cpu_half_precision);
 
 }  // namespace zt

@@ -308,6 +308,15 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   comm_options.comms_logger = comms_logger;
   // The GPU first: NCCL's communicator and the caching allocator use the current device.
   const RankDevice device = select_device(options.device, rendezvous.local_rank);
+  // bf16/fp16 on a CPU without 16-bit units: fp32, unless train.cpu_half_precision says otherwise.
+  // Decided before anything reads the precision (the estimate, the engine, the flops profiler).
+  const Precision configured_precision = config.precision;
+  std::string precision_note;
+  if (!device.cuda()) {
+    PrecisionChoice choice = cpu_training_precision(config.precision, config.train.cpu_half_precision);
+    config.precision = choice.precision;
+    precision_note = std::move(choice.note);
+  }
   auto comm = make_communicator(rendezvous, comm_options);
   const int rank = comm->rank();
   const int world = comm->world_size();
@@ -375,6 +384,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                  device.name, device.total_memory / 1073741824.0, device.visible, device.visible);
     else
       fmt::print("device: cpu\n");
+    if (!precision_note.empty()) fmt::print("{}\n", precision_note);
     fmt::print("resolved configuration:\n{}", describe(config));
   }
 
@@ -922,6 +932,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     summary["nodes"] = {{"count", engine.node_groups().across_nodes->world_size()},
                         {"ranks_per_node", engine.node_groups().within_node->world_size()}};
     summary["precision"] = to_string(config.precision);
+    summary["precision_configured"] = to_string(configured_precision);
     summary["memory"] = {{"measured_peak_above_baseline_bytes", measured_peak},
                          {"heap_retained", heap_retained},
                          {"heap_policy", config.train.retain_freed_memory}};
