@@ -1,5 +1,6 @@
-// Collective bandwidth between local ranks (Gloo over loopback), beside a memcpy of the same bytes,
-// and the cost of each emulation the communicator can fall back to (docs/comm.md).
+// Collective bandwidth between local ranks, through shared memory (the communicator's default on
+// one machine) and through Gloo over loopback, beside a memcpy of the same bytes, and the cost of
+// each emulation the communicator can fall back to (docs/comm.md).
 //
 //   build/bin/comm_bench [max_mib=256]
 //
@@ -73,7 +74,9 @@ int main(int argc, char** argv) {
   torch::set_num_threads(1);
 
   auto info = zt::rendezvous_from_environment();
+  // Gloo's own paths ("native"), with the shared-memory path turned off.
   zt::CommOptions native_options;
+  native_options.shared_memory = false;
   auto native = zt::make_communicator(info, native_options);
   // A second communicator, on the next port, with every emulation forced on and Gloo's own
   // allgather instead of the default broadcast per rank.
@@ -83,6 +86,10 @@ int main(int argc, char** argv) {
   auto emulated_info = info;
   emulated_info.master_port += 1;
   auto emulated = zt::make_communicator(emulated_info, emulated_options);
+  // The default: ranks on one machine meet in shared memory.
+  auto shared_info = info;
+  shared_info.master_port += 2;
+  auto shared = zt::make_communicator(shared_info, zt::CommOptions{});
   const int rank = info.rank;
 
   std::vector<Row> rows;
@@ -121,10 +128,14 @@ int main(int argc, char** argv) {
     add("all_reduce avg", at::kFloat, "native", bytes, time([&] { native->all_reduce(f32, ReduceOp::Avg, "b").wait(); }));
     add("all_reduce avg", at::kFloat, "emulated: sum + divide", bytes,
         time([&] { emulated->all_reduce(f32, ReduceOp::Avg, "b").wait(); }));
+    add("all_reduce sum", at::kFloat, "shared memory", bytes,
+        time([&] { shared->all_reduce(f32, ReduceOp::Sum, "b").wait(); }));
     add("all_reduce sum", at::kBFloat16, "native", bytes / 2,
         time([&] { native->all_reduce(b16, ReduceOp::Sum, "b").wait(); }));
     add("all_reduce sum", at::kBFloat16, "emulated: via fp32", bytes / 2,
         time([&] { emulated->all_reduce(b16, ReduceOp::Sum, "b").wait(); }));
+    add("all_reduce sum", at::kBFloat16, "shared memory", bytes / 2,
+        time([&] { shared->all_reduce(b16, ReduceOp::Sum, "b").wait(); }));
 
     auto rs_out32 = torch::empty({n / kWorld});
     auto rs_out16 = torch::empty({n / kWorld}, at::kBFloat16);
@@ -134,27 +145,34 @@ int main(int argc, char** argv) {
         time([&] { emulated->reduce_scatter(f32, rs_out32, ReduceOp::Sum, "b").wait(); }));
     add("reduce_scatter sum", at::kFloat, "scratch input: in-place all_reduce + slice", bytes,
         time([&] { native->reduce_scatter(f32, rs_out32, ReduceOp::Sum, "b", zt::InputUse::Scratch).wait(); }));
+    add("reduce_scatter sum", at::kFloat, "shared memory", bytes,
+        time([&] { shared->reduce_scatter(f32, rs_out32, ReduceOp::Sum, "b", zt::InputUse::Scratch).wait(); }));
     add("reduce_scatter sum", at::kBFloat16, "native", bytes / 2,
         time([&] { native->reduce_scatter(b16, rs_out16, ReduceOp::Sum, "b").wait(); }));
     add("reduce_scatter sum", at::kBFloat16, "emulated: fp32 all_reduce + slice", bytes / 2,
         time([&] { emulated->reduce_scatter(b16, rs_out16, ReduceOp::Sum, "b").wait(); }));
     add("reduce_scatter sum", at::kBFloat16, "scratch input: in-place all_reduce + slice", bytes / 2,
         time([&] { native->reduce_scatter(b16, rs_out16, ReduceOp::Sum, "b", zt::InputUse::Scratch).wait(); }));
+    add("reduce_scatter sum", at::kBFloat16, "shared memory", bytes / 2,
+        time([&] { shared->reduce_scatter(b16, rs_out16, ReduceOp::Sum, "b", zt::InputUse::Scratch).wait(); }));
 
     auto shard32 = torch::randn({n / kWorld});
     auto shard16 = shard32.to(at::kBFloat16);
-    add("all_gather", at::kFloat, "default: broadcast per rank", bytes,
+    add("all_gather", at::kFloat, "Gloo: broadcast per rank", bytes,
         time([&] { native->all_gather(shard32, f32, "b").wait(); }));
     add("all_gather", at::kFloat, "Gloo _allgather_base", bytes,
         time([&] { emulated->all_gather(shard32, f32, "b").wait(); }));
-    add("all_gather", at::kBFloat16, "default: broadcast per rank", bytes / 2,
+    add("all_gather", at::kFloat, "shared memory", bytes, time([&] { shared->all_gather(shard32, f32, "b").wait(); }));
+    add("all_gather", at::kBFloat16, "Gloo: broadcast per rank", bytes / 2,
         time([&] { native->all_gather(shard16, b16, "b").wait(); }));
     add("all_gather", at::kBFloat16, "Gloo _allgather_base", bytes / 2,
         time([&] { emulated->all_gather(shard16, b16, "b").wait(); }));
+    add("all_gather", at::kBFloat16, "shared memory", bytes / 2,
+        time([&] { shared->all_gather(shard16, b16, "b").wait(); }));
   }
 
   if (rank == 0) {
-    fmt::print("comm_bench: {} ranks on one machine (Gloo over loopback), 1 intra-op thread per rank, "
+    fmt::print("comm_bench: {} ranks on one machine (shared memory and Gloo over loopback), 1 intra-op thread per rank, "
                "LibTorch {}\n\n",
                kWorld, TORCH_VERSION);
     fmt::print("| fp32 size | op | dtype | path | bytes | time (ms) | algbw (GB/s) | × memcpy time |\n");
@@ -167,5 +185,6 @@ int main(int argc, char** argv) {
   }
   native->barrier("done");
   emulated->barrier("done");
+  shared->barrier("done");
   return 0;
 }

@@ -1,5 +1,6 @@
-// comm: rendezvous parsing, options, and every collective on 2 and 3 real ranks (Gloo over
-// loopback) against a locally computed reference; timeouts and their messages.
+// comm: rendezvous parsing, options, and every collective on 2 and 3 real ranks (shared memory,
+// the default on one machine, and Gloo over loopback) against a locally computed reference;
+// timeouts and their messages.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -332,6 +333,8 @@ void expect_ranks_pass(const std::string& filter, std::vector<int> worlds, std::
 }
 
 const std::map<std::string, std::string> kEmulate{{"ZT_TEST_COMM_EMULATE", "1"}};
+// Gloo's own paths where the ranks could meet in shared memory (the default on one machine).
+const std::map<std::string, std::string> kGloo{{"ZT_COMM_SHARED_MEMORY", "0"}};
 
 }  // namespace
 
@@ -356,6 +359,7 @@ TEST(CommMultiRank, AllReduce) {
     return;
   }
   expect_ranks_pass("CommMultiRank.AllReduce", {2, 3});
+  expect_ranks_pass("CommMultiRank.AllReduce", {2, 3}, kGloo);
   expect_ranks_pass("CommMultiRank.AllReduce", {3}, kEmulate);
 }
 
@@ -489,6 +493,7 @@ TEST(CommMultiRank, ReduceScatter) {
     return;
   }
   expect_ranks_pass("CommMultiRank.ReduceScatter", {2, 3});
+  expect_ranks_pass("CommMultiRank.ReduceScatter", {2, 3}, kGloo);
   expect_ranks_pass("CommMultiRank.ReduceScatter", {3}, kEmulate);
 }
 
@@ -517,6 +522,7 @@ TEST(CommMultiRank, AllGatherAndBroadcast) {
     return;
   }
   expect_ranks_pass("CommMultiRank.AllGatherAndBroadcast", {2, 3});
+  expect_ranks_pass("CommMultiRank.AllGatherAndBroadcast", {2, 3}, kGloo);
   expect_ranks_pass("CommMultiRank.AllGatherAndBroadcast", {3}, kEmulate);
 }
 

@@ -95,14 +95,22 @@ struct CommOptions {
   // CPU reduce_scatter with InputUse::Scratch runs as an in-place all_reduce of the input, which
   // measured 1.3-1.8x faster than Gloo's reduce-scatter at 16-64 MiB; true uses Gloo's.
   bool native_gloo_reduce_scatter = false;
+  // CPU collectives among ranks that can all map one shared-memory segment (ranks on one machine)
+  // are copied through it by a worker thread instead of going through Gloo over loopback: 2-4x
+  // faster at the sizes training moves (docs/comm.md "Shared memory"). Where a rank cannot map it
+  // (ranks on several machines, no /dev/shm) every rank uses Gloo. ZT_COMM_SHARED_MEMORY=0 turns it
+  // off (comm_options_from_environment); so does any of the emulate_* / native_gloo_* options
+  // above, which select Gloo's own paths.
+  bool shared_memory = true;
   // When set, every collective the logger wants is timed from issue to completion and recorded
   // there (comms_logger, zerotrain/comms_logger.h). Unset: no timing at all.
   std::shared_ptr<CommsLogger> comms_logger;
 };
 
 // Default options with the timeout from `config_seconds` when given, else from the environment
-// variable ZT_COMM_TIMEOUT_SECONDS when set, else 300 s. Non-positive or non-numeric values
-// throw zt::ConfigError.
+// variable ZT_COMM_TIMEOUT_SECONDS when set, else 300 s, and shared_memory from
+// ZT_COMM_SHARED_MEMORY (1 or 0) when set. Non-positive or non-numeric timeouts and other
+// values throw zt::ConfigError.
 CommOptions comm_options_from_environment(std::optional<double> config_seconds = std::nullopt);
 CommOptions comm_options_from_environment(std::optional<double> config_seconds, const EnvLookup& getenv);
 

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/shared_memory.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/error.h"
@@ -419,6 +420,22 @@ c10::intrusive_ptr<c10d::Backend> connect_gloo(const c10::intrusive_ptr<c10d::St
   }
 }
 
+// The shared-memory path of `info`'s ranks, or null where some rank cannot map the segment (another
+// machine) or the options ask for Gloo's own paths (the emulations and native_gloo_* measure and
+// test those).
+std::shared_ptr<SharedMemoryTransport> connect_shared_memory(c10d::Store& store, const RendezvousInfo& info,
+                                                             const CommOptions& options, const std::string& who) {
+  const bool gloo_paths = options.emulate_avg || options.emulate_low_precision || options.emulate_reduce_scatter ||
+                          options.native_gloo_all_gather || options.native_gloo_reduce_scatter;
+  if (!options.shared_memory || gloo_paths || info.world_size < 2) return nullptr;
+  try {
+    return SharedMemoryTransport::connect(store, info.rank, info.world_size, options.timeout, who);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{}: could not set up the shared-memory collectives within {:.1f} s: {}", who,
+                                seconds(options.timeout), first_line(e.what())));
+  }
+}
+
 class ProcessGroupCommunicator final : public Communicator {
  public:
   ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options)
@@ -438,6 +455,7 @@ class ProcessGroupCommunicator final : public Communicator {
 
     store_ = rendezvous(info, options.timeout);
     gloo_ = connect_gloo(store_, info, options, who_);
+    shm_ = connect_shared_memory(*store_, info, options, who_);
   }
 
   // A group of a split: `store` is the group's own prefix of the job's store (null for a group of
@@ -447,6 +465,7 @@ class ProcessGroupCommunicator final : public Communicator {
     int job_rank = 0;
     c10::intrusive_ptr<c10d::Store> store;
     c10::intrusive_ptr<c10d::Backend> gloo;
+    std::shared_ptr<SharedMemoryTransport> shm;  // null: Gloo alone
     BackendCaps caps;
   };
   ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, Group group)
@@ -456,7 +475,7 @@ class ProcessGroupCommunicator final : public Communicator {
         group_name_(std::move(group.name)), job_rank_(group.job_rank), caps_(group.caps),
         failure_(std::make_shared<FailureState>()),
         recorder_(std::make_shared<FlightRecorder>(info.rank, info.world_size)),
-        store_(std::move(group.store)), gloo_(std::move(group.gloo)) {}
+        store_(std::move(group.store)), gloo_(std::move(group.gloo)), shm_(std::move(group.shm)) {}
 
   int rank() const override { return info_.rank; }
   int world_size() const override { return info_.world_size; }
@@ -467,6 +486,11 @@ class ProcessGroupCommunicator final : public Communicator {
     check_tensor("all_reduce", label, flat, "flat");
     auto state = begin("all_reduce", label, elements_text(flat), flat.nbytes(), flat.nbytes());
     if (info_.world_size == 1) return finish_local(state);  // the reduction of one buffer is itself
+    state->keep_alive = {flat};
+    if (on_shared_memory(flat) && SharedMemoryTransport::reduces(flat.scalar_type(), op)) {
+      issue(*state, [&] { return shm_->all_reduce(flat, op); });
+      return CollectiveHandle(state);
+    }
 
     // Emulation: reduce a low-precision buffer in an fp32 temporary, then round once.
     bool widen = is_low_precision(flat) && !caps_.low_precision_reduce;
@@ -497,6 +521,12 @@ class ProcessGroupCommunicator final : public Communicator {
     if (info_.world_size == 1) {
       output.copy_(input);
       return finish_local(state);
+    }
+    state->keep_alive = {input, output};
+    if (on_shared_memory(input) && SharedMemoryTransport::reduces(input.scalar_type(), op)) {
+      // Reads the input without changing it, whatever input_use allows; the output may alias it.
+      issue(*state, [&] { return shm_->reduce_scatter(input, output, op); });
+      return CollectiveHandle(state);
     }
     int world = info_.world_size;
     int64_t n = output.numel();
@@ -553,6 +583,10 @@ class ProcessGroupCommunicator final : public Communicator {
       return finish_local(state);
     }
     state->keep_alive = {input, output};
+    if (on_shared_memory(input)) {
+      issue(*state, [&] { return shm_->all_gather(input, output); });
+      return CollectiveHandle(state);
+    }
     if (input.device().is_cpu() && !options_.native_gloo_all_gather) {
       // Gloo's _allgather_base is 1.9-2.7x slower than one broadcast per rank into views of
       // the output for buffers of 16 MiB and more (bench/comm_bench.cpp, docs/benchmarks.md).
@@ -583,6 +617,11 @@ class ProcessGroupCommunicator final : public Communicator {
     auto state = begin("broadcast", label, fmt::format("{} from rank {}", elements_text(tensor), root), tensor.nbytes(),
                        tensor.nbytes());
     if (info_.world_size == 1) return finish_local(state);
+    state->keep_alive = {tensor};
+    if (on_shared_memory(tensor)) {
+      issue(*state, [&] { return shm_->broadcast(tensor, root); });
+      return CollectiveHandle(state);
+    }
     c10d::BroadcastOptions o;
     o.rootRank = root;
     o.rootTensor = 0;
@@ -666,6 +705,8 @@ class ProcessGroupCommunicator final : public Communicator {
     throw CommError(error);
   }
 
+  bool on_shared_memory(const at::Tensor& t) const { return shm_ != nullptr && t.device().is_cpu(); }
+
   c10d::Backend& backend_for(const at::Tensor& t, CollectiveHandle::State& state) {
     if (t.device().is_cpu()) return *gloo_;
 #ifdef ZT_CUDA
@@ -741,6 +782,8 @@ class ProcessGroupCommunicator final : public Communicator {
   std::shared_ptr<FlightRecorder> recorder_;
   c10::intrusive_ptr<c10d::Store> store_;
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  // CPU collectives when every rank maps one shared-memory segment (docs/comm.md "Shared memory").
+  std::shared_ptr<SharedMemoryTransport> shm_;
 #ifdef ZT_CUDA
   c10::intrusive_ptr<c10d::Backend> nccl_;
 #endif
@@ -775,9 +818,10 @@ std::shared_ptr<Communicator> ProcessGroupCommunicator::split(int color, std::st
     // The group's own keys: NCCL's (made at its first CUDA collective) and, unless the group is
     // every rank (then it shares this communicator's connections), Gloo's.
     g.store = c10::make_intrusive<c10d::PrefixStore>(fmt::format("zt/split{}/{}/{}", split_number, name, color), store_);
-    g.gloo = members.size() == size_t(world)
-                 ? gloo_
-                 : connect_gloo(g.store, group, options_, fmt::format("rank {} of the job, group '{}'", job_rank_, g.name));
+    const bool everyone = members.size() == size_t(world);
+    const std::string who = fmt::format("rank {} of the job, group '{}'", job_rank_, g.name);
+    g.gloo = everyone ? gloo_ : connect_gloo(g.store, group, options_, who);
+    g.shm = everyone ? shm_ : connect_shared_memory(*g.store, group, options_, who);
   }
   return std::make_shared<ProcessGroupCommunicator>(group, options_, std::move(g));
 }

@@ -236,6 +236,15 @@ RendezvousInfo rendezvous_from_environment() {
 
 CommOptions comm_options_from_environment(std::optional<double> config_seconds, const EnvLookup& getenv) {
   CommOptions options;
+  if (const char* value = getenv("ZT_COMM_SHARED_MEMORY"); value != nullptr && *value != '\0') {
+    const std::string v = value;
+    if (v != "0" && v != "1")
+      throw ConfigError(fmt::format(
+          "environment variable ZT_COMM_SHARED_MEMORY: expected 1 (ranks on one machine meet in shared memory) or 0 "
+          "(Gloo over loopback), found '{}'",
+          v));
+    options.shared_memory = v == "1";
+  }
   double seconds = 0;
   if (config_seconds) {
     seconds = *config_seconds;
