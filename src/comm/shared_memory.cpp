@@ -48,7 +48,18 @@ using Clock = std::chrono::steady_clock;
 constexpr uint64_t kMagic = 0x7a7473686d303031ULL;  // "ztshm001"
 constexpr int64_t kPage = 4096;
 
+// What a rank is doing in a round: every rank must be in the same collective (the n-th of the
+// transport, of the same kind and size), or the ranks issued different collectives.
+struct Signature {
+  uint64_t collective = 0;  // 1-based count of this transport's collectives
+  int64_t bytes = 0;        // this rank's payload
+  uint32_t kind = 0;        // index into kKindNames
+  int32_t detail = 0;       // the broadcast's root; the reduction and dtype
+};
+constexpr const char* kKindNames[] = {"?", "all_gather", "broadcast", "all_reduce", "reduce_scatter"};
+
 struct alignas(64) RankWords {
+  Signature signature[2];  // by round parity: written before `posted`, stable until `consumed`
   std::atomic<uint32_t> posted{0};
   std::atomic<uint32_t> reduced{0};
   std::atomic<uint32_t> consumed{0};
@@ -269,6 +280,29 @@ struct SharedMemoryTransport::Worker {
     futex(&word, FUTEX_WAKE, INT_MAX, nullptr);
   }
 
+  // Publishes this rank's part of round c and waits for every other rank's, which must belong to
+  // the same collective: ranks that issued different collectives fail here instead of pairing
+  // their data silently.
+  void post_and_check(int64_t c, const Signature& mine, const char* what) {
+    segment.words(rank).signature[c & 1] = mine;
+    publish(&RankWords::posted, c);
+    await(&RankWords::posted, c, what);
+    for (int q = 0; q < world; ++q) {
+      const Signature& theirs = segment.words(q).signature[c & 1];
+      if (theirs.collective != mine.collective || theirs.kind != mine.kind || theirs.bytes != mine.bytes ||
+          theirs.detail != mine.detail)
+        throw std::runtime_error(fmt::format(
+            "rank {} is in another collective than this rank: its shared-memory collective {} ({}, {} bytes), "
+            "this rank's {} ({}, {} bytes) (the ranks issued different collectives)",
+            q, theirs.collective, kKindNames[theirs.kind < 5 ? theirs.kind : 0], theirs.bytes, mine.collective,
+            kKindNames[mine.kind], mine.bytes));
+    }
+  }
+
+  Signature next_collective(uint32_t kind, int64_t bytes, int32_t detail) {
+    return Signature{++collectives, bytes, kind, detail};
+  }
+
   // Starts the next round: this rank's buffer of it is free once every rank has read it two
   // rounds ago.
   int64_t begin_round() {
@@ -310,14 +344,14 @@ struct SharedMemoryTransport::Worker {
   }
 
   void all_gather(const char* in, char* out, int64_t bytes) {
+    const Signature mine = next_collective(1, bytes, 0);
     char* own = out + int64_t(rank) * bytes;
     if (own != in) std::memcpy(own, in, size_t(bytes));
     for (int64_t off = 0; off < bytes; off += kSlotBytes) {
       const int64_t len = std::min(kSlotBytes, bytes - off);
       const int64_t c = begin_round();
       std::memcpy(segment.slot(rank, c), in + off, size_t(len));
-      publish(&RankWords::posted, c);
-      await(&RankWords::posted, c, "post its part of the all_gather");
+      post_and_check(c, mine, "post its part of the all_gather");
       for (int k = 1; k < world; ++k) {
         const int q = (rank + k) % world;
         std::memcpy(out + int64_t(q) * bytes + off, segment.slot(q, c), size_t(len));
@@ -327,12 +361,12 @@ struct SharedMemoryTransport::Worker {
   }
 
   void broadcast(char* data, int64_t bytes, int root) {
+    const Signature mine = next_collective(2, bytes, root);
     for (int64_t off = 0; off < bytes; off += kSlotBytes) {
       const int64_t len = std::min(kSlotBytes, bytes - off);
       const int64_t c = begin_round();
       if (rank == root) std::memcpy(segment.slot(rank, c), data + off, size_t(len));
-      publish(&RankWords::posted, c);
-      await(&RankWords::posted, c, "post its part of the broadcast");
+      post_and_check(c, mine, "post its part of the broadcast");
       if (rank != root) std::memcpy(data + off, segment.slot(root, c), size_t(len));
       publish(&RankWords::consumed, c);
     }
@@ -340,6 +374,7 @@ struct SharedMemoryTransport::Worker {
 
   void all_reduce(char* data, int64_t numel, at::ScalarType dtype, ReduceOp op) {
     const int64_t es = int64_t(c10::elementSize(dtype));
+    const Signature mine = next_collective(3, numel * es, int32_t(op) * 256 + int32_t(dtype));
     const int64_t per_round = kSlotBytes / es;
     std::vector<const char*> srcs(static_cast<size_t>(world));
     for (int64_t off = 0; off < numel; off += per_round) {
@@ -347,8 +382,7 @@ struct SharedMemoryTransport::Worker {
       auto share = [&](int q) { return std::pair<int64_t, int64_t>(len * q / world, len * (q + 1) / world); };
       const int64_t c = begin_round();
       std::memcpy(segment.slot(rank, c), data + off * es, size_t(len * es));
-      publish(&RankWords::posted, c);
-      await(&RankWords::posted, c, "post its part of the all_reduce");
+      post_and_check(c, mine, "post its part of the all_reduce");
       const auto [lo, hi] = share(rank);
       for (int q = 0; q < world; ++q) srcs[size_t(q)] = segment.slot(q, c) + lo * es;
       reduce(segment.slot(rank, c) + lo * es, srcs, hi - lo, dtype, op);
@@ -365,16 +399,16 @@ struct SharedMemoryTransport::Worker {
   // `out` may be this rank's block of `in`.
   void reduce_scatter(const char* in, char* out, int64_t n, at::ScalarType dtype, ReduceOp op) {
     const int64_t es = int64_t(c10::elementSize(dtype));
+    const Signature mine = next_collective(4, n * es, int32_t(op) * 256 + int32_t(dtype));
     const int64_t per_round = std::max<int64_t>(1, kSlotBytes / es / world);
     std::vector<const char*> srcs(static_cast<size_t>(world));
     for (int64_t off = 0; off < n; off += per_round) {
       const int64_t len = std::min(per_round, n - off);
       const int64_t c = begin_round();
-      char* mine = segment.slot(rank, c);
+      char* slot = segment.slot(rank, c);
       for (int d = 0; d < world; ++d)
-        std::memcpy(mine + int64_t(d) * len * es, in + (int64_t(d) * n + off) * es, size_t(len * es));
-      publish(&RankWords::posted, c);
-      await(&RankWords::posted, c, "post its part of the reduce_scatter");
+        std::memcpy(slot + int64_t(d) * len * es, in + (int64_t(d) * n + off) * es, size_t(len * es));
+      post_and_check(c, mine, "post its part of the reduce_scatter");
       for (int q = 0; q < world; ++q) srcs[size_t(q)] = segment.slot(q, c) + int64_t(rank) * len * es;
       reduce(out + off * es, srcs, len, dtype, op);
       publish(&RankWords::consumed, c);
@@ -388,6 +422,7 @@ struct SharedMemoryTransport::Worker {
   const bool check_liveness;
 
   // The worker thread's own.
+  uint64_t collectives = 0;  // collectives run
   int64_t round = 0;  // rounds begun; the counters hold its low 32 bits
   Clock::time_point deadline;
   Clock::time_point next_liveness_check;
