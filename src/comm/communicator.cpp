@@ -384,10 +384,13 @@ c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info, std::chro
 }
 
 // In the file the launcher named (it survives the rank's death), else in memory. A file that
-// cannot be created costs the post-mortem, not the run: say so and keep the ring in memory.
+// cannot be created costs the post-mortem, not the run: say so and keep the ring in memory. A
+// communicator of one rank has no peer to wait for or diverge from: its ring stays in memory, and
+// the file stays free for the rank's communicator that has peers (make_node_groups makes one-rank
+// groups beside it).
 std::shared_ptr<FlightRecorder> make_recorder(const RendezvousInfo& info) {
   const char* path = std::getenv(kFlightRecorderFileVariable);
-  if (path != nullptr && *path != '\0') {
+  if (path != nullptr && *path != '\0' && info.world_size > 1) {
     try {
       return std::make_shared<FlightRecorder>(info.rank, info.world_size, path);
     } catch (const std::exception& e) {
