@@ -22,6 +22,11 @@ constexpr int64_t kMiB = 1 << 20;
 // raises a rank's resident set by 18 MiB over its pre-model baseline, whatever the stage,
 // precision or world size (library code and caches first touched; docs/memory.md "runtime").
 constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
+// What a 16-bit run adds to that on CPU: LibTorch's 16-bit kernels and their caches. Measured as
+// the bf16 peak above the fp32-calibrated estimate, 10.5-13 MiB and constant over micro-batches
+// 4-32, 2-8 layers and widths 128-256 (AMD EPYC with AVX512_BF16; 9-11 MiB on an Intel Xeon
+// without it); docs/memory.md "runtime".
+constexpr int64_t kCpuSixteenBitRuntimeBytes = 11 * kMiB;
 // A CUDA context with LibTorch's kernels loaded; not measured here (no GPU), the commonly
 // reported size on recent data-centre GPUs. Override with EstimateOptions::runtime_bytes.
 constexpr int64_t kCudaRuntimeBytes = 512 * kMiB;
@@ -276,7 +281,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const ActivationBytes acts =
       transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, e, recompute);
   const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
-                          : cpu_device                ? kCpuRuntimeBytes
+                          : cpu_device                ? kCpuRuntimeBytes + (mixed ? kCpuSixteenBitRuntimeBytes : 0)
                                                       : kCudaRuntimeBytes;
 
   RoleBytes device;
