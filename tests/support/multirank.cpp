@@ -48,7 +48,14 @@ MultiRankResult run_once(int world, const std::string& gtest_filter, const std::
                                            {"LOCAL_WORLD_SIZE", std::to_string(world)},
                                            {"MASTER_ADDR", "127.0.0.1"},
                                            {"MASTER_PORT", port},
-                                           {"ZT_TEST_RANK_ROLE", "1"}};
+                                           {"ZT_TEST_RANK_ROLE", "1"},
+                                           // One OpenMP thread per rank, whatever the world: tests run 3-4
+                                           // ranks on 2 cores, where each rank's idle OpenMP workers spin
+                                           // on the cores its peers need to reach the next collective
+                                           // (SharedMemory.EveryCollectiveMatchesTheReferenceAcrossRounds
+                                           // took 46 s on 4 ranks instead of 17). Fixed rather than cores
+                                           // / world, so that every world computes with the same kernels.
+                                           {"OMP_NUM_THREADS", "1"}};
     if (rank == 0 && socket.fd >= 0) env["ZT_RENDEZVOUS_LISTEN_FD"] = std::to_string(socket.fd);
     for (const auto& [k, v] : extra_env) env[k] = v;
     const int inherit = rank == 0 ? socket.fd : -1;

@@ -29,8 +29,8 @@ struct MultiRankResult {
 };
 
 // Runs the current test binary as `world` ranks in parallel with --gtest_filter=<gtest_filter>.
-// The environment is the current one plus the launcher variables, ZT_TEST_RANK_ROLE=1 and
-// `extra_env` (which wins). Rank 0 is handed the rendezvous socket already listening
+// The environment is the current one plus the launcher variables, ZT_TEST_RANK_ROLE=1,
+// OMP_NUM_THREADS=1 and `extra_env` (which wins). Rank 0 is handed the rendezvous socket already listening
 // (ZT_RENDEZVOUS_LISTEN_FD), unless `extra_env` sets MASTER_PORT; then it retries once on a fresh
 // port when that port turned out to be taken. Each rank is killed after `timeout`.
 MultiRankResult run_ranks(int world, const std::string& gtest_filter, std::map<std::string, std::string> extra_env = {},
