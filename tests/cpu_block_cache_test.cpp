@@ -119,6 +119,40 @@ TEST(CpuBlockCache, CachedBlocksAreUnmappedOldestFirstToStayWithinTheLivePeak) {
   EXPECT_EQ(cache.stats().cached_bytes, 0);
 }
 
+// A set-up peak (construction) above the steps' own: without reset_high_water() its freed blocks
+// stay cached up to that peak plus the slack for good; with it, the cache is emptied and the
+// bound follows the steps, so a new size past it unmaps what the steps no longer use.
+TEST(CpuBlockCache, ResetHighWaterFollowsThePeaksAfterIt) {
+  CpuBlockCache cache(64 << 10, 0.25);
+  c10::DataPtr kept = cache.allocate(4 * kMiB);
+  {
+    c10::DataPtr setup = cache.allocate(16 * kMiB);  // freed at the end of set-up
+  }
+  EXPECT_EQ(cache.stats().high_water_bytes, int64_t(20 * kMiB));
+  EXPECT_EQ(cache.stats().cached_bytes, int64_t(16 * kMiB));
+  cache.reset_high_water();
+  auto s = cache.stats();
+  EXPECT_EQ(s.cached_bytes, 0);
+  EXPECT_EQ(s.unmapped, 1u);
+  EXPECT_EQ(s.high_water_bytes, int64_t(4 * kMiB));
+  EXPECT_EQ(s.live_bytes, int64_t(4 * kMiB));
+  // A step: 4 MiB live beside the 4 kept, then freed; the peak is 8 MiB, the bound 10.
+  for (int step = 0; step < 3; ++step) {
+    c10::DataPtr activation = cache.allocate(4 * kMiB);
+  }
+  s = cache.stats();
+  EXPECT_EQ(s.high_water_bytes, int64_t(8 * kMiB));
+  EXPECT_EQ(s.reused, 2u);
+  EXPECT_EQ(s.cached_bytes, int64_t(4 * kMiB));
+  {
+    // 3 MiB more does not fit beside the cached 4 under 8 + 2: the cached block is trimmed to it.
+    c10::DataPtr other = cache.allocate(3 * kMiB);
+    s = cache.stats();
+    EXPECT_EQ(s.resized, 1u);
+    EXPECT_LE(s.live_bytes + s.cached_bytes, int64_t(10 * kMiB));
+  }
+}
+
 // A training-like pattern: the same sequence of allocations and frees every step, with sizes
 // that vary a little. After the first step nearly every allocation is reused, and the mapped bytes
 // never pass the live peak plus the slack.

@@ -9,7 +9,9 @@
 
 #include <torch/csrc/autograd/graph_task.h>
 
+#include "checkpoint/checkpoint.h"
 #include "support/counting_allocator.h"
+#include "support/process.h"
 #include "support/multirank.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
@@ -983,6 +985,76 @@ TEST(ZeroStage3, NestedBlocksAreRejected) {
   zt::mark_block(outer->inner.ptr());
   const std::string message = stage3_engine_error(outer);
   EXPECT_NE(message.find("belongs to two blocks, 'model' and 'model.inner'"), std::string::npos) << message;
+}
+
+// Replicated parameters (stages 0-2) take rank 0's initial values in chunks of 1M elements, each
+// parameter moving into the flat buffer once copied. Measured by the allocator, construction
+// holds the model as built beside the parameters, the optimizer state and one chunk (the fp32
+// conversion chunk of 16-bit training too), and then the step's arenas without it, never the
+// model beside a bucket-sized fp32 copy or beside the gradients; the masters are rank 0's fp32 values exactly and the working parameters
+// their rounding, whatever the other ranks built.
+TEST(ZeroMemory, ReplicatedConstructionHoldsTheModelPlusOneChunk) {
+  if (is_rank_process()) {
+    auto comm = rank_communicator();
+    const int rank = comm->rank(), world = comm->world_size();
+    const std::string dir = std::getenv("ZT_TEST_CHECKPOINT_DIR");
+    // 3.3M parameters in one bucket: four chunks, with parameters across their edges.
+    zt::GPTConfig gpt_config;
+    gpt_config.n_layer = 4;
+    gpt_config.n_head = 4;
+    gpt_config.n_embd = 256;
+    gpt_config.context_length = 128;
+    torch::manual_seed(7);
+    auto reference = zt::GPT(gpt_config);  // what rank 0 builds
+    struct Case {
+      int stage;
+      const char* precision;
+    };
+    for (const Case c : {Case{0, "fp32"}, Case{0, "bf16"}, Case{1, "bf16"}, Case{2, "bf16"}, Case{2, "fp32"}}) {
+      SCOPED_TRACE(::testing::Message() << "stage " << c.stage << " " << c.precision);
+      auto& counter = zt::testing::CountingAllocator::instance();
+      torch::manual_seed(7 + rank);
+      counter.install();
+      auto model = zt::GPT(gpt_config);
+      const int64_t as_built = counter.live();
+      RunOptions o;
+      o.stage = c.stage;
+      o.precision = c.precision;
+      zt::Engine engine(model.ptr(), make_config(o, world), comm);
+      counter.uninstall();
+      const zt::ModelStateBytes bytes = engine.model_state_bytes();
+      const bool mixed = std::string(c.precision) == "bf16";
+      const int64_t chunks = mixed ? 2 * 4 * (int64_t{1} << 20) : 0;
+      // Before the gradients exist the model as built is gone; after, the step's arenas are there.
+      const int64_t bound = std::max(as_built + bytes.parameters + bytes.optimizer_states + chunks,
+                                     bytes.parameters + bytes.optimizer_states + bytes.gradients + engine.buffer_bytes()) +
+                            (int64_t{1} << 20);
+      EXPECT_LE(counter.peak(), bound) << "as built " << as_built << ", gradients " << bytes.gradients;
+      EXPECT_GT(as_built, 13'000'000);
+      std::printf("rank %d of %d, stage %d %s: construction peak %lld bytes, bound %lld (as built %lld)\n", rank,
+                  world, c.stage, c.precision, (long long)counter.peak(), (long long)bound, (long long)as_built);
+
+      const std::string tag = std::string("s") + std::to_string(c.stage) + c.precision;
+      engine.save_checkpoint(dir, tag);
+      const auto expected = reference->named_parameters();
+      const auto found = model->named_parameters();
+      ASSERT_EQ(expected.size(), found.size());
+      std::optional<zt::CheckpointModel> saved;
+      if (rank == 0) saved.emplace(dir, tag);
+      for (size_t i = 0; i < expected.size(); ++i) {
+        const torch::Tensor want = expected[i].value().detach();
+        EXPECT_TRUE(torch::equal(found[i].value().detach(), want.to(found[i].value().scalar_type())))
+            << expected[i].key();
+        if (saved) EXPECT_TRUE(torch::equal(saved->read(expected[i].key()), want)) << expected[i].key();
+      }
+      comm->barrier("test.checked");
+    }
+    return;
+  }
+  const std::string dir = zt::testing::make_temp_dir("replicated-construction");
+  auto r = run_ranks(2, "ZeroMemory.ReplicatedConstructionHoldsTheModelPlusOneChunk",
+                     {{"ZT_COMM_TIMEOUT_SECONDS", "60"}, {"ZT_TEST_CHECKPOINT_DIR", dir}}, std::chrono::seconds(240));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
 }
 
 // Building the GPT under ShardedConstruction: measured by the allocator, a rank never holds more

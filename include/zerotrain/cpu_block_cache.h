@@ -20,7 +20,7 @@
 //  - A large block is page-aligned (so 64-byte aligned, as LibTorch requires), of its size rounded
 //    up to the page, and not zeroed when reused.
 //  - live + cached <= max(high-water mark, live) + slack after every allocation, counted in mapped
-//    bytes; high-water mark = the largest live total so far.
+//    bytes; high-water mark = the largest live total since construction or reset_high_water().
 //  - A failed mapping unmaps every cached block and retries once, then throws
 //    c10::OutOfMemoryError naming the size.
 //  - Thread-safe: one process-wide mutex guards every instance (LibTorch frees tensors on any
@@ -64,6 +64,12 @@ class CpuBlockCache final : public c10::Allocator {
   CpuBlockCacheStats stats() const;
   // Unmaps every cached block (live blocks are untouched).
   void release_cached();
+  // Unmaps every cached block and lowers the high-water mark to the bytes live now, so that from
+  // here the bound follows the peaks still to come. A training loop calls it once its set-up is
+  // done: construction, loading weights or a checkpoint peak once, and their freed blocks would
+  // otherwise stay cached up to that peak plus the slack for the rest of the run
+  // (docs/memory.md "The heap policy"). Thread-safe.
+  void reset_high_water();
 
  private:
   struct State;

@@ -246,6 +246,16 @@ void CpuBlockCache::release_cached() {
   unmap_all(all);
 }
 
+void CpuBlockCache::reset_high_water() {
+  std::vector<FreeBlock> all;
+  {
+    std::lock_guard<std::mutex> lock(global_mutex());
+    all = state_->take_all();
+    state_->stats.high_water_bytes = state_->stats.live_bytes;
+  }
+  unmap_all(all);
+}
+
 namespace {
 CpuBlockCache* installed = nullptr;
 }

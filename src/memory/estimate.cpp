@@ -30,6 +30,9 @@ constexpr int64_t kCpuSixteenBitRuntimeBytes = 11 * kMiB;
 // A CUDA context with LibTorch's kernels loaded; not measured here (no GPU), the commonly
 // reported size on recent data-centre GPUs. Override with EstimateOptions::runtime_bytes.
 constexpr int64_t kCudaRuntimeBytes = 512 * kMiB;
+// The most fp32 initial values the engine holds at once with replicated parameters
+// (src/zero/engine.cpp kInitialValuesChunk).
+constexpr int64_t kInitialValuesChunkElements = int64_t{1} << 20;
 // The engine's fp32 conversion chunk for 16-bit gradients (src/zero/optimizer_partition.cpp kConversionChunk).
 constexpr int64_t kConversionChunkElements = 1 << 20;
 // The nvme tier's sub-groups are whole multiples of this many elements (aligned I/O).
@@ -417,17 +420,20 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
                         "vocabulary (or a preset)");
 
   // Construction: the model as built (fp32; whole, or under ShardedConstruction its shards plus
-  // one block), beside the engine's arenas, and an fp32 bucket of initial values unless fp32
-  // parameters are adopted in place. With sharded parameters each bucket's working copy enters
+  // one block), beside the engine's arenas, and the fp32 initial values unless fp32 parameters
+  // are adopted in place: a bucket with sharded parameters or masters on NVMe, a chunk of at most
+  // kInitialValuesChunkElements otherwise. With sharded parameters each bucket's working copy enters
   // the gather pool, which keeps released blocks up to its limit from then on (for fp32 the
   // initial values are that copy).
   const int64_t as_built = zero.shard_parameters ? 4 * (ceil_div(psi, N) + largest_block) : 4 * psi;
   const bool in_place = !mixed && !zero.shard_parameters;
   const int64_t initial_values = zero.shard_parameters ? (mixed ? 4 * largest_bucket : 0) + gathered
                                  : in_place            ? 0
-                                                       : 4 * largest_bucket;
-  const int64_t arenas = device.parameters + device.gradients + device.optimizer_states() + comm_buffers +
-                         conversion_chunk;
+                                 : state_on_nvme > 0   ? 4 * largest_bucket  // masters in swap files: whole buckets
+                                                       : 4 * std::min(largest_bucket, kInitialValuesChunkElements);
+  // The gradient arenas and the reducer's buckets are made after the initial values are in place,
+  // when the model as built has been freed.
+  const int64_t arenas = device.parameters + device.optimizer_states() + conversion_chunk;
   est.step_peak = device.step_peak();
   if (offload_param != OffloadTarget::None && !cpu_device) {
     // Parameters offloaded: the model is built in host memory (as DeepSpeed's zero.Init with a

@@ -604,6 +604,9 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     return mean_over_ranks(*comm, sum / double(std::max<int64_t>(1, config.train.eval_iters)), "eval.loss");
   };
 
+  // The block cache's bound follows the steps from here, not construction's or loading's peak.
+  if (CpuBlockCache* cache = installed_cpu_block_cache()) cache->reset_high_water();
+
   const int64_t steps = config.train.steps;
   const double tokens_per_step = double(config.train_batch_size) * double(seq_len);
   std::vector<double> losses;
@@ -836,7 +839,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     const CpuBlockCacheStats c = cache->stats();
     if (c.large_allocations > 0)
       fmt::print("tensor block cache (rank 0): {} of {} large allocations served from freed blocks ({:.1f}%; {} "
-                 "resized), {} mapped in all, {} cached blocks unmapped to stay near the live peak of {}\n",
+                 "resized), {} mapped in all, {} cached blocks unmapped to stay near the steps' live peak of {}\n",
                  c.reused + c.resized, c.large_allocations,
                  100.0 * double(c.reused + c.resized) / double(c.large_allocations), c.resized,
                  human_bytes(int64_t(c.mapped_bytes)), c.unmapped, human_bytes(c.high_water_bytes));

@@ -49,6 +49,10 @@
 namespace zt {
 namespace {
 
+// The most elements of rank 0's initial values a rank holds at once beside the model as built
+// (replicated parameters; src/memory/estimate.cpp counts it as kInitialValuesChunkElements).
+constexpr int64_t kInitialValuesChunk = int64_t{1} << 20;
+
 torch::ScalarType working_dtype_of(Precision precision) {
   switch (precision) {
     case Precision::BF16: return torch::kBFloat16;
@@ -252,27 +256,36 @@ struct Engine::Impl {
                                                      devices.compute, *comm, *parameter_tier, secondary_group());
 
     // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
-    // anything is rounded to the working dtype. Bucket by bucket, so that with sharded
-    // parameters construction holds at most the model as given plus one bucket (a model built
-    // under ShardedConstruction: its shards plus about one block): each parameter moves into its
-    // bucket (its own storage is freed) and a block's bucket is released at once.
+    // anything is rounded to the working dtype.
     auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(devices.compute);
     torch::NoGradGuard no_grad;
-    // A block built sharded is gathered whole just before its first bucket: with sharded
-    // parameters construction then holds the shards plus about one block at a time.
+    // A block built sharded is gathered whole just before its first parameter is copied.
     std::unordered_map<const void*, int> pending_of;
     for (int k = 0; k < int(pending.size()); ++k)
       for (const auto& p : pending[k].shards.parameters) pending_of[p.unsafeGetTensorImpl()] = k;
     std::unordered_set<const void*> moved;
     for (const auto& p : trainable) moved.insert(p.unsafeGetTensorImpl());
-    for (int b = 0; b < int(layout.buckets.size()); ++b) {
+    auto materialize_for = [&](int placement) {
+      if (auto k = pending_of.find(trainable[layout.placements[placement].index].unsafeGetTensorImpl());
+          k != pending_of.end())
+        materialize(pending[k->second], moved);
+    };
+    // Masters in swap files are written a sub-group at a time: pieces smaller than a bucket would
+    // read and rewrite a sub-group each, so they go a bucket at a time as with sharded parameters.
+    const bool masters_on_disk =
+        std::any_of(plan.optimizer_on_disk.begin(), plan.optimizer_on_disk.end(), [](char d) { return d != 0; });
+    if (!shard_parameters)
+      adopt_replicated_initial_values(trainable, fp32, masters_on_disk ? std::numeric_limits<int64_t>::max()
+                                                                       : kInitialValuesChunk,
+                                      materialize_for);
+    // Sharded parameters, bucket by bucket, so that construction holds at most the model as given
+    // plus one bucket (a model built under ShardedConstruction: its shards plus about one block):
+    // each parameter moves into its bucket (its own storage is freed) and a block's bucket is
+    // released at once.
+    for (int b = 0; shard_parameters && b < int(layout.buckets.size()); ++b) {
       const BucketLayout& lb = layout.buckets[b];
-      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi)
-        if (auto k = pending_of.find(trainable[layout.placements[pi].index].unsafeGetTensorImpl()); k != pending_of.end())
-          materialize(pending[k->second], moved);
-      // fp32 replicated parameters receive the values in place; otherwise a bucket-sized fp32 copy.
-      const bool in_place = !shard_parameters && !separate_master;
-      torch::Tensor initial = in_place ? flat_params.narrow(0, lb.offset, lb.numel) : torch::zeros({lb.numel}, fp32);
+      for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) materialize_for(pi);
+      torch::Tensor initial = torch::zeros({lb.numel}, fp32);
       for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
         const ParameterPlacement& placement = layout.placements[pi];
         initial.narrow(0, placement.offset - lb.offset, placement.numel)
@@ -281,16 +294,13 @@ struct Engine::Impl {
       comm->broadcast(initial, 0, "engine.init.params").wait();
       const torch::Tensor owned = initial.narrow(0, int64_t(shard_rank) * lb.shard_numel, lb.shard_numel);
       if (optimizer->separate_master()) optimizer->store_master(lb.partition_offset, owned);
-      if (!shard_parameters) {
-        if (!in_place) flat_params.narrow(0, lb.offset, lb.numel).copy_(initial);
-        continue;
-      }
       param_partition.store(lb.partition_offset, owned);
       // An own storage per bucket, so that releasing one block frees exactly its bytes.
       torch::Tensor full = separate_master ? initial.to(working_dtype) : initial;
       for (int pi = lb.first_placement; pi < lb.end_placement; ++pi) {
         const ParameterPlacement& placement = layout.placements[pi];
         torch::Tensor& param = trainable[placement.index];
+        // set_data keeps the parameter's autograd identity (and version counter) intact.
         param.set_data(full.narrow(0, placement.offset - lb.offset, placement.numel).view(param.sizes()));
       }
       gatherer->adopt_bucket(b, std::move(full));
@@ -333,9 +343,6 @@ struct Engine::Impl {
     for (int i = 0; i < int(layout.placements.size()); ++i) {
       const ParameterPlacement& placement = layout.placements[i];
       torch::Tensor& param = trainable[placement.index];
-      // set_data keeps the parameter's autograd identity (and version counter) intact. (With
-      // sharded parameters this was done bucket by bucket above.)
-      if (!shard_parameters) param.set_data(flat_params.narrow(0, placement.offset, placement.numel).view(param.sizes()));
       reducer->attach(i, param);
       auto accumulator = torch::autograd::impl::grad_accumulator(param);
       // The accumulators outlive the engine in any graph built before it was destroyed; a backward
@@ -351,6 +358,58 @@ struct Engine::Impl {
             return outputs;
           }));
       grad_accumulators.push_back(std::move(accumulator));
+    }
+  }
+
+  // Replicated parameters (stages 0-2): rank 0's values reach every rank in pieces of at most
+  // chunk_limit elements (fp32 parameters: in place, a bucket at a time), and each
+  // parameter moves into the flat buffer as soon as its last element is copied, freeing its own
+  // storage. So construction holds the rest of the model as built plus one chunk beside the
+  // arenas, never the whole model beside a bucket-sized fp32 copy of it: with one 500M-element
+  // bucket (the default) on GPT-2 124M in bf16 that copy was the peak of the run
+  // (docs/memory.md "The peak: two moments").
+  template <class BeforeCopy>
+  void adopt_replicated_initial_values(std::vector<torch::Tensor>& trainable, const torch::TensorOptions& fp32,
+                                       int64_t chunk_limit, BeforeCopy&& before_copy) {
+    const bool in_place = !separate_master;
+    for (const BucketLayout& lb : layout.buckets) {
+      const int64_t chunk = in_place ? lb.numel : std::min<int64_t>(lb.numel, chunk_limit);
+      torch::Tensor scratch = in_place ? torch::Tensor() : torch::empty({chunk}, fp32);
+      const int64_t owned_begin = int64_t(shard_rank) * lb.shard_numel, owned_end = owned_begin + lb.shard_numel;
+      int next = lb.first_placement;  // the first placement not yet moved into the flat buffer
+      auto move_into_flat = [&](const ParameterPlacement& placement) {
+        torch::Tensor& param = trainable[placement.index];
+        // set_data keeps the parameter's autograd identity (and version counter) intact.
+        param.set_data(flat_params.narrow(0, placement.offset, placement.numel).view(param.sizes()));
+      };
+      for (int64_t begin = 0; begin < lb.numel; begin += chunk) {
+        const int64_t end = std::min(lb.numel, begin + chunk);
+        torch::Tensor values = in_place ? flat_params.narrow(0, lb.offset + begin, end - begin)
+                                        : scratch.narrow(0, 0, end - begin).zero_();  // zero: the padding
+        for (int pi = next; pi < lb.end_placement; ++pi) {
+          const ParameterPlacement& placement = layout.placements[pi];
+          const int64_t first = placement.offset - lb.offset, last = first + placement.numel;
+          if (first >= end) break;
+          if (first >= begin) before_copy(pi);
+          const int64_t lo = std::max(first, begin), hi = std::min(last, end);
+          if (hi > lo)
+            values.narrow(0, lo - begin, hi - lo)
+                .copy_(trainable[placement.index].detach().reshape({-1}).narrow(0, lo - first, hi - lo));
+          if (last <= end) {
+            move_into_flat(placement);
+            next = pi + 1;
+          }
+        }
+        comm->broadcast(values, 0, "engine.init.params").wait();
+        const int64_t lo = std::max(owned_begin, begin), hi = std::min(owned_end, end);
+        if (optimizer->separate_master() && hi > lo)
+          optimizer->store_master(lb.partition_offset + (lo - owned_begin), values.narrow(0, lo - begin, hi - lo));
+        if (!in_place) flat_params.narrow(0, lb.offset + begin, end - begin).copy_(values);
+      }
+      for (int pi = next; pi < lb.end_placement; ++pi) {  // empty ones at the end
+        before_copy(pi);
+        move_into_flat(layout.placements[pi]);
+      }
     }
   }
 
