@@ -25,8 +25,17 @@ constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
 // What a 16-bit run adds to that on CPU: LibTorch's 16-bit kernels and their caches. Measured as
 // the bf16 peak above the fp32-calibrated estimate, 10.5-13 MiB and constant over micro-batches
 // 4-32, 2-8 layers and widths 128-256 (AMD EPYC with AVX512_BF16; 9-11 MiB on an Intel Xeon
-// without it); docs/memory.md "runtime".
+// without it). On a CPU without AVX-512 (AMD EPYC with AVX2 only), where LibTorch runs 16-bit
+// products in plain loops, the same runs peaked within 2 MiB of the estimate without the term:
+// it is counted only where this CPU has AVX-512; docs/memory.md "runtime".
 constexpr int64_t kCpuSixteenBitRuntimeBytes = 11 * kMiB;
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512f");
+#else
+  return false;
+#endif
+}
 // A CUDA context with LibTorch's kernels loaded; not measured here (no GPU), the commonly
 // reported size on recent data-centre GPUs. Override with EstimateOptions::runtime_bytes.
 constexpr int64_t kCudaRuntimeBytes = 512 * kMiB;
@@ -284,7 +293,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const ActivationBytes acts =
       transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, e, recompute);
   const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
-                          : cpu_device                ? kCpuRuntimeBytes + (mixed ? kCpuSixteenBitRuntimeBytes : 0)
+                          : cpu_device                ? kCpuRuntimeBytes + (mixed && cpu_has_avx512() ? kCpuSixteenBitRuntimeBytes : 0)
                                                       : kCudaRuntimeBytes;
 
   RoleBytes device;
