@@ -3,6 +3,9 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
+#ifdef ZT_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include <cstdlib>
 #include <cstring>
@@ -56,7 +59,24 @@ DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool f
 }
 
 at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned) {
-  return torch::empty({numel}, torch::TensorOptions().dtype(dtype).pinned_memory(pinned));
+  const auto options = torch::TensorOptions().dtype(dtype);
+  if (!pinned || numel == 0) return torch::empty({numel}, options);
+#ifdef ZT_CUDA
+  // LibTorch's pinned allocator rounds every block up to a power of two (a 26 GB copy takes 32 GB
+  // of page-locked memory), so these long-lived copies are page-locked at their exact size.
+  const size_t bytes = size_t(numel) * c10::elementSize(dtype);
+  void* memory = nullptr;
+  const cudaError_t status = cudaHostAlloc(&memory, bytes, cudaHostAllocDefault);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error so that later CUDA calls do not report it
+    throw Error("pinned host memory: cudaHostAlloc of " + std::to_string(bytes) + " bytes failed (" +
+                cudaGetErrorString(status) + "); expected that much page-locked memory to be free "
+                "(offload_optimizer.pin_memory: false stages through pageable memory instead)");
+  }
+  return torch::from_blob(memory, {numel}, [](void* p) { cudaFreeHost(p); }, options);
+#else
+  return torch::empty({numel}, options.pinned_memory(true));
+#endif
 }
 
 DeviceCopies::DeviceCopies(c10::Device compute) : compute_(compute) {

@@ -8,6 +8,7 @@
 
 #include "common/check.h"
 #include "io/aio.h"
+#include "zero/device_plan.h"
 
 namespace zt {
 
@@ -26,7 +27,8 @@ std::vector<SubGroup> plan_sub_groups(const FlatLayout& layout, int64_t sub_grou
 
 TieredArray::TieredArray(std::string role, at::ScalarType dtype, int64_t numel, c10::Device device, bool pinned)
     : role_(std::move(role)), dtype_(dtype), numel_(numel),
-      memory_(torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(device).pinned_memory(pinned))) {}
+      memory_(pinned && device.is_cpu() ? empty_host(numel, dtype, /*pinned=*/true).zero_()
+                                        : torch::zeros({numel}, torch::TensorOptions().dtype(dtype).device(device))) {}
 
 int64_t TieredArray::element_size() const { return int64_t(c10::elementSize(dtype_)); }
 
