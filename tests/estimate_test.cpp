@@ -389,12 +389,46 @@ TEST(EstimateOffload, CudaDevicesKeepTheNvmeBuffersInHostMemory) {
   const std::vector<std::string> settings = {"bf16.enabled=true", "zero_optimization.offload_param.max_in_cpu=0"};
   const auto e = k.with(settings + kOptimizerOnNvme + kParamsOnNvme);
   // Per host (two ranks): the sub-group buffers (4 × P × 14 B), the block-shard buffers
-  // (5 × 32768 × 2 B) and the fp32 gradient partitions.
-  EXPECT_EQ(e.per_host.buffers, 2 * (4 * 524288 * 14 + 5 * 32768 * 2));
-  EXPECT_EQ(e.per_host.gradients, 2 * 4 * 524288);
+  // (5 × 32768 × 2 B), the working copy the step writes for the device (P × 2 B) and the fp32
+  // chunk through which the CPU kernels read 16-bit gradients (P × 4 B); the gradient partitions
+  // are the snapshot the step reads (P × 2 B).
+  EXPECT_EQ(e.per_host.buffers, 2 * (4 * 524288 * 14 + 5 * 32768 * 2 + 524288 * 2 + 524288 * 4));
+  EXPECT_EQ(e.per_host.gradients, 2 * 2 * 524288);
   EXPECT_EQ(e.per_host.parameters, 0);
   EXPECT_EQ(e.per_device.parameters, 0);
   EXPECT_EQ(e.per_device.optimizer_states(), 0);
+}
+
+// Optimizer offload with the model on a GPU: the engine reaches the host state through two host
+// copies of its partition in the working dtype, each allocated once at its exact size (the
+// gradient snapshot and the working values the step writes), the delayed update adds nothing to
+// them, the fp32 masters are separate from the working values in fp32 training too, and 16-bit
+// gradients reach the CPU kernels through one fp32 chunk.
+TEST(EstimateOffload, OnAGpuTheHostHoldsTwoWorkingDtypeCopiesOfThePartition) {
+  zt::ModelFigures model;
+  model.parameters = int64_t{3} << 20;
+  model.largest_block = 65536;
+  model.largest_parameter = 65536;
+  model.persistent_parameters = 0;
+  zt::ClusterSpec cluster = cluster_of(1, 2);
+  cluster.device = zt::DeviceKind::Cuda;
+  const int64_t P = model.parameters / 2;  // each rank's partition
+  for (const bool bf16 : {true, false})
+    for (const bool delayed : {false, true}) {
+      std::vector<std::string> overrides = {"zero_optimization.stage=2", "zero_optimization.offload_optimizer.device=cpu",
+                                            std::string("bf16.enabled=") + (bf16 ? "true" : "false")};
+      if (delayed) overrides.push_back("zero_optimization.offload_optimizer.delayed_update=true");
+      const auto e = zt::estimate_memory(model, cluster, config_for(2, overrides));
+      const std::string label = std::string(bf16 ? "bf16" : "fp32") + (delayed ? " delayed" : "");
+      const int64_t w = bf16 ? 2 : 4;
+      const int64_t chunk = bf16 ? std::min<int64_t>(P, 1 << 20) * 4 : 0;
+      EXPECT_EQ(e.per_host.gradients, 2 * w * P) << label;
+      EXPECT_EQ(e.per_host.buffers, 2 * (w * P + chunk)) << label;
+      EXPECT_EQ(e.per_host.master_weights, 2 * 4 * P) << label;  // fp32 too: the working values are on the GPU
+      EXPECT_EQ(e.per_host.optimizer_moments, 2 * 8 * P) << label;
+      EXPECT_EQ(e.per_device.gradients, w * P) << label;  // the reduced partition stays on the GPU too
+      EXPECT_EQ(e.per_device.optimizer_states(), 0) << label;
+    }
 }
 
 zt::GPTConfig gpt_shape(int64_t vocab, int64_t context, int64_t layers, int64_t width, double dropout = 0.0) {

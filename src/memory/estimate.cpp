@@ -242,9 +242,11 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
       zero.shard_parameters && zero.hpz_partition_size > 1 ? e * psi / zero.hpz_partition_size : 0;
   // The optimizer-state term split into its parts, each divided on its own (so each is exact).
   const int64_t moments_per_parameter = model_state_bytes_per_parameter(config).optimizer_states - (mixed ? 4 : 0);
-  // The delayed update keeps fp32 masters of their own in fp32 training too (docs/offload.md).
+  // The delayed update keeps fp32 masters of their own in fp32 training too (docs/offload.md), and
+  // so does offload with the model on a GPU, whose state is reached through host copies (below).
   const bool delayed = zero.offload_optimizer.delayed_update && offload_optimizer != OffloadTarget::None;
-  const int64_t master_per_parameter = mixed || delayed ? 4 : 0;
+  const bool staged = offload_optimizer != OffloadTarget::None && !cpu_device;
+  const int64_t master_per_parameter = mixed || delayed || staged ? 4 : 0;
   const int64_t opt_ranks = zero.shard_optimizer_states ? N : 1;
   const int64_t master = master_per_parameter * psi / opt_ranks;
   const int64_t moments = moments_per_parameter * psi / opt_ranks;
@@ -355,12 +357,17 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
         on_nvme, P, group, o.buffer_count, buffer_element,
         in_memory > 0 ? fmt::format("; {} elements' state stays in host memory (ratio {})", in_memory, o.ratio) : ""));
   }
-  if (offload_optimizer != OffloadTarget::None && !cpu_device) {
-    // The gradient partition the optimizer step reads goes to host memory as fp32.
-    host_per_rank.gradients += 4 * ceil_div(psi, N);
-    // Sharded gradients are reduced in the buckets and copied out; stage 1 still all-reduces
-    // the full gradients on the device before copying its partition out.
-    if (zero.shard_gradients) device.gradients = 0;
+  // With the model on a GPU, the state in host memory is reached through two host copies of the
+  // partition in the working dtype, each allocated once at its exact size (page-locked with
+  // pin_memory): the snapshot of the reduced gradients that the CPU step reads, and the updated
+  // working values it writes for the copy back (docs/gpu.md "What lives where"). The fp32 chunk
+  // through which the CPU kernels read 16-bit gradients is in host memory too.
+  if (staged) {
+    host_per_rank.gradients += e * optimizer_partition;
+    host_per_rank.buffers += e * optimizer_partition + conversion_chunk;
+    device.buffers -= conversion_chunk;
+    // The gradients stay on the device as well (the reduced partition at stage 2, the whole
+    // gradients at stage 1): the snapshot is a copy of them (measured on an H200, docs/gpu.md).
   }
   if (gradients_on_nvme) {
     // docs/offload.md "Gradients on NVMe": the sub-groups whose state is on NVMe keep their
@@ -368,7 +375,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     const int64_t moved = e * state_on_nvme;
     nvme.gradients += moved;
     if (cpu_device) device.gradients = std::max<int64_t>(0, device.gradients - moved);
-    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - 4 * state_on_nvme);
+    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - e * state_on_nvme);
     const int64_t buffers = zero.overlap_comm ? 2 : 1;
     const int64_t shard_bytes = ceil_div(largest_bucket, N) * e;
     const int64_t page = 4096;
@@ -398,10 +405,13 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   }
   if (delayed) {
     // The delayed update's snapshot of the owned gradients, and its second working copy of the
-    // partition, which lies beside the working shards (on NVMe with offload_param nvme).
-    host_per_rank.buffers += e * optimizer_partition;
-    if (offload_param == OffloadTarget::Nvme) nvme.parameters += shard;
-    else host_per_rank.buffers += e * optimizer_partition;
+    // partition, which lies beside the working shards (on NVMe with offload_param nvme); with the
+    // model on a GPU they are the host copies counted above.
+    if (!staged) {
+      host_per_rank.buffers += e * optimizer_partition;
+      if (offload_param == OffloadTarget::Nvme) nvme.parameters += shard;
+      else host_per_rank.buffers += e * optimizer_partition;
+    }
     est.notes.push_back("delayed parameter update: fp32 masters of their own, a snapshot of the owned gradients and "
                         "a second working copy of the partition");
   }
