@@ -1341,30 +1341,33 @@ TEST(ConfigOffload, KeysWithoutEffectAreNoted) {
                 "aio.thread_count has no effect: no tier is on nvme (zero_optimization.offload_optimizer.device and "
                 "offload_param.device are not \"nvme\")"}));
 
-  // The cpu tiers, as they are with parameters on the CPU: the device itself (unless the step is delayed), the nvme
-  // keys, ratio and pinning.
-  const std::vector<std::string> cpu = notes_of(R"({"zero_optimization": {"stage": 3,
+  // The cpu tiers: the nvme keys and ratio always; the device itself (unless the step is delayed)
+  // and pinning only with parameters on the CPU (cpu_device_notes: a GPU run prints none of them).
+  const TrainConfig cpu = parse_config(R"({"zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": 0.5, "buffer_count": 2,
                             "fast_init": true, "delayed_update_after": 3},
-      "offload_param": {"device": "cpu", "pin_memory": true, "max_in_cpu": 5}}})");
+      "offload_param": {"device": "cpu", "pin_memory": true, "max_in_cpu": 5}}})",
+                                       {}, 1);
   const std::vector<std::string> expected_cpu = {
-      O + "device has no effect: with parameters on the CPU the optimizer state is in host memory already "
-          "(\"cpu\" moves nothing; with delayed_update it still delays the step; on a GPU it moves the state and the "
-          "step to host memory)",
       O + "buffer_count has no effect: zero_optimization.offload_optimizer.device is \"cpu\" (it applies to the nvme "
           "tier)",
       O + "fast_init has no effect: zero_optimization.offload_optimizer.device is \"cpu\" (it applies to the nvme tier)",
       O + "ratio has no effect: zero_optimization.offload_optimizer.device is \"cpu\": the whole optimizer state is "
           "in host memory (ratio splits it between nvme and host memory)",
+      O + "delayed_update_after has no effect: zero_optimization.offload_optimizer.delayed_update is false",
+      P + "max_in_cpu has no effect: zero_optimization.offload_param.device is \"cpu\" (it applies to the nvme tier)"};
+  EXPECT_EQ(cpu.notes, expected_cpu);
+  const std::vector<std::string> expected_cpu_device = {
+      O + "device has no effect: with parameters on the CPU the optimizer state is in host memory already "
+          "(\"cpu\" moves nothing; with delayed_update it still delays the step; on a GPU it moves the state and the "
+          "step to host memory)",
       O + "pin_memory has no effect: with parameters on the CPU nothing is copied to a GPU (page-locked buffers only "
           "speed those copies)",
-      O + "delayed_update_after has no effect: zero_optimization.offload_optimizer.delayed_update is false",
       P + "device has no effect: with parameters on the CPU the parameter shards are in host memory already "
           "(\"cpu\" moves nothing; with parameters on a GPU, parameter offload is refused as not implemented)",
-      P + "max_in_cpu has no effect: zero_optimization.offload_param.device is \"cpu\" (it applies to the nvme tier)",
       P + "pin_memory has no effect: with parameters on the CPU nothing is copied to a GPU (page-locked buffers only "
           "speed those copies)"};
-  EXPECT_EQ(cpu, expected_cpu);
+  EXPECT_EQ(cpu.cpu_device_notes, expected_cpu_device);
   // With the delayed update, the cpu tier does something: no note for the device.
   EXPECT_TRUE(notes_of(R"({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu",
       "delayed_update": true, "delayed_update_after": 5}}})")

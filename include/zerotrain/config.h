@@ -290,6 +290,9 @@ struct TrainConfig {
   // each: "fp16.loss_scale_window has no effect: fp16.enabled is false". DeepSpeed configs spell
   // such keys out routinely, so they are accepted, and the CLI says so once before training.
   std::vector<std::string> notes;
+  // Notes that hold only when the model's parameters are on the CPU (offload keys, whose effect is
+  // the copies to and from a GPU): printed beside `notes` for a CPU run, never for a GPU run.
+  std::vector<std::string> cpu_device_notes;
   // Dotted key -> how the file spelled it when not by its canonical name ("bfloat16.enabled",
   // "zero_optimization.cpu_offload", "null"): shown beside the source by describe().
   std::map<std::string, std::string> spellings;

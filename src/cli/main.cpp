@@ -158,10 +158,12 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
                                     args.resume_dir));
   // Validate everything before any process starts: bad input must not cost a launch.
   std::string device_source;
-  resolve_device(requested_device(args.device, device_source), device_source);
+  const std::string device = resolve_device(requested_device(args.device, device_source), device_source);
   auto config = zt::load_config(args.config_path, overrides, args.nnodes * args.nproc);
   zt::check_training_inputs(config);
   for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
+  if (device == "cpu")
+    for (const std::string& note : config.cpu_device_notes) std::cerr << "zerotrain: note: " << note << "\n";
   for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
   zt::LaunchOptions launch;
   launch.nproc = args.nproc;

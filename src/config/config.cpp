@@ -322,11 +322,11 @@ bool given(const TrainConfig& c, const std::string& path) {
 }
 
 // The offload keys that cannot matter in this configuration. The configuration does not know the
-// device the model will be on; the notes say for which device they hold (with parameters on the
-// CPU the "cpu" tier is the memory in use already and page-locking it speeds nothing up; on a
-// GPU both matter, docs/gpu.md).
-template <typename Note>
-void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
+// device the model will be on: what holds only with parameters on the CPU (the "cpu" tier is the
+// memory in use already and page-locking it speeds nothing up; on a GPU both matter, docs/gpu.md)
+// goes to cpu_device_notes, which the CLI prints for a CPU run only.
+template <typename Note, typename CpuNote>
+void add_offload_notes(const TrainConfig& c, const Note& note_if_given, const CpuNote& cpu_note_if_given) {
   const OffloadOptimizerConfig& opt = c.zero.offload_optimizer;
   const OffloadParamConfig& param = c.zero.offload_param;
   const std::string O = "zero_optimization.offload_optimizer.", P = "zero_optimization.offload_param.";
@@ -339,7 +339,7 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
   } else {
     if (opt.device == OffloadDevice::Cpu) {
       if (!opt.delayed_update)
-        note_if_given({O + "device"},
+        cpu_note_if_given({O + "device"},
                       "with parameters on the CPU the optimizer state is in host memory already (\"cpu\" moves "
                       "nothing; with delayed_update it still delays the step; on a GPU it moves the state and the step "
                       "to host memory)");
@@ -354,7 +354,7 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
       note_if_given({O + "fast_init"},
                     "zerotrain always initialises the nvme tier directly from the model, without a host copy of the "
                     "whole state");
-    if (opt.pin_memory) note_if_given({O + "pin_memory"}, kNoPinning);
+    if (opt.pin_memory) cpu_note_if_given({O + "pin_memory"}, kNoPinning);
     if (!opt.delayed_update)
       note_if_given({O + "delayed_update_after"}, "zero_optimization.offload_optimizer.delayed_update is false");
   }
@@ -363,13 +363,13 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given) {
                   "zero_optimization.offload_param.device is \"none\"");
   } else {
     if (param.device == OffloadDevice::Cpu) {
-      note_if_given({P + "device"},
+      cpu_note_if_given({P + "device"},
                     "with parameters on the CPU the parameter shards are in host memory already (\"cpu\" moves "
                     "nothing; with parameters on a GPU, parameter offload is refused as not implemented)");
       note_if_given({P + "nvme_path", P + "buffer_count", P + "buffer_size", P + "max_in_cpu"},
                     "zero_optimization.offload_param.device is \"cpu\" (it applies to the nvme tier)");
     }
-    if (param.pin_memory) note_if_given({P + "pin_memory"}, kNoPinning);
+    if (param.pin_memory) cpu_note_if_given({P + "pin_memory"}, kNoPinning);
   }
   if (opt.device != OffloadDevice::Nvme)
     note_if_given({"zero_optimization.sub_group_size"},
@@ -443,7 +443,11 @@ void add_notes(TrainConfig& c) {
     note_if_given({"train.eval_iters", "data.val_path"}, "train.eval_interval is 0 (no evaluation runs)");
   if (!c.csv_monitor.enabled)
     note_if_given({"csv_monitor.output_path", "csv_monitor.job_name"}, "csv_monitor.enabled is false");
-  add_offload_notes(c, note_if_given);
+  auto cpu_note_if_given = [&](const std::vector<std::string>& keys, const std::string& why) {
+    for (const std::string& key : keys)
+      if (given(c, key)) c.cpu_device_notes.push_back(fmt::format("{} has no effect: {}", key, why));
+  };
+  add_offload_notes(c, note_if_given, cpu_note_if_given);
   add_scheduler_notes(c, note_if_given);
   if (!c.zero.contiguous_gradients)
     note_if_given({"zero_optimization.contiguous_gradients"},
