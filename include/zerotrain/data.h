@@ -161,30 +161,88 @@ class DistributedSampler {
 // most one batch is in flight. An exception thrown by `make` is rethrown by the next() that wanted
 // that index; that index is then attempted again by the following next() (nothing is skipped
 // silently). The destructor waits for the in-flight batch and joins the thread. One consumer thread.
-class BatchPrefetcher {
+// `make` runs on the background thread: what it reads must be safe to read from there.
+template <typename BatchType>
+class Prefetcher {
  public:
-  using Producer = std::function<Batch(int64_t index)>;
-  BatchPrefetcher(Producer make, int64_t first_index);
-  ~BatchPrefetcher();
-  BatchPrefetcher(const BatchPrefetcher&) = delete;
-  BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;
+  using Producer = std::function<BatchType(int64_t index)>;
+  Prefetcher(Producer make, int64_t first_index)
+      : make_(std::move(make)), index_(first_index), requested_(true) {
+    worker_ = std::thread([this] { run(); });
+  }
+  ~Prefetcher() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();  // an in-flight make() finishes first; its result is dropped
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
 
-  Batch next();
+  BatchType next() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return ready_.has_value() || error_ != nullptr; });
+    if (error_) {
+      // Retry the same index on the following call; start it now so the retry overlaps too.
+      auto error = std::exchange(error_, nullptr);
+      requested_ = true;
+      lock.unlock();
+      cv_.notify_all();
+      std::rethrow_exception(error);
+    }
+    BatchType batch = std::move(*ready_);
+    ready_.reset();
+    ++index_;
+    requested_ = true;
+    lock.unlock();
+    cv_.notify_all();
+    return batch;
+  }
+
   // The index the next call to next() returns.
-  int64_t next_index() const;
+  int64_t next_index() const {
+    std::lock_guard lock(mu_);
+    return index_;
+  }
 
  private:
-  void run();
+  void run() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || requested_; });
+      if (stop_) return;
+      requested_ = false;
+      const int64_t index = index_;
+      lock.unlock();  // the producer runs unlocked: this is the overlap with the caller's step
+      std::optional<BatchType> result;
+      std::exception_ptr error;
+      try {
+        result = make_(index);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      ready_ = std::move(result);
+      error_ = error;
+      cv_.notify_all();
+    }
+  }
 
   Producer make_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  int64_t index_;               // index handed out by the next next()
-  bool requested_ = false;      // worker should produce `index_`
+  int64_t index_;                   // index handed out by the next next()
+  bool requested_ = false;          // worker should produce `index_`
   bool stop_ = false;
-  std::optional<Batch> ready_;  // result for index_
-  std::exception_ptr error_;    // failure for index_
+  std::optional<BatchType> ready_;  // result for index_
+  std::exception_ptr error_;        // failure for index_
   std::thread worker_;
 };
+
+// The GPT's token windows (instantiated once, in src/data/prefetch.cpp).
+extern template class Prefetcher<Batch>;
+using BatchPrefetcher = Prefetcher<Batch>;
 
 }  // namespace zt

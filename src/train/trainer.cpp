@@ -500,6 +500,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   // held-out pairs are drawn only when the run evaluates (the split may be too short otherwise).
   std::optional<SentencePairSampler> train_pairs, val_pairs;
   std::optional<MlmMasker> masker;
+  std::optional<Prefetcher<BertBatch>> bert_prefetcher;
   if (is_bert) {
     SentencePairOptions pair_options;
     pair_options.max_length = seq_len;
@@ -517,6 +518,18 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     train_pairs.emplace(data.train, pair_options, micro, world, rank, config.train.seed);
     if (config.train.eval_interval > 0)
       val_pairs.emplace(data.val, pair_options, micro, world, rank, config.train.seed ^ 0x5eedULL);
+    // Sentence pairs and their masking are built on the prefetch thread (the sampler and the masker
+    // are immutable), beside the step on the batch before: on a GPU they otherwise leave it idle.
+    bert_prefetcher.emplace(
+        [&](int64_t i) {
+          BertBatch batch = train_pairs->batch(i / accum, i % accum, *masker);
+          if (device.cuda())
+            for (at::Tensor* t : {&batch.input_ids, &batch.token_type_ids, &batch.attention_mask,
+                                  &batch.masked_positions, &batch.masked_labels, &batch.nsp_labels})
+              if (t->defined()) *t = t->pin_memory();
+          return batch;
+        },
+        first_step * accum);
   } else {
     train_sampler.emplace(data.train, seq_len, micro, world, rank, config.train.seed);
     val_sampler.emplace(data.val, seq_len, micro, world, rank, config.train.seed ^ 0x5eedULL);
@@ -543,14 +556,14 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     if (device.cuda())
       for (at::Tensor* t : {&batch.input_ids, &batch.token_type_ids, &batch.attention_mask, &batch.masked_positions,
                             &batch.masked_labels, &batch.nsp_labels})
-        if (t->defined()) *t = t->to(device.device);
+        if (t->defined()) *t = t->to(device.device, /*non_blocking=*/t->is_pinned());
     return batch;
   };
   // The loss of this rank's micro-batch `a` of `step`.
   auto micro_loss = [&](int64_t step, int64_t a) {
-    if (is_bert) return bert->mlm_loss(bert_to_device(train_pairs->batch(step, a, *masker)));
     (void)step;
     (void)a;
+    if (is_bert) return bert->mlm_loss(bert_to_device(bert_prefetcher->next()));
     Batch batch = to_device(prefetcher->next());
     return model->loss(batch.inputs, batch.targets);
   };
@@ -646,6 +659,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       } else {
         loss_sum += loss.item<double>();
       }
+      if (config.wall_clock_breakdown) synchronize(device);  // else the forward's GPU time counts as backward's
       const auto t1 = clock::now();
       engine.backward(loss);
       if (config.wall_clock_breakdown) synchronize(device);
