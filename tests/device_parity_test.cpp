@@ -5,8 +5,9 @@
 //   stages 1-3, fp32 and bf16, AdamW, LAMB and SGD, with and without the delayed update, on 1
 //   and 2 ranks.
 // - With ZT_TEST_DEVICE=cuda on a GPU: stages 0-3, optimizer offload on and off, fp32 and bf16,
-//   one rank, on the device equal the CPU run within the GPU's tolerance (below); elsewhere
-//   that test skips and says why.
+//   and offload with page-locked host copies and the delayed update at stages 1-3, one rank, on
+//   the device equal the CPU run within the GPU's tolerance (below); elsewhere that test skips
+//   and says why.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,6 +32,7 @@ struct RunOptions {
   std::string optimizer_device = "cpu";
   std::string optimizer_name = "AdamW";
   bool delayed = false;
+  bool pinned = false;  // offload_optimizer.pin_memory: page-locked host copies
   bool host_staging = false;
   c10::Device device{c10::kCPU};
   int steps = 6;
@@ -40,7 +42,7 @@ using RunResult = zt::testing::TrainingTrace;  // stages 0-2 fill final_paramete
 
 std::string describe(const RunOptions& o) {
   return "stage " + std::to_string(o.stage) + " " + o.precision + " " + o.optimizer_name + " optimizer->" +
-         o.optimizer_device + (o.delayed ? " delayed" : "") + (o.host_staging ? " staged" : "") + " on " +
+         o.optimizer_device + (o.delayed ? " delayed" : "") + (o.pinned ? " pinned" : "") + (o.host_staging ? " staged" : "") + " on " +
          o.device.str();
 }
 
@@ -54,6 +56,7 @@ zt::TrainConfig make_config(const RunOptions& o, int world) {
     json += R"(, "offload_optimizer": {"device": ")" + o.optimizer_device + "\"";
     if (o.optimizer_device == "nvme") json += R"(, "nvme_path": ")" + ::testing::TempDir() + "\"";
     if (o.delayed) json += R"(, "delayed_update": true, "delayed_update_after": 2)";
+    if (o.pinned) json += R"(, "pin_memory": true)";
     json += "}";
   }
   json += "}";
@@ -154,29 +157,38 @@ TEST(DeviceParity, StagesAndOffloadOnTheTestDeviceEqualTheCpu) {
   if (device.device.is_cpu())
     GTEST_SKIP() << "ZT_TEST_DEVICE is cpu: the CPU run is the reference itself (set ZT_TEST_DEVICE=cuda on a GPU)";
   auto comm = zt::make_communicator(zt::RendezvousInfo{}, zt::CommOptions{});
+  std::vector<RunOptions> variants;
   for (int stage : {0, 1, 2, 3})
     for (const char* offload : {"none", "cpu"})
       for (const char* precision : {"fp32", "bf16"}) {
         if (stage == 0 && std::string(offload) != "none") continue;  // offload needs a partition (stage >= 1)
-        RunOptions o{.stage = stage, .precision = precision, .optimizer_device = offload};
-        const RunResult reference = train(comm, o);
-        o.device = device.device;
-        const RunResult run = train(comm, o);
-        const double tolerance = o.precision == "fp32" ? 1e-4 : 3e-2;
-        for (size_t i = 0; i < run.losses.size(); ++i) {
-          EXPECT_NEAR(run.losses[i], reference.losses[i], tolerance * std::abs(reference.losses[i]))
-              << describe(o) << " step " << i;
-          EXPECT_NEAR(run.grad_norms[i], reference.grad_norms[i], 10 * tolerance * std::abs(reference.grad_norms[i]))
-              << describe(o) << " step " << i;
-        }
-        // The weights as a whole (a relative L2 distance): an element whose gradient is near zero
-        // may take Adam's step in the other direction on the other device, by design of Adam.
-        if (reference.final_parameters.defined()) {
-          const double distance = (run.final_parameters - reference.final_parameters).norm().item<double>() /
-                                  reference.final_parameters.norm().item<double>();
-          EXPECT_LT(distance, 10 * tolerance) << describe(o);
-        }
+        variants.push_back({.stage = stage, .precision = precision, .optimizer_device = offload});
       }
+  // The offload benchmark's settings: page-locked host copies, the CPU step beside the next
+  // forward and backward (delayed_update), whose copy-stream waits only a GPU exercises.
+  for (int stage : {1, 2, 3})
+    for (const char* precision : {"fp32", "bf16"})
+      variants.push_back({.stage = stage, .precision = precision, .delayed = true, .pinned = true});
+  variants.push_back({.stage = 2, .precision = "bf16", .pinned = true});
+  for (RunOptions o : variants) {
+    const RunResult reference = train(comm, o);
+    o.device = device.device;
+    const RunResult run = train(comm, o);
+    const double tolerance = o.precision == "fp32" ? 1e-4 : 3e-2;
+    for (size_t i = 0; i < run.losses.size(); ++i) {
+      EXPECT_NEAR(run.losses[i], reference.losses[i], tolerance * std::abs(reference.losses[i]))
+          << describe(o) << " step " << i;
+      EXPECT_NEAR(run.grad_norms[i], reference.grad_norms[i], 10 * tolerance * std::abs(reference.grad_norms[i]))
+          << describe(o) << " step " << i;
+    }
+    // The weights as a whole (a relative L2 distance): an element whose gradient is near zero
+    // may take Adam's step in the other direction on the other device, by design of Adam.
+    if (reference.final_parameters.defined()) {
+      const double distance = (run.final_parameters - reference.final_parameters).norm().item<double>() /
+                              reference.final_parameters.norm().item<double>();
+      EXPECT_LT(distance, 10 * tolerance) << describe(o);
+    }
+  }
 }
 
 }  // namespace

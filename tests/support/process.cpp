@@ -111,11 +111,18 @@ ListeningSocket listen_on_free_port() {
   return s;
 }
 
-std::string cli_path() { return std::string(ZT_BIN_DIR) + "/zerotrain"; }
+// ZT_TEST_BIN_DIR and ZT_TEST_BUILD_DIR move a test binary's build tree: binaries built on one
+// machine and run on another (scripts/gpu-check.sh) find the CLI and a writable scratch folder.
+static std::string from_env_or(const char* name, const char* built_in) {
+  const char* value = std::getenv(name);
+  return value && *value ? value : built_in;
+}
+
+std::string cli_path() { return from_env_or("ZT_TEST_BIN_DIR", ZT_BIN_DIR) + "/zerotrain"; }
 
 std::string make_temp_dir(const std::string& prefix) {
   static std::atomic<int> counter{0};
-  auto dir = std::filesystem::path(ZT_BUILD_DIR) / "tmp" /
+  auto dir = std::filesystem::path(from_env_or("ZT_TEST_BUILD_DIR", ZT_BUILD_DIR)) / "tmp" /
              (prefix + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
