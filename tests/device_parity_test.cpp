@@ -1,9 +1,10 @@
 // The engine's device-generic paths (docs/gpu.md).
 // - On the CPU, every CI run: optimizer offload staged through host copies (ZT_HOST_STAGING=1:
-//   the snapshot, the host working copy and the copies the GPU path makes, with the CPU's
-//   synchronous copies in place of the copy stream) trains bit for bit as the unstaged run, at
-//   stages 1-3, fp32 and bf16, AdamW, LAMB and SGD, with and without the delayed update, on 1
-//   and 2 ranks.
+//   the snapshot, the host working copy and the copies the GPU path makes) trains bit for bit as
+//   the unstaged run, at stages 1-3, fp32 and bf16, AdamW, LAMB and SGD, with and without the
+//   delayed update: on 1 rank through an emulated copy engine as late as the contract allows
+//   (ZT_EMULATE_COPY_ENGINE=1, so that a missing wait changes the result), on 2 ranks with the
+//   CPU's synchronous copies.
 // - With ZT_TEST_DEVICE=cuda on a GPU: stages 0-3, optimizer offload on and off, fp32 and bf16,
 //   and offload with page-locked host copies and the delayed update at stages 1-3, one rank, on
 //   the device equal the CPU run within the GPU's tolerance (below); elsewhere that test skips
@@ -34,6 +35,7 @@ struct RunOptions {
   bool delayed = false;
   bool pinned = false;  // offload_optimizer.pin_memory: page-locked host copies
   bool host_staging = false;
+  bool late_copies = false;  // staged copies through an emulated copy engine as late as allowed (ZT_EMULATE_COPY_ENGINE)
   c10::Device device{c10::kCPU};
   int steps = 6;
 };
@@ -42,7 +44,7 @@ using RunResult = zt::testing::TrainingTrace;  // stages 0-2 fill final_paramete
 
 std::string describe(const RunOptions& o) {
   return "stage " + std::to_string(o.stage) + " " + o.precision + " " + o.optimizer_name + " optimizer->" +
-         o.optimizer_device + (o.delayed ? " delayed" : "") + (o.pinned ? " pinned" : "") + (o.host_staging ? " staged" : "") + " on " +
+         o.optimizer_device + (o.delayed ? " delayed" : "") + (o.pinned ? " pinned" : "") + (o.host_staging ? " staged" : "") + (o.late_copies ? " (late copies)" : "") + " on " +
          o.device.str();
 }
 
@@ -72,14 +74,17 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
   auto model = zt::GPT(gpt_config);
   model->to(o.device);
   if (o.host_staging) ::setenv("ZT_HOST_STAGING", "1", 1);
+  if (o.late_copies) ::setenv("ZT_EMULATE_COPY_ENGINE", "1", 1);
   std::optional<zt::Engine> engine;
   try {
     engine.emplace(model.ptr(), config, comm);
   } catch (...) {
     ::unsetenv("ZT_HOST_STAGING");
+    ::unsetenv("ZT_EMULATE_COPY_ENGINE");
     throw;
   }
   ::unsetenv("ZT_HOST_STAGING");
+  ::unsetenv("ZT_EMULATE_COPY_ENGINE");
   RunResult result;
   for (int step = 0; step < o.steps; ++step) {
     double loss_sum = 0;
@@ -131,6 +136,9 @@ void staged_equals_unstaged() {
     const RunResult reference = train(comm, o);
     for (double norm : reference.grad_norms) ASSERT_GT(norm, 0.05) << "clipping must be active on every step";
     o.host_staging = true;
+    // One rank: through an emulated copy engine as late as the contract allows, so that a missing
+    // wait changes the result; two ranks: the CPU's synchronous copies.
+    o.late_copies = comm->world_size() == 1;
     expect_identical(reference, train(comm, o), o);
   }
 }

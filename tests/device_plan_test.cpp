@@ -107,4 +107,36 @@ TEST(DeviceCopies, OnTheCpuCopiesAreSynchronous) {
   EXPECT_TRUE(torch::equal(back, source * 2));
 }
 
+// The emulated copy engine: a result read before wait_host() is stale, and a host copy changed
+// after to_device() and before wait_host() reaches the destination, as they may on a GPU.
+TEST(DeviceCopies, TheEmulatedCopyEngineShowsAMissingWait) {
+  zt::DeviceCopies copies(c10::kCPU, /*emulate=*/true);
+  EXPECT_TRUE(copies.asynchronous());
+  const at::Tensor source = torch::arange(1, 11, torch::kFloat32);
+  at::Tensor host = torch::zeros({10}, torch::kFloat32);
+  copies.to_host(host, source);
+  EXPECT_TRUE(torch::equal(host, torch::zeros({10}))) << "the copy was made before wait_host()";
+  copies.wait_host();
+  EXPECT_TRUE(torch::equal(host, source));
+
+  at::Tensor device = torch::zeros({10}, torch::kFloat32);
+  copies.to_device(device, host);
+  EXPECT_TRUE(torch::equal(device, source)) << "later work on the device must see the copy";
+  host.fill_(-1);  // breaks to_device's contract: the host copy must stay until wait_host()
+  copies.wait_host();
+  EXPECT_TRUE(torch::equal(device, torch::full({10}, -1.0f)));
+}
+
+TEST(DeviceCopies, CopyEngineEnvironmentIsCheckedStrictly) {
+  ::unsetenv("ZT_EMULATE_COPY_ENGINE");
+  EXPECT_FALSE(zt::copy_engine_emulated_by_environment());
+  ::setenv("ZT_EMULATE_COPY_ENGINE", "1", 1);
+  EXPECT_TRUE(zt::copy_engine_emulated_by_environment());
+  ::setenv("ZT_EMULATE_COPY_ENGINE", "0", 1);
+  EXPECT_FALSE(zt::copy_engine_emulated_by_environment());
+  ::setenv("ZT_EMULATE_COPY_ENGINE", "on", 1);
+  EXPECT_THROW(zt::copy_engine_emulated_by_environment(), zt::ConfigError);
+  ::unsetenv("ZT_EMULATE_COPY_ENGINE");
+}
+
 }  // namespace

@@ -58,6 +58,13 @@ DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool f
   return plan;
 }
 
+bool copy_engine_emulated_by_environment() {
+  const char* value = std::getenv("ZT_EMULATE_COPY_ENGINE");
+  if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0) return false;
+  if (std::strcmp(value, "1") == 0) return true;
+  throw ConfigError(std::string("ZT_EMULATE_COPY_ENGINE: expected 0 or 1, found '") + value + "'");
+}
+
 at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned) {
   const auto options = torch::TensorOptions().dtype(dtype);
   if (!pinned || numel == 0) return torch::empty({numel}, options);
@@ -79,13 +86,17 @@ at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned) {
 #endif
 }
 
-DeviceCopies::DeviceCopies(c10::Device compute) : compute_(compute) {
+DeviceCopies::DeviceCopies(c10::Device compute, bool emulate) : compute_(compute), emulated_(emulate && compute.is_cpu()) {
   if (compute.is_cpu()) return;
   c10::impl::VirtualGuardImpl impl(compute.type());
   copy_stream_ = impl.getStreamFromGlobalPool(compute, /*isHighPriority=*/false);
 }
 
 void DeviceCopies::to_host(const at::Tensor& host, const at::Tensor& device) {
+  if (emulated_) {
+    pending_.push_back({host, device});
+    return;
+  }
   if (!copy_stream_) {
     host.copy_(device);
     return;
@@ -104,6 +115,11 @@ void DeviceCopies::to_host(const at::Tensor& host, const at::Tensor& device) {
 }
 
 void DeviceCopies::to_device(const at::Tensor& device, const at::Tensor& host) {
+  if (emulated_) {
+    device.copy_(host);              // the compute stream's later work waits for the copy
+    pending_.push_back({device, host});  // and a copy engine may read `host` as late as wait_host()
+    return;
+  }
   if (!copy_stream_) {
     device.copy_(host);
     return;
@@ -132,6 +148,8 @@ void DeviceCopies::record_done() {
 }
 
 void DeviceCopies::wait_host() {
+  for (const PendingCopy& c : pending_) c.destination.copy_(c.source);
+  pending_.clear();
   if (done_) done_->synchronize();
   in_flight_.clear();
 }

@@ -16,6 +16,12 @@
 //   after it (to_device); wait_host() is the one point where the host waits for them. On the
 //   CPU every copy is a synchronous memcpy and wait_host() returns at once. Not thread-safe.
 //   Tensors handed to it are kept alive until wait_host().
+// - For tests on the CPU, DeviceCopies can emulate a copy engine that is as late as the contract
+//   allows (ZT_EMULATE_COPY_ENGINE=1 with forced staging): to_host copies happen at wait_host(),
+//   and to_device copies happen at once (the compute stream's later work would wait for them)
+//   and again at wait_host() (a copy engine may read the host copy until then). A host copy read
+//   before wait_host(), or changed before it, then changes the results, deterministically, where
+//   on a GPU it would only sometimes.
 #pragma once
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -35,6 +41,7 @@ struct DevicePlan {
   c10::Device state{c10::kCPU};    // masters, moments, the optimizer step
   bool stage_through_host = false;  // the step works on host copies of the owned gradients and working values
   bool pin_host = false;            // those host copies are page-locked (offload_optimizer.pin_memory)
+  bool emulate_copy_engine = false;  // CPU staging only: copies as late as allowed (tests; ZT_EMULATE_COPY_ENGINE=1)
   // The optimizer step runs device kernels (state on an accelerator).
   bool device_step() const { return !state.is_cpu(); }
   std::string describe() const;
@@ -48,13 +55,18 @@ DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool f
 // any other value is a ConfigError.
 bool host_staging_forced_by_environment();
 
+// ZT_EMULATE_COPY_ENGINE: "1" emulates a late copy engine where staging is forced on the CPU,
+// "0" or unset does not; any other value is a ConfigError.
+bool copy_engine_emulated_by_environment();
+
 // Host tensors for the staging copies: page-locked when `pinned` (an accelerator is present).
 at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned);
 
 class DeviceCopies {
  public:
-  explicit DeviceCopies(c10::Device compute);
-  bool asynchronous() const { return copy_stream_.has_value(); }
+  // `emulate`: on the CPU, copies as late as the contract allows (see above).
+  explicit DeviceCopies(c10::Device compute, bool emulate = false);
+  bool asynchronous() const { return copy_stream_.has_value() || emulated_; }
   // host <- device, after what the compute stream has enqueued so far.
   void to_host(const at::Tensor& host, const at::Tensor& device);
   // device <- host; the compute stream's later work waits for it. The host tensor must not
@@ -69,6 +81,12 @@ class DeviceCopies {
   std::optional<c10::Stream> copy_stream_;
   std::optional<c10::Event> done_;
   std::vector<at::Tensor> in_flight_;
+  // The emulated copy engine's copies not yet made (destination, source).
+  struct PendingCopy {
+    at::Tensor destination, source;
+  };
+  bool emulated_ = false;
+  std::vector<PendingCopy> pending_;
 };
 
 }  // namespace zt

@@ -199,6 +199,8 @@ struct Engine::Impl {
     if (trainable.empty())
       throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
     devices = plan_devices(*model_device, config.zero, host_staging_forced_by_environment());
+    devices.emulate_copy_engine =
+        devices.stage_through_host && devices.compute.is_cpu() && copy_engine_emulated_by_environment();
     if (!devices.compute.is_cpu() && !pending.empty())
       throw ConfigError("engine: block '" + pending.front().name +
                         "' was built under ShardedConstruction, which builds on the CPU; the model's parameters are on " +

@@ -184,7 +184,7 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
     }
     grad_snapshot_ = empty_host(partition, options.working_dtype, options.devices.pin_host);
   }
-  copies_ = std::make_unique<DeviceCopies>(options.devices.compute);
+  copies_ = std::make_unique<DeviceCopies>(options.devices.compute, options.devices.emulate_copy_engine);
   snapshot_has_.assign(layout.buckets.size(), 0);
   plan_chunks();
   const bool working_on_disk = working_.partition && working_.partition->any_on_disk();
