@@ -121,7 +121,9 @@ struct CheckpointBackward : torch::autograd::Node {
     inputs.reserve(kept.size());
     for (const KeptInput& k : kept) {
       at::Tensor t = k.value;
-      if (t.defined() && t.device() != k.device) t = t.to(k.device, /*non_blocking=*/true);
+      // From an arena slot the copy is synchronous: the slot is handed out again (and written by
+      // the CPU) as soon as this recomputation is enqueued, which may be before a queued copy ran.
+      if (t.defined() && t.device() != k.device) t = t.to(k.device, /*non_blocking=*/k.slot == nullptr);
       inputs.push_back(t.defined() ? t.detach().requires_grad_(k.requires_grad) : t);
     }
     if (options.synchronize_boundary) synchronize_devices(inputs);
@@ -158,10 +160,14 @@ struct CheckpointBackward : torch::autograd::Node {
   }
 };
 
-at::Tensor keep_on_host(const at::Tensor& x) {
+// A device tensor's copy in page-locked host memory. `read_on_host`: the host reads the copy next
+// (the arena copies it into a slot with the CPU), so the copy must have landed when this returns;
+// otherwise it is asynchronous, and what reads it later (the copy back to the device before the
+// recomputation) is ordered after it on the same stream.
+at::Tensor keep_on_host(const at::Tensor& x, bool read_on_host) {
   if (x.device().is_cpu()) return x;  // host memory already
   at::Tensor host = at::empty(x.sizes(), x.options().device(at::kCPU).pinned_memory(true));
-  host.copy_(x, /*non_blocking=*/true);
+  host.copy_(x, /*non_blocking=*/!read_on_host);
   return host;
 }
 
@@ -247,7 +253,7 @@ at::Tensor checkpoint(CheckpointFunction fn, const std::vector<at::Tensor>& inpu
     k.requires_grad = needs_grad(inputs[i]);
     if (t.defined()) {
       k.device = t.device();
-      k.value = options.keep_inputs_on_host ? keep_on_host(t) : t;
+      k.value = options.keep_inputs_on_host ? keep_on_host(t, /*read_on_host=*/options.arena != nullptr) : t;
       if (options.arena) {
         auto [stored, slot] = options.arena->store(k.value);
         k.value = std::move(stored);
