@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -499,6 +500,42 @@ TEST(OffloadFaults, DiskErrorsDuringTrainingAreNamedAndTheCheckpointSurvives) {
   }
 }
 
+// A disk error inside a delayed step (the step runs on its own thread, reading and writing the
+// state on NVMe): the error names the swap file when the step is collected, and tearing the engine
+// down waits for that thread before its transfers are drained and their buffers freed (the
+// sanitizer build of scripts/nightly.sh checks the latter).
+TEST(OffloadFaults, ADiskErrorInADelayedStepIsNamedAndTeardownWaitsForIt) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const RunOptions delayed{.stage = 2, .optimizer_device = "nvme", .delayed = true, .delayed_after = 1};
+  // Construction only writes; each step then reads the state and writes it back, as many
+  // requests each way.
+  int64_t at_start = 0, per_step = 0;
+  {
+    Session s = open_session(comm, delayed);
+    at_start = s.engine->offload_report().requests;
+    run_steps(s, 0, 0, 5);
+    s.engine->apply_pending_update();
+    per_step = (s.engine->offload_report().requests - at_start) / 10;
+  }
+  ASSERT_GT(at_start, 0);
+  ASSERT_GT(per_step, 0);
+  // Steps 2-5 are delayed: the first read of step 3, and a write inside step 4.
+  for (const std::string& fault :
+       {"read:" + std::to_string(2 * per_step + 1), "write:" + std::to_string(at_start + 3 * per_step + 2)}) {
+    const std::string message = error_of([&] {
+      ScopedEnv env("ZT_IO_FAULT", fault);
+      Session s = open_session(comm, delayed);
+      run_steps(s, 0, 0, 5);
+      s.engine->apply_pending_update();
+    });
+    EXPECT_NE(message.find(".swap' at offset "), std::string::npos) << fault << ": " << message;
+    EXPECT_NE(message.find("errno"), std::string::npos) << fault << ": " << message;
+  }
+  // Nothing was left behind that a new engine would trip over.
+  Session s = open_session(comm, delayed);
+  EXPECT_EQ(run_steps(s, 0, 0, 2).size(), 2u);
+}
+
 // A disk error while a checkpoint is being saved (reading the state from the swap files) fails
 // the save without publishing anything: `latest` still names the previous checkpoint.
 TEST(OffloadFaults, DiskErrorDuringASaveKeepsThePreviousCheckpoint) {
@@ -738,6 +775,39 @@ TEST(OffloadDelayed, MatchesTorchAdamWAppliedOneStepLate) {
       undelayed_gap = std::max(undelayed_gap, std::abs(undelayed.losses[size_t(i)] - reference[size_t(i)]) / reference[size_t(i)]);
     }
     EXPECT_GT(undelayed_gap, 2e-4) << "the undelayed run must differ from the delayed reference";
+  }
+}
+
+// A step skipped for overflow while a delayed update is in flight installs that update (it came
+// from the step before, whose gradients were finite): the next forward runs on weights one step
+// stale, as after any other step, not two.
+TEST(OffloadDelayed, AnOverflowStepInstallsTheUpdateInFlight) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  for (const char* precision : {"fp32", "bf16"}) {
+    RunOptions o{.stage = 1, .precision = precision, .optimizer_device = "cpu", .delayed = true, .delayed_after = 1};
+    Session s = open_session(comm, o);
+    run_steps(s, 0, 0, 3);  // steps 2 and 3 are delayed: step 3's update is in flight
+    auto weights = [&] {
+      std::vector<torch::Tensor> flat;
+      for (auto& p : s.model->parameters())
+        if (p.requires_grad()) flat.push_back(p.detach().to(torch::kFloat).reshape({-1}).clone());
+      return torch::cat(flat);
+    };
+    const torch::Tensor before = weights();
+    zt::StepResult r;
+    for (int a = 0; a < 2; ++a) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 + a);
+      auto tokens = torch::randint(0, 256, {2, 17}, gen, torch::kLong);
+      auto loss = s.model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)) *
+                  std::numeric_limits<float>::infinity();
+      s.engine->backward(loss);
+      r = s.engine->step();
+    }
+    ASSERT_TRUE(r.skipped) << precision;
+    const torch::Tensor after = weights();
+    EXPECT_FALSE(torch::equal(before, after)) << precision << ": step 3's update was not installed";
+    s.engine->apply_pending_update();
+    EXPECT_TRUE(torch::equal(after, weights())) << precision << ": an update was left in flight past the skipped step";
   }
 }
 

@@ -119,13 +119,16 @@ struct Engine::Impl {
 
   // Declared after every member that owns an I/O buffer, so destroyed before them (also when
   // construction throws): after an IoError the failed step's other transfers are still in flight
-  // into those buffers, and the buffers must outlive them.
+  // into those buffers, and the buffers must outlive them. A delayed step still running issues
+  // transfers of its own, so it is waited for before the drain.
   struct DrainIoFirst {
     std::unique_ptr<io::AioEngine>* io;
+    std::unique_ptr<OptimizerPartition>* optimizer;
     ~DrainIoFirst() {
+      if (*optimizer) (*optimizer)->join_worker();
       if (*io) (*io)->drain();
     }
-  } drain_io_first{&io};
+  } drain_io_first{&io, &optimizer};
 
   int64_t micro_step = 0;   // micro-steps done in the current accumulation window
   int64_t global_step = 0;  // optimizer steps taken
@@ -744,6 +747,10 @@ struct Engine::Impl {
     ++global_step;
     const bool overflow = !std::isfinite(norm);
     scaler.update(overflow);
+    // A delayed update in flight was computed from the step before, whose gradients were finite:
+    // it is installed now whether or not this step is skipped (else the next forward would run on
+    // weights two steps stale).
+    apply_pending_update();
     if (overflow) {
       // The norm is the same on every rank (one all-reduce, or identical all-reduced gradients),
       // so every rank skips together.
@@ -760,7 +767,6 @@ struct Engine::Impl {
     // delayed_update_after steps, this step's update is computed while the next forward and
     // backward run on the weights of the step before; it is installed at the next step.
     const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
-    apply_pending_update();
     if (oo.delayed_update && global_step > oo.delayed_update_after) {
       optimizer->launch_step(result.lr, optimizer_step, float(scale), *reducer, betas);
       result.delayed = true;

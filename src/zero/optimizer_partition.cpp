@@ -205,7 +205,9 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   }
 }
 
-OptimizerPartition::~OptimizerPartition() {
+OptimizerPartition::~OptimizerPartition() { join_worker(); }
+
+void OptimizerPartition::join_worker() {
   // A step still running owns the buffers and the state: it finishes before they go (its error,
   // if any, has nobody left to hear it).
   if (worker_.joinable()) worker_.join();

@@ -122,6 +122,9 @@ class OptimizerPartition {
   // Waits for the launched step (the wait counts as a stall), rethrows what it threw, and installs
   // its working values. A no-op when none is in flight.
   void finish_step();
+  // Waits for a launched step's thread without installing its values or rethrowing its error: for
+  // teardown, before the I/O it issues is drained and the buffers it uses are freed.
+  void join_worker();
   // Rounds the working copy of the owned region from the masters (after a checkpoint load).
   void refresh_working_from_masters();
   void zero_moments();
