@@ -11,6 +11,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
 #include <random>
 #include <set>
 
@@ -111,6 +114,56 @@ nlohmann::json train(const std::string& dir, const std::string& config, const st
 
 // (a) A trained checkpoint exported with --format hf loads in transformers' GPT2LMHeadModel with
 // zerotrain's logits (fp32, within 1e-5), in one file and sharded with an index.
+// An export publishes all of its files or none: one that fails part-way leaves the earlier export
+// in the directory as it was (and no staging directory); one that succeeds replaces the earlier
+// model files and keeps the user's own files. Needs no transformers.
+TEST(HfExport, AFailedExportLeavesTheEarlierOneInPlace) {
+  const std::string dir = make_temp_dir("hf-atomic");
+  const std::string out = dir + "/export";
+  torch::manual_seed(3);
+  const zt::GPTConfig config = zt::gpt_preset("tiny");
+  zt::GPT model(config);
+  auto tensors_failing_at = [&](std::shared_ptr<int> calls, int failing_call) {
+    std::vector<zt::HfTensor> tensors;
+    for (const auto& named : model->named_parameters(true)) {
+      const torch::Tensor value = named.value();
+      tensors.push_back({named.key(), value.sizes().vec(), [value, calls, failing_call] {
+                           return ++*calls == failing_call ? torch::zeros({1}) : value.detach().to(torch::kFloat);
+                         }});
+    }
+    return tensors;
+  };
+  auto files_of = [](const std::string& path) {
+    std::map<std::string, std::string> files;
+    for (const auto& entry : fs::directory_iterator(path)) {
+      std::string& content = files[entry.path().filename().string()];
+      if (entry.is_directory()) continue;  // named, not read
+      std::ifstream in(entry.path(), std::ios::binary);
+      content.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    return files;
+  };
+  zt::write_hf_model(tensors_failing_at(std::make_shared<int>(0), -1), config, out, torch::kFloat,
+                     zt::hf_default_max_shard_bytes());
+  std::ofstream(out + "/README.md") << "the user's own file";
+  const auto before = files_of(out);
+  ASSERT_TRUE(before.count("model.safetensors") && before.count("config.json"));
+  // Small shards, the sixth tensor with a wrong shape: several shards are written before it fails.
+  EXPECT_THROW(zt::write_hf_model(tensors_failing_at(std::make_shared<int>(0), 6), config, out, torch::kBFloat16, 20000),
+               zt::DataError);
+  EXPECT_EQ(files_of(out), before);
+  EXPECT_EQ(files_of(dir).size(), 1u) << "a staging directory was left beside the export";
+  // Success: the sharded layout replaces the single file; README.md stays.
+  zt::write_hf_model(tensors_failing_at(std::make_shared<int>(0), -1), config, out, torch::kBFloat16, 20000);
+  const auto after = files_of(out);
+  EXPECT_FALSE(after.count("model.safetensors"));
+  EXPECT_TRUE(after.count("model.safetensors.index.json"));
+  EXPECT_TRUE(after.count("model-00001-of-" + std::string(5 - std::to_string(after.size() - 3).size(), '0') +
+                          std::to_string(after.size() - 3) + ".safetensors"));
+  EXPECT_EQ(after.at("README.md"), "the user's own file");
+  EXPECT_EQ(files_of(dir).size(), 1u);
+}
+
 TEST(HfExport, TransformersLoadsItWithTheSameLogits) {
   REQUIRE_TRANSFORMERS();
   const std::string dir = make_temp_dir("hf-export");

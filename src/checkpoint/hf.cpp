@@ -283,6 +283,30 @@ std::string hf_config_json(const GPTConfig& c, at::ScalarType dtype) {
 
 namespace {
 
+int64_t write_hf_files(const std::vector<const HfTensor*>& ordered,
+                       const std::function<std::string(const std::string&)>& hf_name,
+                       const std::function<bool(const std::string&)>& transposed, const std::string& config_text,
+                       const fs::path& dir, at::ScalarType dtype, int64_t max_shard_bytes);
+
+// Moves a complete export from `staging` into `target` (made if missing): an earlier export's
+// model files there are removed first, as they would mix with this one; other files (a
+// tokenizer, a README) stay. Then `staging` is removed.
+void publish_hf_files(const fs::path& staging, const fs::path& target) {
+  std::error_code ec;
+  if (!fs::exists(target, ec)) {
+    fs::rename(staging, target);  // one step: nothing was there
+    return;
+  }
+  for (const auto& entry : fs::directory_iterator(target)) {
+    const std::string name = entry.path().filename().string();
+    if (name == kSingleFile || name == kIndexFile || name == kConfigFile ||
+        (name.rfind("model-", 0) == 0 && ends_with(name, ".safetensors")))
+      fs::remove(entry.path());
+  }
+  for (const auto& entry : fs::directory_iterator(staging)) fs::rename(entry.path(), target / entry.path().filename());
+  fs::remove(staging, ec);
+}
+
 // The layout of transformers' save_pretrained for `ordered` tensors (checked, in the model's
 // order): `hf_name` gives transformers' name of ours, `transposed` whether it is stored so.
 int64_t write_hf_layout(const std::vector<const HfTensor*>& ordered,
@@ -292,7 +316,29 @@ int64_t write_hf_layout(const std::vector<const HfTensor*>& ordered,
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
     throw ConfigError("--out: expected a directory for --format hf, found the file '" + dir.string() + "'");
-  fs::create_directories(dir);
+  // Everything is written into a staging directory beside `dir` and moved into place only when
+  // complete: a failed export leaves an earlier one in `dir` as it was.
+  const fs::path target = dir.filename().empty() ? dir.parent_path() : dir;
+  const fs::path staging = (target.has_parent_path() ? target.parent_path() : fs::path(".")) /
+                           ("." + target.filename().string() + ".partial-" + std::to_string(::getpid()));
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging);
+  try {
+    const int64_t written = write_hf_files(ordered, hf_name, transposed, config_text, staging, dtype, max_shard_bytes);
+    publish_hf_files(staging, target);
+    return written;
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
+  }
+}
+
+// The files of one export into `dir` (a fresh directory); returns the bytes written.
+int64_t write_hf_files(const std::vector<const HfTensor*>& ordered,
+                       const std::function<std::string(const std::string&)>& hf_name,
+                       const std::function<bool(const std::string&)>& transposed, const std::string& config_text,
+                       const fs::path& dir, at::ScalarType dtype, int64_t max_shard_bytes) {
+  std::error_code ec;
   // save_pretrained's split: in order, a new shard when the next tensor would pass the limit, a
   // tensor above the limit alone.
   const int64_t element = int64_t(c10::elementSize(dtype));
@@ -325,12 +371,6 @@ int64_t write_hf_layout(const std::vector<const HfTensor*>& ordered,
     std::snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k + 1, n);
     return std::string(name);
   };
-  // What an earlier export left in the directory would mix with this one.
-  for (const char* stale : {kSingleFile, kIndexFile}) fs::remove(dir / stale, ec);
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("model-", 0) == 0 && ends_with(name, ".safetensors")) fs::remove(entry.path(), ec);
-  }
   int64_t written = 0;
   json weight_map = json::object();
   for (int k = 0; k < n; ++k) {
