@@ -329,13 +329,37 @@ TEST_P(AioBackend, FullDiskWhenCreatingIsAnIoErrorNamingTheFile) {
   EXPECT_FALSE(fs::exists(path));
 }
 
+// Destroying the engine with writes queued returns, and no transfer outlives it: the buffer
+// changed afterwards never reaches the file, which no longer changes.
 TEST_P(AioBackend, DestructionWithRequestsInFlightReturns) {
   AlignedBuffer buffer(4 * MiB);
   fill(buffer.data(), 4 * MiB, 5);
-  AioEngine engine(options(64 * KiB, 8, 2));
-  const int file = engine.open(dir_ / "inflight.swap", 4 * MiB);
-  for (int i = 0; i < 40; ++i) engine.write(file, 0, buffer.data(), 4 * MiB);
-  // Leaving the scope destroys the engine first, then the buffer: the destructor must have waited.
+  const fs::path path = dir_ / "inflight.swap";
+  {
+    AioEngine engine(options(64 * KiB, 8, 2));
+    const int file = engine.open(path, 4 * MiB);
+    for (int i = 0; i < 40; ++i) engine.write(file, 0, buffer.data(), 4 * MiB);
+  }
+  auto read_file = [&] {
+    std::vector<char> bytes(4 * MiB);
+    std::ifstream in(path, std::ios::binary);
+    in.read(bytes.data(), std::streamsize(bytes.size()));
+    EXPECT_EQ(in.gcount(), std::streamsize(bytes.size()));
+    return bytes;
+  };
+  const std::vector<char> after = read_file();
+  fill(buffer.data(), 4 * MiB, 9);  // what a transfer still running would now carry
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(read_file(), after) << "the file changed after the engine was destroyed";
+  // Each 64 KiB block holds the written values or the zeros of the fresh file, never the new ones.
+  std::vector<char> written(4 * MiB);
+  fill(written.data(), 4 * MiB, 5);
+  const std::vector<char> zeros(64 * KiB, 0);
+  for (int64_t at = 0; at < 4 * MiB; at += 64 * KiB) {
+    const bool as_written = std::memcmp(after.data() + at, written.data() + at, 64 * KiB) == 0;
+    const bool untouched = std::memcmp(after.data() + at, zeros.data(), 64 * KiB) == 0;
+    EXPECT_TRUE(as_written || untouched) << "block at " << at << " holds neither the written values nor zeros";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, AioBackend, ::testing::Values(Backend::Posix, Backend::IoUring), backend_label);
