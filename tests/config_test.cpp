@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -1081,13 +1084,20 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
              key == "zero_optimization.sub_group_size")
       with_tier[key] = nvme_optimizer;
   }
-  // The OneCycle keys with OneCycle and its two required bounds (each key then overrides its own).
+  // The OneCycle keys with OneCycle and its two required bounds (each key then replaces its own).
   for (const auto& [key, entry] : table)
     if (key.starts_with("scheduler.params.cycle_") || key.starts_with("scheduler.params.decay_"))
       with_tier[key] = {"scheduler.type=\"OneCycle\"", "scheduler.params.cycle_min_lr=0.1",
                         "scheduler.params.cycle_max_lr=1.0"};
   // Gradients on NVMe need sharded gradients.
   with_tier["zero_optimization.offload_optimizer.nvme_gradients"].front() = "zero_optimization.stage=2";
+  // The context's overrides with `key` set to `value` (the context may set that key already: a
+  // key is given once on a command line).
+  auto with_value = [](std::vector<std::string> overrides, const std::string& key, const std::string& value) {
+    std::erase_if(overrides, [&](const std::string& o) { return o.starts_with(key + "="); });
+    overrides.push_back(key + "=" + value);
+    return overrides;
+  };
   std::set<std::string> schema_keys;
   for (const cd::Leaf& leaf : cd::leaves()) {
     schema_keys.insert(leaf.path);
@@ -1103,8 +1113,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
     if (entry.behaviour == Noted || entry.behaviour == Reported) {
       EXPECT_TRUE(leaf.supported);
       EXPECT_EQ(leaf.status, entry.behaviour == Noted ? cd::Status::Inert : cd::Status::Reporting);
-      std::vector<std::string> overrides = context_of;
-      overrides.push_back(leaf.path + "=" + entry.value);
+      const std::vector<std::string> overrides = with_value(context_of, leaf.path, entry.value);
       const std::optional<TrainConfig> parsed = parse_or_fail(overrides);
       if (!parsed) continue;
       const TrainConfig& config = *parsed;
@@ -1129,8 +1138,8 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
                    : leaf.kind == cd::Kind::Int ? json(5)
                                                 : json("x");
       if (!leaf.choices.empty()) other = leaf.choices.back();
-      std::vector<std::string> overrides = context_of;
-      overrides.push_back(leaf.path + "=" + (entry.value.empty() ? other.dump() : entry.value));
+      const std::vector<std::string> overrides =
+          with_value(context_of, leaf.path, entry.value.empty() ? other.dump() : entry.value);
       expect_one_line_error(any_error_of([&] { parse_config("{}", overrides, 1); }),
                             leaf.path + " = ");
       expect_one_line_error(any_error_of([&] { parse_config("{}", overrides, 1); }), "is not implemented");
@@ -1139,7 +1148,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
     EXPECT_TRUE(leaf.supported);
     std::vector<std::string> overrides;
     if (auto c = with_tier.find(leaf.path); c != with_tier.end()) overrides = c->second;
-    overrides.push_back(leaf.path + "=" + entry.value);
+    overrides = with_value(overrides, leaf.path, entry.value);
     const std::optional<TrainConfig> config = parse_or_fail(overrides);
     if (!config) continue;
     EXPECT_TRUE(entry.arrived(*config)) << "the value does not reach TrainConfig (read by: " << entry.reader << ")";
@@ -1178,6 +1187,26 @@ TEST(ConfigValidation, SecondaryPartitionNeedsStageThreeAndADivisorOfTheWorld) {
   expect_one_line_error(
       any_error_of([] { parse_config(R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": -1}})", {}, 4); }),
       "zero_optimization.zero_hpz_partition_size");
+}
+
+// A key set twice on the command line is refused, as a duplicate key in a file is, also when a
+// whole block sets it again.
+TEST(ConfigOverrides, AKeySetTwiceIsRefused) {
+  auto message_of = [](const std::vector<std::string>& overrides) -> std::string {
+    try {
+      parse_config("{}", overrides, 1);
+    } catch (const zt::ConfigError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(message_of({"train.steps=3", "train.steps=4"}),
+            "--set train.steps: given twice on the command line ('train.steps=3' and 'train.steps=4'); expected each "
+            "key once");
+  EXPECT_NE(message_of({"optimizer.params.lr=0.1", "optimizer.params={\"lr\": 0.2}"})
+                .find("--set optimizer.params.lr: given twice"),
+            std::string::npos);
+  EXPECT_EQ(parse_config("{}", {"train.steps=3", "optimizer.params.lr=0.1"}, 1).train.steps, 3);
 }
 
 TEST(ConfigAudit, KeysWithoutEffectHereAreNoted) {
@@ -1494,29 +1523,63 @@ TEST(ConfigCli, TrainFlagsWithBadValues) {
           {{"train", good, "--steps", "abc"}, "--steps"},
           {{"train", good, "--steps", "99999999999999999999"}, "--steps"},
           {{"train", good, "--master-port", "70000"}, "--master-port"},
-          {{"train", good, "--save-every", "-1"}, "--save-every"},
-          {{"train", good, "--keep-last", "-2"}, "--keep-last"},
+          {{"train", good, "--save-every", "-1"}, "--save-every: Value -1 not in range 0 to 100000000"},
+          {{"train", good, "--keep-last", "-2"}, "--keep-last: Value -2 not in range 0 to 2147483647"},
           {{"train", good, "--set", "train.steps"}, "override 'train.steps': expected key.path=value"},
           {{"train", good, "--set", "=3"}, "expected key.path=value"},
           {{"train", good, "--set", "train.stepz=3"}, "did you mean 'train.steps'?"},
           {{"train", good, "--set", "train.steps=-1"}, "train.steps: expected an integer in [1, 100000000], found -1"},
           {{"train", good, "--set", "train.steps=1e999"}, "train.steps: expected an integer in [1, 100000000]"},
           {{"train", good, "--set", "optimizer.params={\"lr\": 1, \"lr\": 2}"}, "duplicate key 'lr'"},
+          {{"train", good, "--set", "train.steps=3", "--set", "train.steps=4"},
+           "--set train.steps: given twice on the command line ('train.steps=3' and 'train.steps=4')"},
+          {{"train", good, "--steps", "3", "--set", "train.steps=4"},
+           "--steps 3 and --set train.steps=4: both set train.steps"},
           {{"train", good, "--set", "train.steps=" + std::string(50000, '[') + std::string(50000, ']')},
            "nested more than 16 levels deep"},
           {{"train", good, "--summary", a_file + "/under/summary.json"}, "--summary: the path '" + a_file + "' is not a directory"},
           {{"train", good, "--summary", dir}, "--summary: expected a file path, found the directory"},
           {{"train", good, "--save-dir", a_file}, "--save-dir: expected a directory, found the file"},
+          // Every output is probed before the first step (/proc refuses new files, even to root).
+          {{"train", good, "--save-dir", a_file + "/checkpoints"}, "--save-dir: the path '" + a_file + "' is not a directory"},
+          {{"train", good, "--save-dir", "/proc/zerotrain-checkpoints"}, "--save-dir: cannot write in '/proc'"},
+          {{"train", good, "--summary", "/proc/zerotrain-summary.json"}, "--summary: cannot write in '/proc'"},
           {{"train", good, "--resume", dir + "/nothing"}, "--resume: no checkpoint"},
       },
       dir);
+}
+
+// `estimate` says what `train` says of a configuration: its notes and warnings, on stderr.
+TEST(ConfigCli, EstimatePrintsTheConfigurationsNotesAndWarnings) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_estimate_notes");
+  const std::string path = dir + "/config.json";
+  std::ofstream(path) << R"({"fp16": {"enabled": false, "loss_scale_window": 50},
+                             "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "pin_memory": true}}})";
+  const CliResult cpu = run_cli({"estimate", path, "--device", "cpu"}, dir);
+  EXPECT_EQ(cpu.exit_code, 0);
+  auto has = [](const CliResult& r, const std::string& text) {
+    return std::any_of(r.stderr_lines.begin(), r.stderr_lines.end(),
+                       [&](const std::string& line) { return line == text; });
+  };
+  const std::string window = "zerotrain: note: fp16.loss_scale_window has no effect: fp16.enabled is false (the loss "
+                             "scaler runs only in fp16)";
+  const std::string pinning = "zerotrain: note: zero_optimization.offload_optimizer.pin_memory has no effect: with "
+                              "parameters on the CPU nothing is copied to a GPU (page-locked buffers only speed those "
+                              "copies)";
+  EXPECT_TRUE(has(cpu, window));
+  EXPECT_TRUE(has(cpu, pinning));
+  // For GPUs pinning matters: that note is the CPU's only.
+  const CliResult gpu = run_cli({"estimate", path, "--device", "cuda"}, dir);
+  EXPECT_EQ(gpu.exit_code, 0);
+  EXPECT_TRUE(has(gpu, window));
+  EXPECT_FALSE(has(gpu, pinning));
 }
 
 TEST(ConfigCli, EstimateFlagsWithBadValues) {
   const std::string dir = zt::testing::make_temp_dir("config_cli_estimate");
   expect_cli_refuses(
       {
-          {{"estimate", "--micro-batch", "0"}, "--micro-batch"},
+          {{"estimate", "--micro-batch", "0"}, "--micro-batch: Value 0 not in range 1 to 16777216"},
           {{"estimate", "--micro-batch", "-1"}, "--micro-batch"},
           {{"estimate", "--micro-batch", "abc"}, "--micro-batch"},
           {{"estimate", "--stage", "4"}, "--stage"},
@@ -1544,6 +1607,8 @@ TEST(ConfigCli, ExportAndLaunchFlagsWithBadValues) {
           {{"export", dir + "/no-checkpoint", "--out", dir + "/out.safetensors"}, "no checkpoint in"},
           {{"export", dir, "--out", dir + "/no/such/dir/out.safetensors"}, "--out: the directory"},
           {{"export", dir, "--out", dir}, "--out: expected a file path, found the directory"},
+          {{"export", dir, "--out", "/proc/zerotrain-model.safetensors"}, "--out: cannot write in '/proc'"},
+          {{"export", dir, "--format", "hf", "--out", "/proc/zerotrain-hf"}, "--out: cannot write in '/proc'"},
           {{"export", dir, "--out", dir + "/x", "--dtype", "fp64"}, "--dtype"},
           {{"launch", "--nproc", "0", "--", "/bin/true"}, "--nproc"},
           {{"launch", "--nproc", "-1", "--", "/bin/true"}, "--nproc"},
@@ -1692,6 +1757,40 @@ TEST(ConfigDeepSpeedCorpus, PublishedConfigurationsAreAccepted) {
   EXPECT_EQ(files, ignored.size());
 }
 
+// "Accepted" means "trains": every file of the corpus trains 2 steps of the default model on 2
+// ranks through the CLI (one test per file, so that they run side by side).
+std::vector<std::string> corpus_files() {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(ZT_SOURCE_DIR) + "/tests/data/deepspeed_configs"))
+    if (entry.path().extension() == ".json") names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+class ConfigDeepSpeedCorpusTrains : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ConfigDeepSpeedCorpusTrains, TwoStepsOnTheDefaultModel) {
+  const std::string dir = zt::testing::make_temp_dir("corpus_train");
+  const std::string path = std::string(ZT_SOURCE_DIR) + "/tests/data/deepspeed_configs/" + GetParam();
+  const auto r = zt::testing::run_process({zt::testing::cli_path(), "train", path, "--nproc", "2", "--steps", "2",
+                                           "--device", "cpu", "--set", "train.log_dir=" + dir + "/logs", "--summary",
+                                           dir + "/summary.json"},
+                                          {}, std::chrono::seconds(90), dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir + "/summary.json");
+  const nlohmann::json summary = nlohmann::json::parse(in);
+  EXPECT_EQ(summary.at("steps"), 2);
+  for (const auto& loss : summary.at("losses")) EXPECT_TRUE(std::isfinite(loss.get<double>())) << summary.dump();
+}
+
+INSTANTIATE_TEST_SUITE_P(Files, ConfigDeepSpeedCorpusTrains, ::testing::ValuesIn(corpus_files()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param.substr(0, info.param.size() - 5);  // without ".json"
+                           for (char& ch : name)
+                             if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
+
 TEST(ConfigDeepSpeedCorpus, WhatTheFilesResolveTo) {
   const std::string dir = std::string(ZT_SOURCE_DIR) + "/tests/data/deepspeed_configs/";
   // Hugging Face's "auto": the hidden-size rules from the model's width (preset "tiny").
@@ -1818,7 +1917,7 @@ TEST(ConfigDeepSpeedRules, AutoValues) {
   EXPECT_EQ(c.optimizer.eps, 1e-8);
   EXPECT_EQ(c.optimizer.weight_decay, 0.0);
   EXPECT_EQ(c.scheduler.warmup_min_lr, 0.0);
-  EXPECT_EQ(c.scheduler.warmup_num_steps, 0);
+  EXPECT_EQ(c.scheduler.warmup_num_steps, 2);  // the Trainer's 0, as DeepSpeed's schedulers take it
   EXPECT_EQ(c.scheduler.total_num_steps, 30);
   EXPECT_EQ(c.sources.at("scheduler.params.total_num_steps"), ValueSource::Auto);
   EXPECT_EQ(c.precision, zt::Precision::FP32);

@@ -1,15 +1,21 @@
 // zerotrain command-line program. Every failure becomes one line on stderr and a non-zero exit:
 // 2 for bad input (configuration, arguments, data files), 1 for anything else.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cerrno>
 #include <cmath>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
@@ -43,6 +49,29 @@ constexpr int kMaxNodes = 1 << 16;
 // size arithmetic within 64 bits.
 constexpr int64_t kMaxLayers = 1 << 16, kMaxWidth = 1 << 20, kMaxHeads = 1 << 16, kMaxTokens = 1 << 24;
 
+// Creates and removes a file in `dir`: what the run will write there can be written (permissions,
+// a read-only or full file system), checked before anything starts.
+void probe_writable(const std::filesystem::path& dir, const std::string& flag) {
+  const std::filesystem::path probe = dir / fmt::format(".zerotrain-probe-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0)
+    throw zt::ConfigError(fmt::format("{}: cannot write in '{}' ({}); expected a writable directory", flag,
+                                      dir.string(), std::strerror(errno)));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
+// The nearest existing ancestor of `path` (itself when it exists); "." for a relative path none of
+// whose parts exist.
+std::filesystem::path nearest_existing(std::filesystem::path path) {
+  std::error_code ec;
+  while (!std::filesystem::exists(path, ec)) {
+    if (!path.has_parent_path() || path.parent_path() == path) return ".";
+    path = path.parent_path();
+  }
+  return path;
+}
+
 // A file the run will write at its end must be writable now: refusing afterwards loses the run.
 // With `creates_parents` (the summary) missing directories are made at the end, so the nearest
 // existing ancestor must be a directory; otherwise the parent itself must exist.
@@ -59,13 +88,20 @@ void check_output_file(const std::string& path, const std::string& flag, bool cr
   if (!std::filesystem::is_directory(parent, ec))
     throw zt::ConfigError(fmt::format("{}: {} '{}' {}", flag, creates_parents ? "the path" : "the directory",
                                       parent.string(), creates_parents ? "is not a directory" : "does not exist"));
+  probe_writable(parent, flag);
 }
 
-// A directory the run will create or fill: it may not exist yet, but must not be a file.
+// A directory the run will create or fill: it may not exist yet, but must not be a file, and it
+// (or the nearest existing directory above it, where it will be made) must be writable.
 void check_output_dir(const std::string& path, const std::string& flag) {
   std::error_code ec;
+  if (path.empty()) throw zt::ConfigError(fmt::format("{}: expected a directory path, found \"\"", flag));
   if (std::filesystem::exists(path, ec) && !std::filesystem::is_directory(path, ec))
     throw zt::ConfigError(fmt::format("{}: expected a directory, found the file '{}'", flag, path));
+  const std::filesystem::path existing = nearest_existing(path);
+  if (!std::filesystem::is_directory(existing, ec))
+    throw zt::ConfigError(fmt::format("{}: the path '{}' is not a directory", flag, existing.string()));
+  probe_writable(existing, flag);
 }
 
 // --device of `train` and `launch`: "auto" (CUDA when this build has it and a GPU is visible, else
@@ -136,7 +172,13 @@ zt::TrainRunOptions run_options(const TrainArgs& args) {
 
 int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   std::vector<std::string> overrides = args.overrides;
-  if (args.steps > 0) overrides.push_back("train.steps=" + std::to_string(args.steps));
+  if (args.steps > 0) {
+    for (const std::string& o : overrides)
+      if (o.rfind("train.steps=", 0) == 0)
+        throw zt::ConfigError(fmt::format("--steps {} and --set {}: both set train.steps; expected one of them",
+                                          args.steps, o));
+    overrides.push_back("train.steps=" + std::to_string(args.steps));
+  }
   if (zt::started_by_launcher()) {
     // We are one rank: the world size comes from the launcher's environment.
     const int world_size = zt::rendezvous_from_environment().world_size;
@@ -317,6 +359,12 @@ int run_estimate(const EstimateArgs& args) {
   const zt::TrainConfig config = args.config_path.empty()
                                      ? zt::parse_config("", overrides, cluster.world_size())
                                      : zt::load_config(args.config_path, overrides, cluster.world_size());
+  // The same notes and warnings as `train` prints for this configuration (on stderr: --json stays
+  // machine-readable).
+  for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
+  if (cluster.device == zt::DeviceKind::Cpu)
+    for (const std::string& note : config.cpu_device_notes) std::cerr << "zerotrain: note: " << note << "\n";
+  for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
   zt::ModelFigures model;
   std::string model_text;
   if (raw) {
@@ -585,10 +633,11 @@ int main(int argc, char** argv) {
       ->take_all()->allow_extra_args(false);
   train->add_option("--summary", train_args.summary, "write a JSON summary of the run to this file");
   train->add_option("--save-dir", train_args.save_dir, "save checkpoints into this directory (at the end, and see --save-every)");
+  // Integer ranges name their bounds as integers (CLI::NonNegativeNumber would print DBL_MAX).
   train->add_option("--save-every", train_args.save_every, "also save every K optimizer steps (needs --save-dir)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{100'000'000}));  // train.steps' range
   train->add_option("--keep-last", train_args.keep_last, "keep the newest K checkpoints in --save-dir (0: all; default 3)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, std::numeric_limits<int>::max()));
   train->add_option("--resume", train_args.resume_dir, "continue from the latest checkpoint in this directory");
   train->add_flag("--reset-optimizer", train_args.reset_optimizer,
                   "with --resume: load the weights only and start the optimizer moments afresh (to change the "
@@ -670,7 +719,7 @@ int main(int argc, char** argv) {
   estimate->add_option("--precision", estimate_args.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   estimate->add_option("--micro-batch", estimate_args.micro_batch, "sequences per device per micro-step")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(int64_t{1}, kMaxTokens));
   estimate->add_option("--activation-checkpointing", estimate_args.activation_checkpointing,
                        "none, selective or full recomputation in backward (default: the configuration's "
                        "activation_checkpointing.policy)")

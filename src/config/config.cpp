@@ -528,7 +528,20 @@ TrainConfig build(json doc, const std::vector<std::string>& overrides, int world
   normalise_spellings(doc, spelled);
   drop_params_of_unimplemented_optimizer(doc);
   walk(doc, "", ValueSource::File, given, unknown);
-  for (const std::string& text : overrides) apply_override(doc, text, given, unknown);  // before validation
+  // Before validation. A key set twice on the command line is refused, as a duplicate key in a
+  // file is: the first value would otherwise be dropped unchecked.
+  std::map<std::string, std::string> set_by;  // key -> the override that set it
+  for (const std::string& text : overrides) {
+    std::map<std::string, ValueSource> this_one;
+    apply_override(doc, text, this_one, unknown);
+    for (const auto& [key, source] : this_one) {
+      if (auto [it, inserted] = set_by.emplace(key, text); !inserted)
+        throw ConfigError(fmt::format("--set {}: given twice on the command line ('{}' and '{}'); expected each key "
+                                      "once",
+                                      key, printable(it->second, 60), printable(text, 60)));
+      given[key] = source;
+    }
+  }
   drop_params_of_unimplemented_optimizer(doc);
 
   cd::Values values;

@@ -266,7 +266,9 @@ void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>
   if (is_auto.count(kLr) && !is_auto.count(kMaxLr) && given(c, kMaxLr)) set(kLr, values[kMaxLr]);
   if (is_auto.count(kMaxLr)) set(kMaxLr, values[kLr]);
   if (is_auto.count("scheduler.params.warmup_min_lr")) set("scheduler.params.warmup_min_lr", 0.0);
-  if (is_auto.count("scheduler.params.warmup_num_steps")) set("scheduler.params.warmup_num_steps", int64_t{0});
+  // The Trainer's warm-up by default is 0 steps (warmup_steps and warmup_ratio 0), which
+  // DeepSpeed's warm-up schedulers raise to their minimum, 2 (max(2, warmup_num_steps)).
+  if (is_auto.count("scheduler.params.warmup_num_steps")) set("scheduler.params.warmup_num_steps", int64_t{2});
   if (is_auto.count("scheduler.params.total_num_steps")) set("scheduler.params.total_num_steps", c.train.steps);
   const std::string Z = "zero_optimization.";
   if (is_auto.count(Z + "reduce_bucket_size") || is_auto.count(Z + "stage3_prefetch_bucket_size") ||
