@@ -243,9 +243,11 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // The optimizer-state term split into its parts, each divided on its own (so each is exact).
   const int64_t moments_per_parameter = model_state_bytes_per_parameter(config).optimizer_states - (mixed ? 4 : 0);
   // The delayed update keeps fp32 masters of their own in fp32 training too (docs/offload.md), and
-  // so does offload with the model on a GPU, whose state is reached through host copies (below).
+  // so does optimizer offload with the model on a GPU, whose state the engine reaches through host
+  // copies (below). With parameter offload on a GPU, which the engine refuses so far, the estimate
+  // keeps the design's layout instead (docs/memory.md "Offload").
   const bool delayed = zero.offload_optimizer.delayed_update && offload_optimizer != OffloadTarget::None;
-  const bool staged = offload_optimizer != OffloadTarget::None && !cpu_device;
+  const bool staged = offload_optimizer != OffloadTarget::None && !cpu_device && offload_param == OffloadTarget::None;
   const int64_t master_per_parameter = mixed || delayed || staged ? 4 : 0;
   const int64_t opt_ranks = zero.shard_optimizer_states ? N : 1;
   const int64_t master = master_per_parameter * psi / opt_ranks;
@@ -368,6 +370,12 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     device.buffers -= conversion_chunk;
     // The gradients stay on the device as well (the reduced partition at stage 2, the whole
     // gradients at stage 1): the snapshot is a copy of them (measured on an H200, docs/gpu.md).
+  } else if (offload_optimizer != OffloadTarget::None && !cpu_device) {
+    // The design's layout: the gradient partition the optimizer step reads goes to host memory as
+    // fp32; sharded gradients are reduced in the buckets and copied out (stage 1 still all-reduces
+    // the full gradients on the device before copying its partition out).
+    host_per_rank.gradients += 4 * ceil_div(psi, N);
+    if (zero.shard_gradients) device.gradients = 0;
   }
   if (gradients_on_nvme) {
     // docs/offload.md "Gradients on NVMe": the sub-groups whose state is on NVMe keep their
@@ -375,7 +383,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     const int64_t moved = e * state_on_nvme;
     nvme.gradients += moved;
     if (cpu_device) device.gradients = std::max<int64_t>(0, device.gradients - moved);
-    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - e * state_on_nvme);
+    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - (staged ? e : 4) * state_on_nvme);
     const int64_t buffers = zero.overlap_comm ? 2 : 1;
     const int64_t shard_bytes = ceil_div(largest_bucket, N) * e;
     const int64_t page = 4096;
