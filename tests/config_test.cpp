@@ -1545,6 +1545,12 @@ TEST(ConfigCli, TrainFlagsWithBadValues) {
           {{"train", good, "--save-dir", "/proc/zerotrain-checkpoints"}, "--save-dir: cannot write in '/proc'"},
           {{"train", good, "--summary", "/proc/zerotrain-summary.json"}, "--summary: cannot write in '/proc'"},
           {{"train", good, "--resume", dir + "/nothing"}, "--resume: no checkpoint"},
+          // What a rank would refuse as it starts is refused before any starts.
+          {{"train", good, "--set", "model.preset=gpt-nope"}, "unknown GPT preset 'gpt-nope'"},
+          {{"train", good, "--set", "model.n_embd=65"}, "model.n_embd: expected a multiple of model.n_head"},
+          {{"train", good, "--set", "data.sequence_length=100000"},
+           "data.sequence_length: expected at most the model's context length"},
+          {{"train", good, "--set", "scheduler.type=OneCycle"}, "scheduler.params.cycle_min_lr: required for OneCycle"},
       },
       dir);
 }

@@ -29,6 +29,7 @@
 #include "zerotrain/data.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "zerotrain/lr_schedule.h"
 #include "zerotrain/estimate.h"
 #include "zerotrain/models/bert.h"
 #include "zerotrain/models/bert_data.h"
@@ -258,6 +259,19 @@ void emit_report(const std::string& text, const std::string& path, const char* k
 
 }  // namespace
 
+namespace {
+
+// data.sequence_length (0: the model's context) against the model's context; the length used.
+int64_t check_sequence_length(int64_t configured, int64_t context) {
+  const int64_t seq_len = configured > 0 ? configured : context;
+  if (seq_len > context)
+    throw ConfigError(fmt::format("data.sequence_length: expected at most the model's context length {}, found {}",
+                                  context, seq_len));
+  return seq_len;
+}
+
+}  // namespace
+
 void check_training_inputs(const TrainConfig& config) {
   // comms_logger.prof_ops names operations: an unknown one is refused before any rank starts.
   if (config.comms_logger.enabled) CommsLogger(config.comms_logger, 0, 1);
@@ -281,6 +295,15 @@ void check_training_inputs(const TrainConfig& config) {
   } else if (d.source == "text") {
     check_file("data.path", d.path, false);
   }
+  // What every rank would refuse as it starts is refused once, before any starts: the model's
+  // shape (a preset, the head count dividing the width), the sequence against the context, and
+  // the schedule's parameters.
+  const bool is_bert = config.model.type == "bert";
+  const int64_t context = is_bert ? bert_config_of(config).max_positions : gpt_config_of(config).context_length;
+  if (is_bert) bert_config_of(config).validate();
+  else gpt_config_of(config).validate();
+  check_sequence_length(config.data.sequence_length, context);
+  LrSchedule(config.scheduler, config.optimizer.lr);
   // A directory of another shape, or not a GPT-2 directory, fails before any rank starts.
   if (!config.model.init_from.empty()) HfModelReader(config.model.init_from, gpt_config_of(config));
 }
@@ -330,10 +353,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   // BERT's content vocabulary: its ids, then [CLS], [SEP], [MASK], [PAD] (bert_data.h).
   const BertSpecialTokens bert_specials{bert_config.vocab_size - 4};
   const int64_t context = is_bert ? bert_config.max_positions : gpt_config.context_length;
-  const int64_t seq_len = config.data.sequence_length > 0 ? config.data.sequence_length : context;
-  if (seq_len > context)
-    throw ConfigError(fmt::format("data.sequence_length: expected at most the model's context length {}, found {}",
-                                  context, seq_len));
+  const int64_t seq_len = check_sequence_length(config.data.sequence_length, context);
   Splits data = load_data(config, is_bert ? bert_specials.content_vocab : gpt_config.vocab_size);
   const int64_t n_layer = is_bert ? bert_config.n_layer : gpt_config.n_layer;
 
