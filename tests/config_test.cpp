@@ -1840,6 +1840,14 @@ TEST(ConfigDeepSpeedRules, UnknownKeys) {
   expect_one_line_error(error_of(R"({"tensorboard": {"enable": true}})"), "did you mean 'tensorboard.enabled'?");
   // No DeepSpeed version reads fp16.scale_tolerance: DeepSpeed's fp16 model refuses it.
   expect_one_line_error(error_of(R"({"fp16": {"scale_tolerance": 0.25}})"), "unknown key 'fp16.scale_tolerance'");
+  // In a block DeepSpeed reads leniently an unknown key is ignored, but a near miss of one of its
+  // keys is a typo: refused with the suggestion.
+  expect_one_line_error(error_of(R"({"optimizer": {"type": "AdamW", "parms": {"lr": 0.5}}})"),
+                        "unknown key 'optimizer.parms' — did you mean 'optimizer.params'?");
+  expect_one_line_error(error_of(R"({"scheduler": {"type": "WarmupLR", "param": {"warmup_num_steps": 5}}})"),
+                        "did you mean 'scheduler.params'?");
+  EXPECT_EQ(parse_config(R"({"optimizer": {"type": "AdamW", "comment": "x"}})", {}, 1).ignored_keys,
+            std::vector<std::string>{"optimizer.comment"});
   // At the top level DeepSpeed ignores unknown keys: one warning line.
   const TrainConfig top = parse_config(R"({"comment": "x", "cuda_visible_devices": "0", "fp16_scale_tolerance": 0})",
                                        {}, 1);

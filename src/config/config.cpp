@@ -157,10 +157,10 @@ json parse_json(const std::string& text, const std::string& origin) {
   return *parse_json_text(text, origin, false);
 }
 
-// An unknown top-level key this close to a known one is a typo, not a key of some other tool.
-bool near_miss_of_top_level(const std::string& key) {
+// An unknown key this close to a known one of its block is a typo, not a key of some other tool.
+bool near_miss(const std::string& block, const std::string& key) {
   if (key.size() > 64) return false;
-  for (const std::string& known : cd::children("")) {
+  for (const std::string& known : cd::children(block)) {
     // At most two edits and one per four characters: "comment" is not a misspelt "comet".
     const size_t d = cd::edit_distance(key, known);
     if (d > 0 && d <= std::min<size_t>(2, std::max<size_t>(1, std::max(key.size(), known.size()) / 4))) return true;
@@ -171,8 +171,8 @@ bool near_miss_of_top_level(const std::string& key) {
 // Records the source of every leaf present under `node` (the block at `block`) and rejects
 // blocks given as non-objects. An unknown key follows DeepSpeed (docs/config.md "Unknown keys"):
 // inside a block it validates, an error with a suggestion; at the top level or in a block it reads
-// leniently, DeepSpeed ignores it, so it goes to `ignored` (a near miss of a known top-level key is
-// an error all the same).
+// leniently, DeepSpeed ignores it, so it goes to `ignored` (a near miss of a known key of that
+// block is an error all the same: "optimizer.parms" would train with the default lr).
 void walk(const json& node, const std::string& block, ValueSource source,
           std::map<std::string, ValueSource>& sources, std::vector<std::string>& ignored) {
   for (const auto& [key, value] : node.items()) {
@@ -184,7 +184,7 @@ void walk(const json& node, const std::string& block, ValueSource source,
       if (!value.is_object())
         throw ConfigError(fmt::format("{}: expected an object (a block of settings), found {}", path, cd::show(value)));
       walk(value, path, source, sources, ignored);
-    } else if (block.empty() ? !near_miss_of_top_level(key) : cd::strictness(block) == cd::Strictness::Lenient) {
+    } else if ((block.empty() || cd::strictness(block) == cd::Strictness::Lenient) && !near_miss(block, key)) {
       ignored.push_back(path);
     } else {
       cd::throw_unknown_key(block, key);
