@@ -104,7 +104,7 @@ if [ "$mode" = fetch ]; then
     apt-get update -qq
     (cd "$deps_dir" && apt-get download "${deb_packages[@]}")
   }
-  echo "gpu-check: ${#deb_packages[@]} packages, $(du -sm "$deps_dir" | cut -f1) MiB in .gpu-deps/ (carry it: the run unpacks them into $deps_prefix)"
+  echo "gpu-check: ${#deb_packages[@]} packages, $(du -sm "$deps_dir" | cut -f1) MiB in .gpu-deps/ (copy it with the tree: the run unpacks them into $deps_prefix)"
   exit 0
 fi
 
@@ -235,7 +235,7 @@ if [ "$mode" = run ]; then
   done
   echo "gpu-check: results into $out; the run ends within ${budget}s; binaries: $( ((prebuilt)) && echo "$stage_dir (prebuilt: $(head -n 1 "$stage_dir/manifest.txt"))" || echo "built here into $build_dir")"
 else
-  echo "# what travels to the GPU machine (scripts/gpu-check.sh --prepare stages .gpu-bin/ first; run with carry: [\".gpu-bin\"])"
+  echo "# what travels to the GPU machine: the tree with .gpu-bin/ (git-ignored; scripts/gpu-check.sh --prepare stages it)"
   if ! travel=$(report_travel); then
     echo "$travel" >&2
     echo "gpu-check: over the ${travel_limit_mib} MiB that a copy to the GPU machine carries" >&2
