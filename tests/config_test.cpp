@@ -1510,6 +1510,11 @@ TEST(ConfigCli, ConfigurationFilesThatAreNotUsable) {
 TEST(ConfigCli, TrainFlagsWithBadValues) {
   const std::string dir = zt::testing::make_temp_dir("config_cli_train");
   const std::string good = good_config(dir);
+  // A checkpoint whose manifest is damaged: refused before any rank starts.
+  const std::string damaged_checkpoint = dir + "/damaged-checkpoint";
+  std::filesystem::create_directories(damaged_checkpoint + "/step-1");
+  std::ofstream(damaged_checkpoint + "/latest") << "step-1\n";
+  std::ofstream(damaged_checkpoint + "/step-1/manifest.json") << "{\"format\": ";
   const std::string a_file = write_file(dir, "a_file", "x");
   expect_cli_refuses(
       {
@@ -1545,6 +1550,7 @@ TEST(ConfigCli, TrainFlagsWithBadValues) {
           {{"train", good, "--save-dir", "/proc/zerotrain-checkpoints"}, "--save-dir: cannot write in '/proc'"},
           {{"train", good, "--summary", "/proc/zerotrain-summary.json"}, "--summary: cannot write in '/proc'"},
           {{"train", good, "--resume", dir + "/nothing"}, "--resume: no checkpoint"},
+          {{"train", good, "--resume", damaged_checkpoint}, "manifest.json"},
           // What a rank would refuse as it starts is refused before any starts.
           {{"train", good, "--set", "model.preset=gpt-nope"}, "unknown GPT preset 'gpt-nope'"},
           {{"train", good, "--set", "model.n_embd=65"}, "model.n_embd: expected a multiple of model.n_head"},

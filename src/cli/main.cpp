@@ -198,6 +198,9 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   if (!args.resume_dir.empty() && !std::filesystem::exists(std::filesystem::path(args.resume_dir) / "latest"))
     throw zt::DataError(fmt::format("--resume: no checkpoint in '{}' ('{}/latest' is missing)", args.resume_dir,
                                     args.resume_dir));
+  // A damaged checkpoint (its manifest, a file's header, a tensor not fully covered) is refused
+  // before any rank starts; this reads the headers only.
+  if (!args.resume_dir.empty()) zt::CheckpointModel(args.resume_dir, "");
   // Validate everything before any process starts: bad input must not cost a launch.
   std::string device_source;
   const std::string device = resolve_device(requested_device(args.device, device_source), device_source);
