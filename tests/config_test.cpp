@@ -856,6 +856,8 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"checkpoint.load_universal", {Reserved, "", nullptr, ""}},
       {"checkpoint.use_node_local_storage", {Noted, "true", nullptr, ""}},
       {"checkpoint.parallel_write.pipeline_stage", {Noted, "true", nullptr, ""}},
+      {"checkpoint.writer", {Noted, R"({"type": "fast", "decoupled": true})", nullptr, ""}},
+      {"aio.use_gds", {Reserved, "", nullptr, ""}},
       {"zero_optimization.use_multi_rank_bucket_allreduce", {Noted, "false", nullptr, ""}},
       {"zero_optimization.load_from_fp32_weights", {Reserved, "", nullptr, ""}},
       {"zero_optimization.elastic_checkpoint", {Reserved, "", nullptr, ""}},
@@ -1835,6 +1837,25 @@ TEST(ConfigDeepSpeedCorpus, WhatTheFilesResolveTo) {
   EXPECT_EQ(zt::load_config(dir + "megatron_deepspeed_gpt.json", {}, 2).gradient_accumulation_steps, 2);
 }
 
+// DeepSpeed 0.19 reads aio.intra_op_parallelism (the I/O threads; older versions read
+// thread_count, zerotrain's name) and aio.use_gds, and chooses a checkpoint writer under
+// checkpoint.writer: the first is honoured, the second refused when true, the third noted.
+TEST(ConfigDeepSpeedRules, TheAioAndCheckpointKeysOfDeepSpeed019) {
+  const TrainConfig threads = parse_config(R"({"aio": {"intra_op_parallelism": 4}})", {}, 1);
+  EXPECT_EQ(threads.aio.thread_count, 4);
+  EXPECT_TRUE(threads.ignored_keys.empty());
+  EXPECT_NE(describe_line(threads, "aio.thread_count").find("(as aio.intra_op_parallelism)"), std::string::npos)
+      << zt::describe(threads);
+  expect_one_line_error(error_of(R"({"aio": {"intra_op_parallelism": 4, "thread_count": 2}})"), "aio.thread_count");
+  expect_one_line_error(error_of(R"({"aio": {"use_gds": true}})"), "aio.use_gds = true is not supported");
+  EXPECT_NO_THROW(parse_config(R"({"aio": {"use_gds": false}})", {}, 1));
+  const TrainConfig writer = parse_config(R"({"checkpoint": {"writer": {"type": "fast"}}})", {}, 1);
+  EXPECT_TRUE(writer.ignored_keys.empty());
+  EXPECT_TRUE(std::any_of(writer.notes.begin(), writer.notes.end(), [](const std::string& n) {
+    return n.starts_with("checkpoint.writer has no effect in zerotrain: ");
+  }));
+}
+
 TEST(ConfigDeepSpeedRules, UnknownKeys) {
   // Inside a block DeepSpeed validates: an error with a suggestion.
   expect_one_line_error(error_of(R"({"zero_optimization": {"stage": 2, "overlap_com": true}})"),
@@ -1868,8 +1889,8 @@ TEST(ConfigDeepSpeedRules, UnknownKeys) {
   // Blocks DeepSpeed reads with dict.get: a warning; optimizer.params (constructor arguments): an error.
   EXPECT_EQ(parse_config(R"({"activation_checkpointing": {"checkpoint_in_cpu": true}})", {}, 1).ignored_keys,
             std::vector<std::string>{"activation_checkpointing.checkpoint_in_cpu"});
-  EXPECT_EQ(parse_config(R"({"aio": {"use_gds": false}})", {}, 1).ignored_keys,
-            std::vector<std::string>{"aio.use_gds"});
+  EXPECT_EQ(parse_config(R"({"aio": {"io_backend": "posix"}})", {}, 1).ignored_keys,
+            std::vector<std::string>{"aio.io_backend"});
   expect_one_line_error(error_of(R"({"optimizer": {"params": {"lr_x": 1}}})"), "unknown key 'optimizer.params.lr_x'");
 }
 

@@ -209,6 +209,10 @@ void rename_key(json& block, const std::string& block_path, const std::string& f
 void normalise_spellings(json& doc, std::map<std::string, std::string>& spelled) {
   // DeepSpeed reads "bfloat16" when "bf16" is absent (precision_config.py).
   rename_key(doc, "", "bfloat16", "bf16", spelled);
+  // DeepSpeed 0.19's aio_config.py reads the I/O threads as "intra_op_parallelism" (older
+  // versions, "thread_count", zerotrain's name for them).
+  if (doc.contains("aio") && doc["aio"].is_object())
+    rename_key(doc["aio"], "aio", "intra_op_parallelism", "thread_count", spelled);
   if (doc.contains("zero_optimization") && doc["zero_optimization"].is_boolean()) {
     // read_zero_config_deprecated: true is stage 1 with the top-level allgather_size; false is off.
     const bool on = doc["zero_optimization"].get<bool>();

@@ -241,6 +241,10 @@ std::vector<Leaf> build_table() {
                     "zerotrain writes each rank's file to the checkpoint directory it is given"));
   t.push_back(inert(boolean("checkpoint.parallel_write.pipeline_stage", false, none),
                     "it parallelises DeepSpeed's pipeline-stage checkpoint writes; zerotrain has no pipeline"));
+  // DeepSpeed 0.19 chooses its checkpoint engine's writer here (type, io_buffer_size, decoupled, ...).
+  t.push_back(inert(block("checkpoint.writer", non_empty),
+                    "it chooses the writer of DeepSpeed's checkpoint engines; zerotrain writes its checkpoints with "
+                    "its own writer (each rank its file, checksummed, published atomically)"));
 
   // --- optimizer. Type names compare case-insensitively, as in DeepSpeed.
   {
@@ -561,6 +565,8 @@ std::vector<Leaf> build_table() {
   t.push_back(integer("aio.thread_count", 1, 1, 1 << 10, ZT_FIELD(aio.thread_count)));
   t.push_back(boolean("aio.single_submit", false, ZT_FIELD(aio.single_submit)));
   t.push_back(boolean("aio.overlap_events", true, ZT_FIELD(aio.overlap_events)));
+  t.push_back(reserved(boolean("aio.use_gds", false, none),
+                       "GPUDirect Storage (the nvme tiers read and write through host memory)"));
 
   // --- zerotrain's own blocks
   t.push_back(string("model.type", "gpt", ZT_FIELD(model.type), {"gpt", "bert"}));
