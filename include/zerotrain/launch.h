@@ -64,6 +64,9 @@ struct LaunchOptions {
   std::vector<std::string> command;  // program and its arguments; the program is searched in PATH
   std::chrono::milliseconds kill_grace{3000};  // between SIGTERM and SIGKILL when stopping
   bool echo_rank0 = true;                      // copy rank 0's output to stdout as well
+  // Said beside a rank that died of a SIGKILL the launcher did not send (the signal of the
+  // kernel's out-of-memory killer): what the run was estimated to need, if known.
+  std::string memory_note;
 };
 
 // Returns the job's exit code as described above (0 when every rank succeeded).

@@ -170,6 +170,26 @@ zt::TrainRunOptions run_options(const TrainArgs& args) {
   return options;
 }
 
+// What the launcher says beside a rank the out-of-memory killer may have ended: the estimate of
+// a rank's peak on the CPU ("" for a model the estimate does not cover, the BERT).
+std::string cpu_memory_note(const zt::TrainConfig& config, int nproc, int nnodes) {
+  if (config.model.type != "gpt") return "";
+  try {
+    zt::ClusterSpec cluster;
+    cluster.device = zt::DeviceKind::Cpu;
+    cluster.devices_per_node = nproc;
+    cluster.nodes = nnodes;
+    const zt::GPTConfig gpt = zt::gpt_config_of(config);
+    const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
+    const zt::MemoryEstimate e = zt::estimate_memory(
+        zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold), cluster, config);
+    return fmt::format("the estimate of a rank's peak for this run is {:.2f} GiB, {} ranks on this machine",
+                       double(std::max(e.step_peak, e.construction_peak)) / double(int64_t{1} << 30), nproc);
+  } catch (const zt::Error&) {
+    return "";  // a configuration the estimate does not model: the note goes without a figure
+  }
+}
+
 int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   std::vector<std::string> overrides = args.overrides;
   if (args.steps > 0) {
@@ -219,6 +239,7 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   launch.log_dir = (std::filesystem::path(config.train.log_dir) / "logs").string();
   launch.command.push_back(self_path());
   launch.command.insert(launch.command.end(), raw_args.begin(), raw_args.end());
+  if (device == "cpu") launch.memory_note = cpu_memory_note(config, args.nproc, args.nnodes);
   return zt::launch_local(launch);
 }
 

@@ -730,6 +730,10 @@ int launch_local(const LaunchOptions& options) {
       const bool by_our_signal =
           stopping && std::any_of(sent_signals.begin(), sent_signals.end(), [&](int s) { return r.exit_code == 128 + s; });
       r.own_failure = r.exit_code != 0 && !by_our_signal;
+      // A SIGKILL nobody here sent is most often the kernel's out-of-memory killer's.
+      if (r.own_failure && r.exit_code == 128 + SIGKILL)
+        r.status_text += " (not sent by the launcher: the kernel's out-of-memory killer ends processes so" +
+                         (options.memory_note.empty() ? std::string() : "; " + options.memory_note) + ")";
       if (r.own_failure && stopping) {
         say(r.label + " also failed: it " + r.status_text + "; log: " + r.log_path);
       }
