@@ -166,6 +166,15 @@ TEST_P(AioBackend, RoundTripSingleSubmitAndBatchedEvents) {
   round_trip(engine, dir_ / "batched.swap");
 }
 
+// A request the file system moves only in part (here injected: the third write moves half its
+// bytes in its first call) is completed by asking for the rest, not reported as an error.
+TEST_P(AioBackend, AShortTransferIsCompletedByAskingForTheRest) {
+  auto faults = std::make_shared<IoFaults>(IoFaults::Kind::ShortWrite, 3);
+  AioEngine engine(options(64 * KiB, 4, 2), faults);
+  round_trip(engine, dir_ / "short.swap");
+  EXPECT_TRUE(faults->hit());
+}
+
 TEST_P(AioBackend, ReadCompletesWhileTheCallerComputes) {
   AioEngine engine(options(256 * KiB, 4));
   const int64_t bytes = 8 * MiB;
@@ -448,7 +457,8 @@ TEST(IoFaults, ParsesTheEnvironmentVariable) {
     EXPECT_EQ(io_faults_from_environment(), nullptr);
   }
   const std::vector<std::pair<std::string, IoFaults::Kind>> good = {
-      {"read:3", IoFaults::Kind::Read}, {"write:1", IoFaults::Kind::Write}, {"full:12", IoFaults::Kind::DiskFull}};
+      {"read:3", IoFaults::Kind::Read}, {"write:1", IoFaults::Kind::Write}, {"full:12", IoFaults::Kind::DiskFull},
+      {"short:2", IoFaults::Kind::ShortWrite}};
   for (const auto& [text, kind] : good) {
     ScopedEnv set("ZT_IO_FAULT", text.c_str());
     const auto faults = io_faults_from_environment();

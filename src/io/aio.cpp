@@ -112,16 +112,30 @@ struct Request {
   char* data = nullptr;
   int64_t offset = 0, length = 0;
   int injected = 0;  // errno of an injected failure, 0 for none
+  bool short_once = false;  // an injected short transfer: the first call moves half the bytes
 };
 
-// One pread/pwrite; the kernel's result convention: bytes moved, or -errno.
-int64_t transfer_blocking(const Request& r) {
-  for (;;) {
-    const ssize_t n = r.op == Op::Read ? ::pread(r.fd, r.data, size_t(r.length), off_t(r.offset))
-                                       : ::pwrite(r.fd, r.data, size_t(r.length), off_t(r.offset));
-    if (n >= 0) return n;
-    if (errno != EINTR) return -int64_t(errno);
+// pread/pwrite of the request's bytes from `done` on. A call may move fewer bytes than asked (a
+// buffered file system may), so the rest is asked for again until all have moved; returns the
+// request's length, the bytes moved before the end of the file (reported as a short transfer),
+// or -errno.
+int64_t transfer_blocking(const Request& r, int64_t done = 0) {
+  bool first = true;
+  while (done < r.length) {
+    int64_t ask = r.length - done;
+    // An injected short transfer: about half, still aligned for O_DIRECT.
+    if (first && r.short_once) ask = std::max<int64_t>(kAlignment, ask / 2 / kAlignment * kAlignment);
+    first = false;
+    const ssize_t n = r.op == Op::Read ? ::pread(r.fd, r.data + done, size_t(ask), off_t(r.offset + done))
+                                       : ::pwrite(r.fd, r.data + done, size_t(ask), off_t(r.offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -int64_t(errno);
+    }
+    if (n == 0) break;  // the end of the file: nothing more will come
+    done += n;
   }
+  return done;
 }
 
 Backend backend_from_environment(Backend requested) {
@@ -204,7 +218,8 @@ struct AioEngine::Impl {
         r.offset = t.offset + t.dispatched;
         r.length = length;
         r.injected = 0;
-        if (faults) r.injected = t.op == Op::Read ? faults->next_read_error() : faults->next_write_error();
+        r.short_once = false;
+        if (faults) r.injected = t.op == Op::Read ? faults->next_read_error() : faults->next_write_error(&r.short_once);
         t.dispatched += length;
         ++t.outstanding;
         ++totals.requests;
@@ -357,7 +372,7 @@ struct AioEngine::Impl {
       for (size_t i = 0; i < taken.size(); ++i) {
         const int s = taken[i];
         const Request& r = slots[size_t(s)];
-        if (r.injected != 0 || ring_failed) {
+        if (r.injected != 0 || r.short_once || ring_failed) {
           results.emplace_back(s, r.injected != 0 ? -int64_t(r.injected) : transfer_blocking(r));
           continue;
         }
@@ -410,6 +425,9 @@ struct AioEngine::Impl {
         ++reaped;
         if (cqe->res == -EAGAIN || cqe->res == -EINTR) {
           retry.push_back(s);  // transient: issue the same request again
+        } else if (cqe->res > 0 && cqe->res < slots[size_t(s)].length) {
+          // A short transfer: the rest is moved here (pread/pwrite), as the fallback does.
+          results.emplace_back(s, transfer_blocking(slots[size_t(s)], int64_t(cqe->res)));
         } else {
           results.emplace_back(s, int64_t(cqe->res));
         }

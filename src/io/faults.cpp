@@ -17,8 +17,13 @@ int IoFaults::next_read_error() {
   return EIO;
 }
 
-int IoFaults::next_write_error() {
+int IoFaults::next_write_error(bool* short_transfer) {
   const int n = ++writes_;
+  if (kind == Kind::ShortWrite && n == k) {
+    hit_ = true;
+    if (short_transfer) *short_transfer = true;
+    return 0;
+  }
   if (kind == Kind::DiskFull && n >= k) {
     hit_ = true;
     return ENOSPC;
@@ -31,7 +36,7 @@ int IoFaults::next_write_error() {
 std::shared_ptr<IoFaults> parse_io_faults(const std::string& text, const std::string& variable) {
   const auto bad = [&] {
     return zt::ConfigError(variable + "='" + text +
-                           "': expected read:K, write:K or full:K with K a request number >= 1");
+                           "': expected read:K, write:K, full:K or short:K with K a request number >= 1");
   };
   const size_t colon = text.find(':');
   if (colon == std::string::npos) throw bad();
@@ -43,6 +48,8 @@ std::shared_ptr<IoFaults> parse_io_faults(const std::string& text, const std::st
     kind = IoFaults::Kind::Write;
   } else if (what == "full") {
     kind = IoFaults::Kind::DiskFull;
+  } else if (what == "short") {
+    kind = IoFaults::Kind::ShortWrite;
   } else {
     throw bad();
   }

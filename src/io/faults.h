@@ -8,7 +8,9 @@
 //   writes) from 1 and from the object's construction, by every engine sharing the object;
 //   counters are atomic, so several I/O threads may share one object.
 // - Read: the k-th read request fails with EIO. Write: the k-th write request fails with EIO.
-//   DiskFull: every write request from the k-th on fails with ENOSPC. None: nothing fails.
+//   DiskFull: every write request from the k-th on fails with ENOSPC. ShortWrite: the k-th write
+//   request moves only half its bytes in its first call (as a buffered file system may), and the
+//   engine must move the rest. None: nothing fails.
 // - hit() says whether a failure was injected.
 #pragma once
 #include <atomic>
@@ -18,15 +20,16 @@
 namespace zt::io {
 
 struct IoFaults {
-  enum class Kind { None, Read, Write, DiskFull };
+  enum class Kind { None, Read, Write, DiskFull, ShortWrite };
   IoFaults(Kind kind, int k);
 
   Kind kind = Kind::None;
   int k = 1;
 
-  // For the request about to be issued: the errno it must fail with, 0 for none.
+  // For the request about to be issued: the errno it must fail with, 0 for none; for a write,
+  // `short_transfer` (if given) is set when its first call must move only half its bytes.
   int next_read_error();
-  int next_write_error();
+  int next_write_error(bool* short_transfer = nullptr);
   bool hit() const { return hit_.load(); }
 
  private:
@@ -34,7 +37,7 @@ struct IoFaults {
   std::atomic<bool> hit_{false};
 };
 
-// Parses the environment variable ZT_IO_FAULT: "read:K", "write:K" or "full:K" with K >= 1;
+// Parses the environment variable ZT_IO_FAULT: "read:K", "write:K", "full:K" or "short:K" with K >= 1;
 // null when unset or empty. Other text is a zt::ConfigError naming the variable. Each call
 // returns a new object (its own counters).
 std::shared_ptr<IoFaults> io_faults_from_environment();
