@@ -170,6 +170,15 @@ zt::TrainRunOptions run_options(const TrainArgs& args) {
   return options;
 }
 
+// A configuration's notes and warnings, one line each on stderr; the notes that hold only with
+// parameters on the CPU when `cpu_device`.
+void print_config_messages(const zt::TrainConfig& config, bool cpu_device) {
+  for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
+  if (cpu_device)
+    for (const std::string& note : config.cpu_device_notes) std::cerr << "zerotrain: note: " << note << "\n";
+  for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
+}
+
 // What the launcher says beside a rank the out-of-memory killer may have ended: the estimate of
 // a rank's peak on the CPU ("" for a model the estimate does not cover, the BERT).
 std::string cpu_memory_note(const zt::TrainConfig& config, int nproc, int nnodes) {
@@ -226,10 +235,7 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   const std::string device = resolve_device(requested_device(args.device, device_source), device_source);
   auto config = zt::load_config(args.config_path, overrides, args.nnodes * args.nproc);
   zt::check_training_inputs(config);
-  for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
-  if (device == "cpu")
-    for (const std::string& note : config.cpu_device_notes) std::cerr << "zerotrain: note: " << note << "\n";
-  for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
+  print_config_messages(config, /*cpu_device=*/device == "cpu");
   zt::LaunchOptions launch;
   launch.nproc = args.nproc;
   launch.nnodes = args.nnodes;
@@ -383,12 +389,8 @@ int run_estimate(const EstimateArgs& args) {
   const zt::TrainConfig config = args.config_path.empty()
                                      ? zt::parse_config("", overrides, cluster.world_size())
                                      : zt::load_config(args.config_path, overrides, cluster.world_size());
-  // The same notes and warnings as `train` prints for this configuration (on stderr: --json stays
-  // machine-readable).
-  for (const std::string& note : config.notes) std::cerr << "zerotrain: note: " << note << "\n";
-  if (cluster.device == zt::DeviceKind::Cpu)
-    for (const std::string& note : config.cpu_device_notes) std::cerr << "zerotrain: note: " << note << "\n";
-  for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
+  // The same notes and warnings as `train` prints (on stderr: --json stays machine-readable).
+  print_config_messages(config, /*cpu_device=*/cluster.device == zt::DeviceKind::Cpu);
   zt::ModelFigures model;
   std::string model_text;
   if (raw) {

@@ -298,10 +298,16 @@ void check_training_inputs(const TrainConfig& config) {
   // What every rank would refuse as it starts is refused once, before any starts: the model's
   // shape (a preset, the head count dividing the width), the sequence against the context, and
   // the schedule's parameters.
-  const bool is_bert = config.model.type == "bert";
-  const int64_t context = is_bert ? bert_config_of(config).max_positions : gpt_config_of(config).context_length;
-  if (is_bert) bert_config_of(config).validate();
-  else gpt_config_of(config).validate();
+  int64_t context = 0;
+  if (config.model.type == "bert") {
+    const BertConfig bert = bert_config_of(config);
+    bert.validate();
+    context = bert.max_positions;
+  } else {
+    const GPTConfig gpt = gpt_config_of(config);
+    gpt.validate();
+    context = gpt.context_length;
+  }
   check_sequence_length(config.data.sequence_length, context);
   LrSchedule(config.scheduler, config.optimizer.lr);
   // A directory of another shape, or not a GPT-2 directory, fails before any rank starts.
