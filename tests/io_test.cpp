@@ -250,6 +250,40 @@ TEST_P(AioBackend, InjectedReadFailureNamesFileOffsetAndErrno) {
   engine.wait(engine.read(file, 0, buffer.data(), 512 * KiB));
 }
 
+// Tickets nobody waits for (the caller polls done()) give
+// their slots back once done: the queue stays at the size of what is in flight, and a failure
+// among them is still reported once, by wait() of its ticket or by wait_all().
+TEST_P(AioBackend, TicketsNobodyWaitsForDoNotGrowTheQueue) {
+  auto faults = std::make_shared<IoFaults>(IoFaults::Kind::Write, 1500);
+  AioEngine engine(options(4 * KiB, 4, 2), faults);
+  const int file = engine.open(dir_ / "unwaited.swap", 64 * KiB);
+  AlignedBuffer buffer(64 * KiB);
+  fill(buffer.data(), 64 * KiB, 3);
+  constexpr int kBatches = 250, kPerBatch = 16;  // 4000 tickets, at most 16 issued at once
+  AioEngine::Ticket failed = 0;
+  for (int b = 0; b < kBatches; ++b) {
+    AioEngine::Ticket first = 0, last = 0;
+    for (int i = 0; i < kPerBatch; ++i) {
+      last = engine.write(file, int64_t(i) * 4 * KiB, static_cast<char*>(buffer.data()) + i * 4 * KiB, 4 * KiB);
+      if (i == 0) first = last;
+    }
+    for (AioEngine::Ticket t = first; t <= last; ++t)  // they finish in any order
+      while (!engine.done(t)) std::this_thread::yield();
+    if (failed == 0 && faults->hit()) failed = last;  // the 1500th request fails, in this batch
+  }
+  EXPECT_LE(engine.stats().ticket_slots, 64) << "the ticket queue grew with tickets nobody waited for";
+  ASSERT_TRUE(faults->hit());
+  ASSERT_NE(failed, 0);
+  try {
+    engine.wait_all();
+    FAIL() << "the failure of a ticket nobody waited for was not reported";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("writing '"), std::string::npos) << e.what();
+  }
+  engine.wait_all();  // reported once
+  EXPECT_EQ(engine.stats().bytes_written, int64_t(kBatches * kPerBatch - 1) * 4 * KiB);
+}
+
 TEST_P(AioBackend, InjectedWriteFailureNamesFileOffsetAndErrno) {
   auto faults = std::make_shared<IoFaults>(IoFaults::Kind::Write, 2);
   AioEngine engine(options(64 * KiB, 4), faults);

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -158,8 +159,12 @@ struct AioEngine::Impl {
   mutable std::mutex mu;
   std::condition_variable work_cv;  // I/O threads wait here for tickets
   std::condition_variable done_cv;  // callers wait here for tickets to finish
-  // Tickets [head, tail) live at ring[id & (size - 1)]; ids below head are done and reported.
+  // Tickets [head, tail) live at ring[id & (size - 1)]; ids below head are done. A done ticket
+  // leaves the ring once every ticket before it is done, waited for or not, so the ring holds
+  // only what is in flight or queued behind it; a failure nobody has been told of yet moves to
+  // `unreported` until wait() or wait_all() reports it.
   std::vector<TicketState> ring;
+  std::map<int64_t, TicketState> unreported;
   int64_t head = 1, tail = 1;
   int64_t next_dispatch = 1;  // no ticket below this has bytes left to hand out
   int64_t pending = 0;        // tickets not done yet
@@ -200,7 +205,8 @@ struct AioEngine::Impl {
   }
 
   void advance_head() {
-    while (head < tail && at(head).done && at(head).reported) ++head;
+    for (; head < tail && at(head).done; ++head)
+      if (at(head).error != 0 && !at(head).reported) unreported.emplace(head, at(head));
     next_dispatch = std::max(next_dispatch, head);
   }
 
@@ -295,6 +301,7 @@ struct AioEngine::Impl {
       if (offset + bytes > f.size)
         throw zt::Error(fmt::format("{} '{}' at offset {} ({} bytes): beyond the file's size of {} bytes", verb(op),
                                     f.path.string(), offset, bytes, f.size));
+      d.advance_head();  // retire the done tickets nobody waited for
       if (d.tail - d.head == int64_t(d.ring.size())) d.grow_ring();
       id = d.tail++;
       TicketState& t = d.at(id);
@@ -634,7 +641,13 @@ void AioEngine::wait(Ticket ticket) {
   if (ticket <= 0 || ticket >= d.tail)
     throw zt::Error(fmt::format("AioEngine::wait: ticket {} was never issued (issued so far: 1 to {})", ticket,
                                 d.tail - 1));
-  if (ticket < d.head) return;
+  if (ticket < d.head) {
+    const auto failed = d.unreported.find(ticket);
+    if (failed == d.unreported.end()) return;
+    IoError error = d.failure(failed->second);
+    d.unreported.erase(failed);
+    throw error;
+  }
   d.done_cv.wait(lock, [&] { return d.at(ticket).done; });
   TicketState& t = d.at(ticket);
   if (t.reported) return;
@@ -649,19 +662,10 @@ void AioEngine::wait_all() {
   Impl& d = *impl_;
   std::unique_lock lock(d.mu);
   d.done_cv.wait(lock, [&] { return d.pending == 0; });
-  const TicketState* first = nullptr;
-  for (int64_t id = d.head; id < d.tail; ++id) {
-    TicketState& t = d.at(id);
-    if (!t.reported && t.error != 0 && first == nullptr) first = &t;
-  }
-  if (first == nullptr) {
-    d.head = d.tail;
-    d.advance_head();
-    return;
-  }
-  IoError error = d.failure(*first);
-  d.head = d.tail;
-  d.advance_head();
+  d.advance_head();  // every ticket is done: the ring empties, unreported failures set aside
+  if (d.unreported.empty()) return;
+  IoError error = d.failure(d.unreported.begin()->second);  // the lowest ticket's
+  d.unreported.clear();
   throw error;
 }
 
@@ -669,8 +673,8 @@ void AioEngine::drain() noexcept {
   Impl& d = *impl_;
   std::unique_lock lock(d.mu);
   d.done_cv.wait(lock, [&] { return d.pending == 0; });
-  d.head = d.tail;
   d.advance_head();
+  d.unreported.clear();
 }
 
 bool AioEngine::done(Ticket ticket) const {
@@ -688,6 +692,7 @@ AioEngine::Stats AioEngine::stats() const {
   const Impl& d = *impl_;
   std::lock_guard lock(d.mu);
   Stats s = d.totals;
+  s.ticket_slots = int64_t(d.ring.size());
   const auto now = Clock::now();
   if (d.reads_in_flight > 0) s.read_seconds += std::chrono::duration<double>(now - d.reads_since).count();
   if (d.writes_in_flight > 0) s.write_seconds += std::chrono::duration<double>(now - d.writes_since).count();

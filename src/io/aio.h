@@ -21,8 +21,9 @@
 //   fault) becomes an IoError, thrown by wait() of the ticket it belongs to, or by wait_all() when
 //   that ticket was not waited for yet. After a failure the rest of that ticket is not issued;
 //   other tickets are unaffected. Each failure is reported once.
-// - Memory: request slots are allocated when the engine starts; in steady state (tickets waited
-//   for as they are issued) issuing and completing requests allocates nothing.
+// - Memory: request slots are allocated when the engine starts; in steady state issuing and
+//   completing requests allocates nothing. A ticket needs no wait(): once it and every ticket
+//   before it are done, its slot is reused (a failure is kept until reported).
 // - Destruction cancels requests not yet started, waits for those in flight (never throws) and
 //   closes the files. The files themselves are left in place (their directory owns them).
 #pragma once
@@ -150,6 +151,9 @@ class AioEngine {
     // Wall time during which at least one read (write) request was in flight.
     double read_seconds = 0, write_seconds = 0;
     int64_t requests = 0;  // block requests issued to the kernel (injected failures included)
+    // Slots of the ticket queue: it grows only with the tickets in flight or queued at once,
+    // not with tickets nobody waits for (now, not cumulative).
+    int64_t ticket_slots = 0;
   };
   Stats stats() const;  // cumulative since construction
 
