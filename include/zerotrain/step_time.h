@@ -97,4 +97,7 @@ struct Plan {
 // says so.
 Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config);
 
+// "stage 3, optimizer offloaded to nvme, micro-batch 1 x 4 accumulation": a candidate in words.
+std::string describe_candidate(const PlanCandidate& candidate);
+
 }  // namespace zt

@@ -26,6 +26,7 @@
 #include "zerotrain/estimate.h"
 #include "zerotrain/step_time.h"
 #include "zerotrain/launch.h"
+#include "zerotrain/memory_fit.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/train.h"
 #include "zerotrain/version.h"
@@ -155,6 +156,7 @@ struct TrainArgs {
   int64_t save_every = 0;
   int keep_last = 3;
   bool reset_optimizer = false;
+  bool skip_memory_check = false;
 };
 
 zt::TrainRunOptions run_options(const TrainArgs& args) {
@@ -179,24 +181,54 @@ void print_config_messages(const zt::TrainConfig& config, bool cpu_device) {
   for (const std::string& warning : config.warnings) std::cerr << "zerotrain: warning: " << warning << "\n";
 }
 
+// The run's GPT and this node's ranks as the memory estimate takes them; nullopt for a model the
+// estimate does not cover (the BERT) or a configuration it refuses.
+struct NodeEstimateInputs {
+  zt::ModelFigures model;
+  zt::ClusterSpec cluster;
+};
+std::optional<NodeEstimateInputs> node_estimate_inputs(const zt::TrainConfig& config, int nproc, int nnodes,
+                                                       const std::string& device) {
+  if (config.model.type != "gpt") return std::nullopt;
+  NodeEstimateInputs in;
+  in.cluster.device = device == "cuda" ? zt::DeviceKind::Cuda : zt::DeviceKind::Cpu;
+  in.cluster.devices_per_node = nproc;
+  in.cluster.nodes = nnodes;
+  const zt::GPTConfig gpt = zt::gpt_config_of(config);
+  const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
+  in.model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);
+  return in;
+}
+
 // What the launcher says beside a rank the out-of-memory killer may have ended: the estimate of
 // a rank's peak on the CPU ("" for a model the estimate does not cover, the BERT).
 std::string cpu_memory_note(const zt::TrainConfig& config, int nproc, int nnodes) {
-  if (config.model.type != "gpt") return "";
   try {
-    zt::ClusterSpec cluster;
-    cluster.device = zt::DeviceKind::Cpu;
-    cluster.devices_per_node = nproc;
-    cluster.nodes = nnodes;
-    const zt::GPTConfig gpt = zt::gpt_config_of(config);
-    const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
-    const zt::MemoryEstimate e = zt::estimate_memory(
-        zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold), cluster, config);
+    const auto in = node_estimate_inputs(config, nproc, nnodes, "cpu");
+    if (!in) return "";
+    const zt::MemoryEstimate e = zt::estimate_memory(in->model, in->cluster, config);
     return fmt::format("the estimate of a rank's peak for this run is {:.2f} GiB, {} ranks on this machine",
                        double(std::max(e.step_peak, e.construction_peak)) / double(int64_t{1} << 30), nproc);
   } catch (const zt::Error&) {
     return "";  // a configuration the estimate does not model: the note goes without a figure
   }
+}
+
+// Before launch: the estimate of this node's ranks against the host memory available, refused in
+// one line with the settings that would fit (docs/memory.md "Before launch").
+void check_host_memory(const zt::TrainConfig& config, int nproc, int nnodes, const std::string& device) {
+  const int64_t available = zt::available_host_memory();
+  if (available < 0) return;  // no figure to hold the estimate against
+  std::optional<NodeEstimateInputs> in;
+  try {
+    in = node_estimate_inputs(config, nproc, nnodes, device);
+  } catch (const zt::ConfigError&) {
+    return;  // the estimate does not model this configuration; the ranks check it
+  }
+  if (!in) return;
+  in->cluster.host_memory = available;
+  const zt::MemoryFit fit = zt::check_memory_fit(in->model, in->cluster, config);
+  if (!fit.fits) throw zt::ConfigError(zt::describe_misfit(fit, "--skip-memory-check"));
 }
 
 int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
@@ -236,6 +268,7 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   auto config = zt::load_config(args.config_path, overrides, args.nnodes * args.nproc);
   zt::check_training_inputs(config);
   print_config_messages(config, /*cpu_device=*/device == "cpu");
+  if (!args.skip_memory_check) check_host_memory(config, args.nproc, args.nnodes, device);
   zt::LaunchOptions launch;
   launch.nproc = args.nproc;
   launch.nnodes = args.nnodes;
@@ -669,6 +702,8 @@ int main(int argc, char** argv) {
                   "with --resume: load the weights only and start the optimizer moments afresh (to change the "
                   "optimizer type)");
 
+  train->add_flag("--skip-memory-check", train_args.skip_memory_check,
+                  "start even when the memory estimate of this node's ranks exceeds the host memory available");
   train->add_option("--device", train_args.device,
                     "auto (default: cuda when built with CUDA and a GPU is visible, else cpu), cpu or cuda; rank r "
                     "uses cuda:(LOCAL_RANK % GPUs)");

@@ -13,19 +13,6 @@
 namespace zt {
 namespace {
 
-std::string describe_candidate(const PlanCandidate& c) {
-  std::string text = fmt::format("stage {}", c.stage);
-  if (c.estimate.offload_optimizer != OffloadTarget::None)
-    text += fmt::format(", optimizer offloaded to {}", to_string(c.estimate.offload_optimizer));
-  if (c.estimate.offload_param != OffloadTarget::None)
-    text += fmt::format(", parameters offloaded to {}", to_string(c.estimate.offload_param));
-  if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
-    text += fmt::format(", {} activation recomputation", to_string(*c.options.recompute));
-  if (c.stage < 3 && c.overlap_comm) text += ", overlap_comm";
-  text += fmt::format(", micro-batch {} x {} accumulation", c.micro_batch, c.accumulation);
-  return text;
-}
-
 // Micro-batches that keep each rank's sequences per step: the divisors of it.
 std::vector<int64_t> micro_batches(int64_t per_rank) {
   std::vector<int64_t> out;
@@ -39,6 +26,19 @@ std::vector<int64_t> micro_batches(int64_t per_rank) {
 constexpr double kTie = 0.03;
 
 }  // namespace
+
+std::string describe_candidate(const PlanCandidate& c) {
+  std::string text = fmt::format("stage {}", c.stage);
+  if (c.estimate.offload_optimizer != OffloadTarget::None)
+    text += fmt::format(", optimizer offloaded to {}", to_string(c.estimate.offload_optimizer));
+  if (c.estimate.offload_param != OffloadTarget::None)
+    text += fmt::format(", parameters offloaded to {}", to_string(c.estimate.offload_param));
+  if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
+    text += fmt::format(", {} activation recomputation", to_string(*c.options.recompute));
+  if (c.stage < 3 && c.overlap_comm) text += ", overlap_comm";
+  text += fmt::format(", micro-batch {} x {} accumulation", c.micro_batch, c.accumulation);
+  return text;
+}
 
 Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, const TrainConfig& config) {
   Plan plan;
