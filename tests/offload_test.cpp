@@ -5,12 +5,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
 #include <fstream>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -934,4 +936,69 @@ TEST(OffloadDelayed, TinyPresetLossCurveStaysNearTheUndelayedOne) {
   for (int begin = 0; begin < 300; begin += 50)
     EXPECT_LT(mean(delayed, begin), 1.12 * mean(undelayed, begin)) << "steps " << begin + 1 << "-" << begin + 50;
   EXPECT_LT(mean(delayed, 250), 0.6 * mean(delayed, 0)) << "the delayed run's loss must fall";
+}
+
+// Memory over a run with everything on NVMe at stage 3 (optimizer state, parameters with nothing
+// kept in memory, gradients): a rank's peak RSS stays where the second step put it, and within
+// the estimate's tolerance for the default heap policy. The first step's peak comes before any
+// optimizer state exists (the first optimizer step creates it), so the steady peak is the second
+// step's; any growth after it (a buffer, ticket or block kept per step) fails.
+TEST(OffloadMemory, AllOnNvmeAtStageThreeThePeakStaysFlatAndWithinTheEstimate) {
+  const std::string dir = zt::testing::make_temp_dir("offload-memory-flat");
+  const std::string nvme = (swap_root() / "flat").string();
+  fs::create_directories(nvme);
+  constexpr int kSteps = 10;
+  std::ofstream(dir + "/config.json") << R"({
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "steps_per_print": 100,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "model": {"preset": "tiny", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 256, "context_length": 128},
+    "data": {"source": "embedded", "sequence_length": 128},
+    "zero_optimization": {"stage": 3, "sub_group_size": 300000, "reduce_bucket_size": 500000,
+      "allgather_bucket_size": 500000, "stage3_prefetch_bucket_size": 500000,
+      "stage3_param_persistence_threshold": 1000,
+      "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme + R"(", "nvme_gradients": true,
+                            "pipeline_read": true, "pipeline_write": true},
+      "offload_param": {"device": "nvme", "nvme_path": ")" + nvme + R"(", "max_in_cpu": 0,
+                        "buffer_size": 400000, "buffer_count": 3}},
+    "csv_monitor": {"enabled": true},
+    "train": {"steps": )" + std::to_string(kSteps) + R"(, "seed": 7, "threads": 1, "log_dir": ")" + dir + R"("}})";
+  const std::string summary = dir + "/summary.json";
+  auto r = zt::testing::run_process({zt::testing::cli_path(), "train", dir + "/config.json", "--nproc", "2",
+                                     "--summary", summary},
+                                    {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Each step's line of the CSV log: the largest peak RSS over the ranks so far.
+  std::ifstream csv(dir + "/zerotrain.csv");
+  std::string line;
+  std::getline(csv, line);
+  const std::vector<std::string> header = [&] {
+    std::vector<std::string> names;
+    std::stringstream fields(line);
+    for (std::string f; std::getline(fields, f, ',');) names.push_back(f);
+    return names;
+  }();
+  const auto column = std::find(header.begin(), header.end(), "peak_rss_bytes_max") - header.begin();
+  ASSERT_LT(size_t(column), header.size()) << line;
+  std::vector<double> peaks;
+  while (std::getline(csv, line)) {
+    std::stringstream fields(line);
+    std::string f;
+    for (long i = 0; i <= column; ++i) std::getline(fields, f, ',');
+    peaks.push_back(std::stod(f));
+  }
+  ASSERT_EQ(peaks.size(), size_t(kSteps));
+  const double steady = peaks[1];
+  for (int step = 3; step <= kSteps; ++step)
+    EXPECT_LE(peaks[size_t(step - 1)], steady * 1.01)
+        << "a rank's peak grew from " << steady / 1048576 << " MiB after step 2 to " << peaks[size_t(step - 1)] / 1048576
+        << " MiB after step " << step;
+  std::ifstream in(summary);
+  const auto s = nlohmann::json::parse(in);
+  const double measured = s["memory"]["measured_peak_above_baseline_bytes"].get<double>();
+  const double estimated = s["memory"]["estimate"]["per_device"]["total"].get<double>();
+  EXPECT_EQ(s["memory"]["heap_policy"].get<std::string>(), "bounded");
+  // The default heap policy's tolerance (docs/memory.md "The heap policy").
+  EXPECT_LE(measured, 1.25 * estimated) << "measured " << measured / 1048576 << " MiB, estimated "
+                                        << estimated / 1048576 << " MiB";
+  fs::remove_all(nvme);
 }
