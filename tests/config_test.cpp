@@ -662,7 +662,8 @@ TEST(ConfigHostile, WrongTypesForEveryKey) {
                         (leaf.kind == cd::Kind::BatchSize && sample.is_number_integer()) ||
                         (leaf.kind == cd::Kind::String && sample.is_string() && leaf.choices.empty()) ||
                         (leaf.kind == cd::Kind::Object && sample.is_object()) ||
-                        (leaf.kind == cd::Kind::StringList && sample.is_array() && sample.empty()) ||
+                        ((leaf.kind == cd::Kind::StringList || leaf.kind == cd::Kind::AutoOrStringList) &&
+                         sample.is_array() && sample.empty()) ||
                         sample.is_null();  // null is DeepSpeed's None: the key's default
       if (fits) continue;
       SCOPED_TRACE(leaf.path + " = " + sample.dump());
@@ -833,6 +834,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"data_types.grad_accum_dtype", {Used, "\"fp32\"", [](C c) { return c.resolved.at("data_types.grad_accum_dtype") == "\"fp32\""; }, "validate_support (the working precision only)"}},
       {"data_types.param_dtype", {Used, "\"fp32\"", [](C c) { return c.resolved.at("data_types.param_dtype") == "\"fp32\""; }, "validate_support (the working precision only)"}},
       {"data_types.buffer_dtype", {Noted, "\"bf16\"", nullptr, ""}},
+      {"data_types.keep_in_fp32_modules", {Noted, "[\"norm\"]", nullptr, ""}},
       {"compression_training", {Reserved, R"({"weight_quantization": {"shared_parameters": {"enabled": true}}})", nullptr, ""}},
       {"data_efficiency", {Reserved, R"({"enabled": true})", nullptr, ""}},
       {"curriculum_learning", {Reserved, R"({"enabled": true})", nullptr, ""}},
@@ -2106,4 +2108,22 @@ TEST(ConfigBert, KeysOfTheOtherTypeArePresetsAndPositionsAreChecked) {
       return n.starts_with(key + " has no effect: ");
     })) << key;
   EXPECT_TRUE(parse_config(R"({"flops_profiler": {"enabled": true}})", {}, 1).notes.empty());
+}
+
+// DeepSpeed 0.19 reads data_types.keep_in_fp32_modules ("auto" or a list of name patterns):
+// accepted in both forms (inert: zerotrain's models have no buffers), anything else refused.
+TEST(ConfigKeys, KeepInFp32ModulesTakesAutoOrAListOfNames) {
+  for (const char* value : {R"("auto")", R"(["norm", "rotary"])", "[]"}) {
+    SCOPED_TRACE(value);
+    const auto c = zt::parse_config(std::string(R"({"data_types": {"keep_in_fp32_modules": )") + value + "}}", {}, 1);
+    for (const std::string& w : c.warnings) EXPECT_EQ(w.find("keep_in_fp32_modules"), std::string::npos) << w;
+  }
+  for (const char* value : {"3", R"("everything")", "[1]"}) {
+    SCOPED_TRACE(value);
+    expect_one_line_error(any_error_of([&] {
+                            zt::parse_config(std::string(R"({"data_types": {"keep_in_fp32_modules": )") + value + "}}",
+                                             {}, 1);
+                          }),
+                          "data_types.keep_in_fp32_modules: expected \"auto\" or a list of strings");
+  }
 }

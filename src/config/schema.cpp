@@ -191,6 +191,9 @@ std::vector<Leaf> build_table() {
   t.push_back(nullable_string("data_types.param_dtype", {"fp32", "fp16", "bf16"}));
   t.push_back(inert(nullable_string("data_types.buffer_dtype", {"fp32", "fp16", "bf16"}),
                     "the dtype of model buffers; zerotrain's GPT has no buffers"));
+  t.push_back(inert(make("data_types.keep_in_fp32_modules", Kind::AutoOrStringList, "auto", nullptr),
+                    "the modules whose buffers stay in fp32 under 16-bit training; zerotrain's GPT and BERT have no "
+                    "buffers"));
 
   // Whole DeepSpeed features zerotrain does not implement. Reserved: each changes the training
   // when switched on (the block may be given switched off, as many published configurations do).
@@ -709,6 +712,7 @@ std::string Leaf::expected() const {
     case Kind::Betas: text = "two numbers in [0, 1)"; break;
     case Kind::BatchSize: text = "a positive integer or \"auto\""; break;
     case Kind::StringList: text = "a list of strings"; break;
+    case Kind::AutoOrStringList: text = "\"auto\" or a list of strings"; break;
     case Kind::Object: text = "an object (a block of settings)"; break;
     case Kind::String:
       if (choices.empty()) {
@@ -785,7 +789,9 @@ json check_value(const Leaf& leaf, const json& value) {
     case Kind::Object:
       if (!value.is_object()) fail();
       return value;
+    case Kind::AutoOrStringList:
     case Kind::StringList: {
+      if (leaf.kind == Kind::AutoOrStringList && value.is_string() && value.get<std::string>() == "auto") return value;
       if (!value.is_array()) fail();
       for (const json& item : value) {
         if (!item.is_string() || item.get_ref<const std::string&>().size() > kMaxStringBytes) fail();

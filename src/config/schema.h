@@ -25,6 +25,7 @@ enum class Kind {
   Betas,      // [b1, b2], each in [0, 1)
   BatchSize,  // positive integer or "auto" (derived from the other two batch keys)
   StringList, // a JSON array of strings (empty allowed)
+  AutoOrStringList,  // "auto" or a JSON array of strings
   Object,     // a whole DeepSpeed feature block zerotrain does not implement, read only for
               // whether it switches the feature on (Leaf::engaged); its inner keys are not checked
 };
