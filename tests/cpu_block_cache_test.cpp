@@ -228,7 +228,38 @@ TEST(CpuBlockCache, InstalledItServesLibTorchTensorsAndRawAllocations) {
   EXPECT_GE(after.reused + after.resized - before.reused - before.resized, 1u);
 }
 
-TEST(CpuBlockCache, ANegativeSlackIsRefused) { EXPECT_THROW(CpuBlockCache(64 << 10, -0.5), std::invalid_argument); }
+TEST(CpuBlockCache, ANegativeSlackIsRefused) {
+  EXPECT_THROW(CpuBlockCache(64 << 10, -0.5), std::invalid_argument);
+  CpuBlockCache cache;
+  EXPECT_THROW(cache.set_slack_fraction(-0.1), std::invalid_argument);
+}
+
+// Set-up runs without slack (mapped bytes within the live peak, as a model is built block by
+// block); the steps get theirs back: the same sequence keeps more cached once it is set.
+TEST(CpuBlockCache, TheSlackCanBeWithheldAndGivenBack) {
+  CpuBlockCache cache(64 << 10, 0.25);
+  cache.set_slack_fraction(0.0);
+  const auto build_block = [&] {
+    c10::DataPtr whole = cache.allocate(8 * kMiB);  // the block built whole, then sharded
+    c10::DataPtr shard = cache.allocate(4 * kMiB);
+  };
+  build_block();  // peak 12 MiB, both cached
+  {
+    c10::DataPtr other = cache.allocate(10 * kMiB);  // grows a cached block or unmaps one
+    const auto s = cache.stats();
+    EXPECT_LE(s.live_bytes + s.cached_bytes, s.high_water_bytes) << "no slack: within the live peak";
+  }
+  cache.reset_high_water();
+  cache.set_slack_fraction(0.25);
+  build_block();
+  {
+    c10::DataPtr a = cache.allocate(8 * kMiB);
+    c10::DataPtr b = cache.allocate(3 * kMiB);  // 11 live + 4 cached = 15 <= 12 + 3 of slack
+    const auto s = cache.stats();
+    EXPECT_GT(s.live_bytes + s.cached_bytes, s.high_water_bytes) << "the slack is given back";
+    EXPECT_LE(s.live_bytes + s.cached_bytes, s.high_water_bytes + s.high_water_bytes / 4);
+  }
+}
 
 }  // namespace
 }  // namespace zt

@@ -50,9 +50,11 @@ struct CpuBlockCacheStats {
 class CpuBlockCache final : public c10::Allocator {
  public:
   static constexpr size_t kDefaultLargeBlockBytes = size_t{64} << 10;
+  static constexpr double kDefaultSlackFraction = 0.25;
 
   // slack_fraction: the cache may hold this share of the high-water mark beyond it (>= 0).
-  explicit CpuBlockCache(size_t large_block_bytes = kDefaultLargeBlockBytes, double slack_fraction = 0.25);
+  explicit CpuBlockCache(size_t large_block_bytes = kDefaultLargeBlockBytes,
+                         double slack_fraction = kDefaultSlackFraction);
   ~CpuBlockCache() override;  // unmaps the cached blocks
   CpuBlockCache(const CpuBlockCache&) = delete;
   CpuBlockCache& operator=(const CpuBlockCache&) = delete;
@@ -70,6 +72,11 @@ class CpuBlockCache final : public c10::Allocator {
   // otherwise stay cached up to that peak plus the slack for the rest of the run
   // (docs/memory.md "The heap policy"). Thread-safe.
   void reset_high_water();
+  // Changes the slack from the next allocation on (>= 0; std::invalid_argument otherwise). With
+  // 0 the mapped bytes never exceed the live peak: a training process sets it while the model is
+  // built (one block's freed construction tensors are not worth keeping above that peak) and
+  // gives the steps their slack back with reset_high_water(). Thread-safe.
+  void set_slack_fraction(double slack_fraction);
 
  private:
   struct State;

@@ -256,6 +256,12 @@ void CpuBlockCache::reset_high_water() {
   unmap_all(all);
 }
 
+void CpuBlockCache::set_slack_fraction(double slack_fraction) {
+  if (!(slack_fraction >= 0.0)) throw std::invalid_argument("CpuBlockCache: slack_fraction must be >= 0");
+  std::lock_guard<std::mutex> lock(global_mutex());
+  state_->slack_fraction = slack_fraction;
+}
+
 namespace {
 CpuBlockCache* installed = nullptr;
 }
