@@ -1002,3 +1002,71 @@ TEST(OffloadMemory, AllOnNvmeAtStageThreeThePeakStaysFlatAndWithinTheEstimate) {
                                         << estimated / 1048576 << " MiB";
   fs::remove_all(nvme);
 }
+
+// ---------------------------------------------------------------- the tiers' bytes
+
+// One plan of the NVMe tiers' bytes: what the pre-flight check holds against the disk is what the
+// tiers create, for every mix of roles (masters of their own with 16-bit working values, the
+// delayed update or host staging; one moment or none with SGD; part of the state in memory;
+// gradients and parameters on NVMe); a checkpoint load checks its staging copies' space first.
+TEST(OffloadPreflight, ThePlannedBytesAreTheBytesTheTiersCreate) {
+  struct Variant {
+    const char* name;
+    RunOptions options;
+    bool host_staging = false;  // ZT_HOST_STAGING: the step works on host copies (masters of their own)
+  };
+  const std::vector<Variant> variants = {
+      {"fp32 stage 3, all on NVMe", {.stage = 3, .optimizer_device = "nvme", .param_device = "nvme", .nvme_gradients = true}},
+      {"bf16 stage 2 (masters)", {.stage = 2, .precision = "bf16", .optimizer_device = "nvme"}},
+      {"fp32 stage 3 delayed (masters, params.next)",
+       {.stage = 3, .optimizer_device = "nvme", .param_device = "nvme", .delayed = true}},
+      // fp32 SGD without momentum keeps nothing of its own: no file, and nothing to stage.
+      {"SGD without momentum (no moments)", {.stage = 1, .optimizer_device = "nvme", .optimizer_name = "SGD"}},
+      {"SGD without momentum, parameters on NVMe", {.stage = 3, .optimizer_device = "nvme", .param_device = "nvme",
+                                                     .optimizer_name = "SGD"}},
+      {"half the state on NVMe", {.stage = 2, .optimizer_device = "nvme", .ratio = 0.5}},
+      {"fp32 staged through host copies (masters)", {.stage = 2, .optimizer_device = "nvme"}, true},
+  };
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    if (v.host_staging) ::setenv("ZT_HOST_STAGING", "1", 1);
+    RunOptions o = v.options;
+    const auto config = make_config(o, 1, swap_root());
+    torch::manual_seed(7);
+    auto model = zt::GPT(zt::gpt_preset("tiny"));
+    {
+      zt::Engine engine(model.ptr(), config, comm);
+      const zt::OffloadReport r = engine.offload_report();
+      EXPECT_EQ(r.nvme_planned_bytes, r.nvme_optimizer_bytes + r.nvme_parameter_bytes + r.nvme_gradient_bytes);
+      if (o.optimizer_name == "SGD" && o.param_device == "none") {
+        EXPECT_EQ(r.nvme_planned_bytes, 0);
+        EXPECT_EQ(r.nvme_load_staging_bytes, 0);
+        continue;
+      }
+      EXPECT_GT(r.nvme_planned_bytes, 0);
+      EXPECT_GT(r.nvme_load_staging_bytes, 0);
+      // The space a checkpoint load needs is checked before it stages anything: one byte short
+      // is refused by name on every rank and leaves the engine as it was; enough is loaded.
+      const fs::path dir = swap_root() / "footprint-checkpoint";
+      fs::remove_all(dir);
+      engine.save_checkpoint(dir.string(), "t");
+      ::setenv("ZT_SWAP_FREE_BYTES", std::to_string(r.nvme_load_staging_bytes - 1).c_str(), 1);
+      try {
+        engine.load_checkpoint(dir.string(), "t");
+        ADD_FAILURE() << "a load without the space for its staging copies was started";
+      } catch (const zt::ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("for a checkpoint load's staging copies"), std::string::npos) << e.what();
+      }
+      ::setenv("ZT_SWAP_FREE_BYTES", std::to_string(r.nvme_load_staging_bytes).c_str(), 1);
+      EXPECT_NO_THROW(engine.load_checkpoint(dir.string(), "t"));
+      ::unsetenv("ZT_SWAP_FREE_BYTES");
+      fs::remove_all(dir);
+    }
+    // The construction's own check: one byte short of the planned bytes is refused.
+    ::setenv("ZT_SWAP_FREE_BYTES", "1", 1);
+    EXPECT_THROW(zt::Engine(model.ptr(), config, comm), zt::ConfigError);
+    ::unsetenv("ZT_SWAP_FREE_BYTES");
+    ::unsetenv("ZT_HOST_STAGING");
+  }
+}

@@ -101,6 +101,10 @@ struct OffloadReport {
   int64_t nvme_optimizer_bytes = 0;   // masters and moments in swap files
   int64_t nvme_parameter_bytes = 0;   // stage-3 parameter shards in swap files
   int64_t nvme_gradient_bytes = 0;    // the gradient partition in swap files (nvme_gradients)
+  // What the pre-flight check held against the disk's free space before the tiers were created
+  // (equal to the three above), and what a checkpoint load writes beside them until it commits.
+  int64_t nvme_planned_bytes = 0;
+  int64_t nvme_load_staging_bytes = 0;
   int64_t host_buffer_bytes = 0;      // the aligned buffers the NVMe tiers stream through
   int64_t bytes_read = 0, bytes_written = 0;
   int64_t requests = 0;               // block requests issued to the disk

@@ -24,6 +24,16 @@ struct ModelStateBytes {
 // master (4, mixed precision only) + moments (Adam/AdamW/Lamb 8, SGD with momentum 4, SGD 0).
 ModelStateBytes model_state_bytes_per_parameter(const TrainConfig& config);
 
+// Whether the optimizer keeps fp32 master weights apart from the working parameters: with 16-bit
+// working parameters; with the delayed update (its step writes new working values while the
+// training reads the old); and when the step is staged through host copies of a device's state.
+// The one rule the optimizer partition, the NVMe pre-flight check and the estimate follow.
+bool keeps_fp32_masters(bool sixteen_bit_working, bool delayed_update, bool staged_through_host);
+
+// Optimizer moment arrays of `config`'s optimizer: Adam, AdamW and LAMB 2, SGD with momentum 1,
+// plain SGD 0.
+int optimizer_moment_arrays(const TrainConfig& config);
+
 // Design §2: per-rank bytes for `trainable_parameters` (Ψ) on `world_size` ranks, each role
 // divided by world_size when config.zero's switch for it is on; with a stage-3 secondary partition
 // (zero_hpz_partition_size P > 1) the parameters hold Ψ/P more elements of the working dtype.

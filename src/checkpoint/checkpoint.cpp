@@ -97,6 +97,47 @@ bool plain_tag(const std::string& tag) {
   return !tag.empty() && tag != "latest" && tag[0] != '.' && invalid_tensor_name(tag).empty() && tag.size() <= 255;
 }
 
+
+// The manifest, its checksum verified.
+json read_manifest(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("cannot read '" + path.string() + "'");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxManifestBytes)
+    throw DataError("'" + path.string() + "': not a regular file of at most " + std::to_string(kMaxManifestBytes) +
+                    " bytes (not a zerotrain manifest)");
+  std::string text{std::istreambuf_iterator<char>(in), {}};
+  if (int64_t(text.size()) > kMaxManifestBytes)
+    throw DataError("'" + path.string() + "': larger than " + std::to_string(kMaxManifestBytes) + " bytes");
+  json manifest;
+  if (const std::string problem = json_bounds_problem(text, kMaxManifestDepth, 64); !problem.empty())
+    throw DataError("'" + path.string() + "' " + problem + " (not a zerotrain manifest)");
+  try {
+    manifest = json::parse(text);
+  } catch (const json::exception& e) {
+    throw DataError("'" + path.string() + "' is not valid JSON (" + e.what() + ")");
+  }
+  const std::string stored = manifest.is_object() && manifest.contains("checksum") && manifest["checksum"].is_string()
+                                 ? manifest["checksum"].get<std::string>()
+                                 : "";
+  const std::string field = "\"checksum\": \"" + stored + "\"";
+  const size_t at = text.find(field);
+  if (stored.size() != 8 || at == std::string::npos)
+    throw DataError("'" + path.string() + "': no checksum (not a complete zerotrain manifest)");
+  text.replace(at, field.size(), "\"checksum\": \"" + std::string(kZeroChecksum) + "\"");
+  if (const std::string computed = crc32_hex(text); computed != stored)
+    throw DataError("'" + path.string() + "' fails its checksum (stored " + stored + ", computed " + computed + ")");
+  return manifest;
+}
+
+LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
+                                const std::vector<CheckpointParameter>& parameters,
+                                std::vector<StateFragment>& fragments,
+                                const std::function<void(const LoadedCheckpoint&)>& check,
+                                const std::vector<CheckpointParameter>& frozen);
+
+}  // namespace
+
 // Runs `work` on this rank; every rank learns whether all succeeded, and all throw if one failed
 // (so that no rank waits in a later collective for one that gave up). The failing rank's message
 // and error type reach every rank, so that the one rank that prints (rank 0) names the file.
@@ -139,46 +180,6 @@ void on_every_rank(Communicator& comm, const std::string& what, const std::funct
   if (header[1].item<int64_t>() == 1) throw DataError(message);
   throw Error(message);
 }
-
-// The manifest, its checksum verified.
-json read_manifest(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError("cannot read '" + path.string() + "'");
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kMaxManifestBytes)
-    throw DataError("'" + path.string() + "': not a regular file of at most " + std::to_string(kMaxManifestBytes) +
-                    " bytes (not a zerotrain manifest)");
-  std::string text{std::istreambuf_iterator<char>(in), {}};
-  if (int64_t(text.size()) > kMaxManifestBytes)
-    throw DataError("'" + path.string() + "': larger than " + std::to_string(kMaxManifestBytes) + " bytes");
-  json manifest;
-  if (const std::string problem = json_bounds_problem(text, kMaxManifestDepth, 64); !problem.empty())
-    throw DataError("'" + path.string() + "' " + problem + " (not a zerotrain manifest)");
-  try {
-    manifest = json::parse(text);
-  } catch (const json::exception& e) {
-    throw DataError("'" + path.string() + "' is not valid JSON (" + e.what() + ")");
-  }
-  const std::string stored = manifest.is_object() && manifest.contains("checksum") && manifest["checksum"].is_string()
-                                 ? manifest["checksum"].get<std::string>()
-                                 : "";
-  const std::string field = "\"checksum\": \"" + stored + "\"";
-  const size_t at = text.find(field);
-  if (stored.size() != 8 || at == std::string::npos)
-    throw DataError("'" + path.string() + "': no checksum (not a complete zerotrain manifest)");
-  text.replace(at, field.size(), "\"checksum\": \"" + std::string(kZeroChecksum) + "\"");
-  if (const std::string computed = crc32_hex(text); computed != stored)
-    throw DataError("'" + path.string() + "' fails its checksum (stored " + stored + ", computed " + computed + ")");
-  return manifest;
-}
-
-LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
-                                const std::vector<CheckpointParameter>& parameters,
-                                std::vector<StateFragment>& fragments,
-                                const std::function<void(const LoadedCheckpoint&)>& check,
-                                const std::vector<CheckpointParameter>& frozen);
-
-}  // namespace
 
 int64_t checkpoint_chunk_bytes() {
   constexpr int64_t kDefault = int64_t(64) << 20, kGranule = 4096, kMax = int64_t(1) << 30;

@@ -69,6 +69,11 @@ struct StateFragment {
 // ZT_CHECKPOINT_CHUNK_BYTES (a multiple of 4096 from 4096 to 1 GiB; zt::ConfigError otherwise).
 int64_t checkpoint_chunk_bytes();
 
+// Runs `work` on this rank; every rank learns whether all succeeded, and all throw if one failed
+// (so that no rank waits in a later collective for one that gave up), with the failing rank's
+// message and error type (ConfigError, DataError or Error). `what` labels the collective.
+void on_every_rank(Communicator& comm, const std::string& what, const std::function<void()>& work);
+
 struct CheckpointContents {
   std::vector<CheckpointParameter> parameters;     // every trainable parameter: the model's identity
   // The model's other values: frozen parameters and floating-point buffers, whole, saved by the

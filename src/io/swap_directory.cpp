@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -101,7 +102,8 @@ std::string format_gib_mib(int64_t bytes) {
   return fmt::format("{:.1f} MiB", double(bytes) / double(1 << 20));
 }
 
-void preflight_swap_path(const fs::path& root, int64_t required_bytes, const std::string& key) {
+void preflight_swap_path(const fs::path& root, int64_t required_bytes, const std::string& key,
+                         const std::string& purpose) {
   struct stat st {};
   if (::stat(root.c_str(), &st) != 0) {
     const int error = errno;
@@ -128,10 +130,17 @@ void preflight_swap_path(const fs::path& root, int64_t required_bytes, const std
     const int error = errno;
     throw zt::ConfigError(fmt::format("{}: cannot find the free space of '{}': {}", key, root.string(), errno_text(error)));
   }
-  const int64_t free_bytes = int64_t(vfs.f_bavail) * int64_t(vfs.f_frsize);
+  int64_t free_bytes = int64_t(vfs.f_bavail) * int64_t(vfs.f_frsize);
+  if (const char* given = std::getenv("ZT_SWAP_FREE_BYTES"); given != nullptr && *given != '\0') {
+    char* end = nullptr;
+    const long long v = std::strtoll(given, &end, 10);
+    if (end == nullptr || *end != '\0' || v < 0)
+      throw zt::ConfigError(fmt::format("ZT_SWAP_FREE_BYTES: expected bytes (a non-negative integer), found '{}'", given));
+    free_bytes = v;
+  }
   if (free_bytes < required_bytes)
-    throw zt::ConfigError(fmt::format("{}: '{}' has {} free, expected at least {} for the swap files", key,
-                                      root.string(), format_gib_mib(free_bytes), format_gib_mib(required_bytes)));
+    throw zt::ConfigError(fmt::format("{}: '{}' has {} free, expected at least {} for {}", key, root.string(),
+                                      format_gib_mib(free_bytes), format_gib_mib(required_bytes), purpose));
 }
 
 SwapDirectory::SwapDirectory(const fs::path& root, int rank, std::function<void(const std::string&)> log) {

@@ -28,7 +28,10 @@
 
 namespace zt::io {
 
-void preflight_swap_path(const std::filesystem::path& root, int64_t required_bytes, const std::string& key);
+// `purpose` names what the space is for in the message ("the swap files"). ZT_SWAP_FREE_BYTES
+// (bytes), when set, replaces the file system's free space (for tests).
+void preflight_swap_path(const std::filesystem::path& root, int64_t required_bytes, const std::string& key,
+                         const std::string& purpose = "the swap files");
 
 class SwapDirectory {
  public:

@@ -248,7 +248,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // keeps the design's layout instead (docs/memory.md "Offload").
   const bool delayed = zero.offload_optimizer.delayed_update && offload_optimizer != OffloadTarget::None;
   const bool staged = offload_optimizer != OffloadTarget::None && !cpu_device && offload_param == OffloadTarget::None;
-  const int64_t master_per_parameter = mixed || delayed || staged ? 4 : 0;
+  const int64_t master_per_parameter = keeps_fp32_masters(mixed, delayed, staged) ? 4 : 0;
   const int64_t opt_ranks = zero.shard_optimizer_states ? N : 1;
   const int64_t master = master_per_parameter * psi / opt_ranks;
   const int64_t moments = moments_per_parameter * psi / opt_ranks;

@@ -3,14 +3,21 @@
 
 namespace zt {
 
+bool keeps_fp32_masters(bool sixteen_bit_working, bool delayed_update, bool staged_through_host) {
+  return sixteen_bit_working || delayed_update || staged_through_host;
+}
+
+int optimizer_moment_arrays(const TrainConfig& config) {
+  const auto& o = config.optimizer;
+  return o.type == "SGD" ? (o.momentum != 0.0 ? 1 : 0) : 2;
+}
+
 ModelStateBytes model_state_bytes_per_parameter(const TrainConfig& config) {
   const bool mixed = config.precision != Precision::FP32;
   ModelStateBytes bytes;
   bytes.parameters = mixed ? 2 : 4;
   bytes.gradients = bytes.parameters;
-  const auto& o = config.optimizer;
-  const int64_t moments = o.type == "SGD" ? (o.momentum != 0.0 ? 4 : 0) : 8;
-  bytes.optimizer_states = (mixed ? 4 : 0) + moments;
+  bytes.optimizer_states = (mixed ? 4 : 0) + 4 * optimizer_moment_arrays(config);
   return bytes;
 }
 

@@ -644,7 +644,10 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
   };
 
   // The block cache's bound follows the steps from here, not construction's or loading's peak.
-  if (CpuBlockCache* cache = installed_cpu_block_cache()) cache->reset_high_water();
+  if (CpuBlockCache* cache = installed_cpu_block_cache()) {
+    cache->reset_high_water();
+    cache->set_slack_fraction(CpuBlockCache::kDefaultSlackFraction);
+  }
 
   const int64_t steps = config.train.steps;
   const double tokens_per_step = double(config.train_batch_size) * double(seq_len);
@@ -904,6 +907,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                           {"nvme_optimizer_bytes", offload.nvme_optimizer_bytes},
                           {"nvme_parameter_bytes", offload.nvme_parameter_bytes},
                           {"nvme_gradient_bytes", offload.nvme_gradient_bytes},
+                          {"nvme_load_staging_bytes", offload.nvme_load_staging_bytes},
                           {"host_buffer_bytes", offload.host_buffer_bytes},
                           {"bytes_read", offload.bytes_read},
                           {"bytes_written", offload.bytes_written},

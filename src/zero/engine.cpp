@@ -20,6 +20,7 @@
 #include "io/swap_directory.h"
 #include "zero/gradient_reducer.h"
 #include "zero/loss_scaler.h"
+#include "zero/nvme_footprint.h"
 #include "zero/optimizer_partition.h"
 #include "zero/parameter_gatherer.h"
 #include "zero/parameter_tier.h"
@@ -31,6 +32,7 @@
 #include "zerotrain/error.h"
 #include "zerotrain/layout.h"
 #include "zerotrain/lr_schedule.h"
+#include "zerotrain/memory.h"
 
 // The engine: construction, the autograd glue and the order of one training step over its parts
 // (docs/architecture.md "zero", docs/zero.md):
@@ -419,6 +421,34 @@ struct Engine::Impl {
   }
 
   // ---------------------------------------------------------------- offload (docs/offload.md)
+  // The NVMe tiers' bytes as planned: the pre-flight check held them against the disk, the tiers
+  // created them, a load's staging is checked against them.
+  NvmeFootprint footprint;
+
+  // A load writes staging copies beside the live swap files until it commits: their free space is
+  // checked on every rank before anything is read, and all ranks refuse together.
+  void preflight_load_staging(bool with_moments) {
+    const int64_t optimizer_dir = footprint.masters + (with_moments ? footprint.moments : 0);
+    const int64_t parameter_dir = footprint.load_staging_parameters;
+    if (optimizer_dir == 0 && parameter_dir == 0) return;
+    on_every_rank(*comm, "load.staging_space", [&] {
+      // Every rank's staging counts against a shared disk, as at construction.
+      std::map<std::string, std::pair<int64_t, std::string>> need;  // path: bytes, the key naming it
+      if (optimizer_dir > 0) {
+        auto& n = need[config.zero.offload_optimizer.nvme_path];
+        n.first += optimizer_dir * world;
+        n.second = "zero_optimization.offload_optimizer.nvme_path";
+      }
+      if (parameter_dir > 0) {
+        auto& n = need[config.zero.offload_param.nvme_path];
+        n.first += parameter_dir * world;
+        if (n.second.empty()) n.second = "zero_optimization.offload_param.nvme_path";
+      }
+      for (const auto& [path, n] : need)
+        io::preflight_swap_path(path, n.first, n.second, "a checkpoint load's staging copies");
+    });
+  }
+
   struct OffloadPlan {
     std::vector<char> optimizer_on_disk, parameters_on_disk;  // per sub-group; empty: all in memory
     std::vector<char> gradients_on_disk;                      // nvme_gradients: the optimizer's sub-groups
@@ -445,25 +475,16 @@ struct Engine::Impl {
     if (!optimizer_nvme && !parameters_nvme) return plan;
     groups = plan_sub_groups(layout, config.zero.sub_group_size);
     const int64_t partition = layout.partition_numel;
-    int64_t optimizer_bytes = 0, parameter_bytes = 0;
     if (optimizer_nvme) {
       // ratio: the first sub-groups up to that fraction of the partition go to NVMe, the rest stay.
       const double limit = oo.ratio * double(partition);
       int64_t placed = 0;
-      const int64_t roles = (separate_master || oo.delayed_update ? 1 : 0) + 2;  // masters, two moments at most
       for (const SubGroup& g : groups) {
-        const bool disk = double(placed) < limit;
-        plan.optimizer_on_disk.push_back(disk);
+        plan.optimizer_on_disk.push_back(double(placed) < limit);
         placed += g.numel;
-        if (disk) optimizer_bytes += roles * io::align_up(g.numel * 4);
       }
       // The gradients of the sub-groups whose state is on NVMe go there too (stages 2-3).
-      if (oo.nvme_gradients && config.zero.shard_gradients) {
-        plan.gradients_on_disk = plan.optimizer_on_disk;
-        for (size_t g = 0; g < groups.size(); ++g)
-          if (plan.gradients_on_disk[g])
-            optimizer_bytes += io::align_up(groups[g].numel * int64_t(c10::elementSize(working_dtype)));
-      }
+      if (oo.nvme_gradients && config.zero.shard_gradients) plan.gradients_on_disk = plan.optimizer_on_disk;
     }
     if (parameters_nvme) {
       // Shards of blocks go to NVMe, except whole blocks (the last ones) within max_in_cpu
@@ -484,12 +505,7 @@ struct Engine::Impl {
           kept += block_shard[it->first];
           continue;
         }
-        for (size_t g : it->second) {
-          plan.parameters_on_disk[g] = 1;
-          // The delayed update keeps a second working copy with the same tiers (params.next).
-          parameter_bytes += (oo.delayed_update ? 2 : 1) *
-                             io::align_up(groups[g].numel * int64_t(c10::elementSize(working_dtype)));
-        }
+        for (size_t g : it->second) plan.parameters_on_disk[g] = 1;
       }
       int64_t largest_block = 0;
       std::map<int, int64_t> block_numel;
@@ -504,9 +520,20 @@ struct Engine::Impl {
     auto log = [this](const std::string& line) {
       if (rank == 0) std::fprintf(stderr, "zerotrain: note: %s\n", line.c_str());
     };
+    NvmeTierPlan tiers;
+    tiers.groups = groups;
+    tiers.optimizer_on_disk = plan.optimizer_on_disk;
+    tiers.gradients_on_disk = plan.gradients_on_disk;
+    tiers.parameters_on_disk = plan.parameters_on_disk;
+    tiers.fp32_masters = keeps_fp32_masters(separate_master, oo.delayed_update, devices.stage_through_host);
+    tiers.moments = optimizer_moment_arrays(config);
+    tiers.working_element_bytes = int64_t(c10::elementSize(working_dtype));
+    // The delayed update keeps a second working copy with the same tiers (params.next).
+    tiers.next_working_copy = oo.delayed_update && !devices.stage_through_host;
+    footprint = nvme_footprint(tiers);
     std::map<std::string, int64_t> need;
-    if (optimizer_nvme) need[oo.nvme_path] += optimizer_bytes * ranks_sharing;
-    if (parameters_nvme) need[op.nvme_path] += parameter_bytes * ranks_sharing;
+    if (optimizer_nvme) need[oo.nvme_path] += footprint.optimizer_directory() * ranks_sharing;
+    if (parameters_nvme) need[op.nvme_path] += footprint.parameter_directory() * ranks_sharing;
     if (optimizer_nvme)
       io::preflight_swap_path(oo.nvme_path, need[oo.nvme_path], "zero_optimization.offload_optimizer.nvme_path");
     if (parameters_nvme && (!optimizer_nvme || op.nvme_path != oo.nvme_path))
@@ -878,6 +905,7 @@ struct Engine::Impl {
     if (micro_step != 0)
       throw Error("load_weights: expected a call between optimizer steps, found micro-step " + std::to_string(micro_step));
     apply_pending_update();
+    preflight_load_staging(/*with_moments=*/false);
     OptimizerPartition::Staged staged = optimizer->staged_fragments(
         false, [this](int placement) { return specs[layout.placements[placement].index].name; });
     std::map<std::string, std::vector<int64_t>> shapes;
@@ -941,6 +969,7 @@ struct Engine::Impl {
     // Read into staging first (host tensors for what is in memory, staging swap files for what is
     // on NVMe), so that a failure leaves this engine as it was. Resetting the optimizer reads the
     // masters only.
+    preflight_load_staging(/*with_moments=*/!options.reset_optimizer);
     OptimizerPartition::Staged staged = optimizer->staged_fragments(
         !options.reset_optimizer, [this](int placement) { return specs[layout.placements[placement].index].name; });
     std::vector<std::string> changes;
@@ -1057,6 +1086,8 @@ struct Engine::Impl {
     r.nvme_optimizer_bytes = optimizer->disk_bytes();
     r.nvme_parameter_bytes = param_partition.disk_bytes() + optimizer->next_working_disk_bytes();
     r.nvme_gradient_bytes = reducer->disk_bytes();
+    r.nvme_planned_bytes = footprint.total();
+    r.nvme_load_staging_bytes = footprint.load_staging_optimizer + footprint.load_staging_parameters;
     r.host_buffer_bytes = optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0);
     if (io) {
       const io::AioEngine::Stats s = io->stats();

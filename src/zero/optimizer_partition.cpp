@@ -1,4 +1,5 @@
 #include "zero/optimizer_partition.h"
+#include "zerotrain/memory.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
@@ -146,7 +147,7 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   // The delayed update writes the working values while the caller reads the old ones: the fp32
   // masters cannot be the working parameters then.
   staged_ = options.devices.stage_through_host;
-  separate_master_ = options.working_dtype != at::kFloat || options.delayed || staged_;
+  separate_master_ = keeps_fp32_masters(options.working_dtype != at::kFloat, options.delayed, staged_);
   ZT_CHECK_STATE(!(staged_ && options.devices.device_step()), "staged through the host yet stepping on the device");
   ZT_CHECK_STATE(!options.devices.device_step() || (!options.delayed && (options.tiers.on_disk.empty() || !options.tiers.io)),
                  "a device step with the delayed update or NVMe tiers");

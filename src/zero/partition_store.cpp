@@ -72,9 +72,18 @@ TieredArray::TieredArray(std::string role, at::ScalarType dtype, const std::vect
     }
   }
   memory_ = torch::zeros({memory}, torch::TensorOptions().dtype(dtype));
+  ZT_CHECK_STATE(file_bytes_ == file_bytes(groups, on_disk, element_size()), role_ + ": file size formula");
   // A new swap file is created empty and allocated (fallocate), so it reads as zeros: the moments
   // start there without a write, the masters and parameters are stored next.
   if (disk_count_ > 0) file_id_ = io.open(file, file_bytes_);
+}
+
+int64_t TieredArray::file_bytes(const std::vector<SubGroup>& groups, const std::vector<char>& on_disk,
+                                int64_t element_size) {
+  int64_t bytes = 0;
+  for (size_t g = 0; g < groups.size() && g < on_disk.size(); ++g)
+    if (on_disk[g]) bytes += io::align_up(groups[g].numel * element_size);
+  return bytes;
 }
 
 int64_t TieredArray::buffer_bytes(int g) const { return io::align_up(groups_[size_t(g)].numel * element_size()); }

@@ -68,6 +68,10 @@ class TieredArray {
   // Sub-group g on disk where on_disk[g], in `file` (created, sized), the rest in memory (zeros).
   TieredArray(std::string role, at::ScalarType dtype, const std::vector<SubGroup>& groups,
               const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file);
+  // The size of the swap file such an array creates: each disk sub-group at an aligned offset.
+  // The one formula the tiers, the pre-flight disk check and the checkpoint load's staging use.
+  static int64_t file_bytes(const std::vector<SubGroup>& groups, const std::vector<char>& on_disk,
+                            int64_t element_size);
 
   bool defined() const { return numel_ > 0 || memory_.defined(); }
   const std::string& role() const { return role_; }
