@@ -4,9 +4,9 @@
 # /work/tmpio), removed at the end; the disk's plain sequential O_DIRECT rate is measured there
 # in the same invocation with dd (a $DD_GIB GiB file, default 2).
 #
-#   bench/offload.sh proof [preset=gpt-2.7b] [steps=3] [--set key=value ...]
-#       2 ranks, stage 3, fp32, optimizer and parameters on NVMe, micro-batch 1, sequence 64,
-#       small sub-groups and buckets. Peak RSS per rank against a third of RAM, the loss per step,
+#   bench/offload.sh proof [preset=gpt-2.7b] [steps=5] [--set key=value ...]
+#       2 ranks, stage 3, fp32, optimizer state, parameters and gradients on NVMe, micro-batch 1,
+#       sequence 64, small sub-groups and buckets, nothing kept in memory beyond them. Peak RSS per rank against a third of RAM, the loss per step,
 #       step time split into compute and I/O as the run reports it, peak disk bytes.
 #   bench/offload.sh overhead [preset=gpt2-124m] [rounds=2] [steps=6] [--set key=value ...]
 #       2 ranks, fp32, stages $STAGES (default "2 3"): no offload, offload_optimizer nvme, nvme +
@@ -18,7 +18,8 @@
 #       by the parameters, beside the ideal and DeepSpeed's 28 B/parameter; --with-deepspeed also
 #       measures DeepSpeed's stage 2 CPU offload on the same preset here (bench/deepspeed_env.sh).
 #
-# ZEROTRAIN=path selects the binary (default build/bin/zerotrain). Every run is watched by
+# ZEROTRAIN=path selects the binary (default build/bin/zerotrain); KEEP_RUNS=1 keeps the run
+# directories. Every run is watched by
 # bench/memwatch.py with a cap of $CAP_GIB (default 0.9 × RAM) for its process tree.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -51,7 +52,12 @@ if [ ! -x "$zerotrain" ]; then
 fi
 mkdir -p "$nvme_root"
 out=$(mktemp -d -p "$nvme_root" offload-bench.XXXXXX)
-trap 'rm -rf "$out"' EXIT
+# KEEP_RUNS=1 keeps the run directories (logs, summaries, CSVs) and prints where they are.
+if [ "${KEEP_RUNS:-0}" = 1 ]; then
+  trap 'echo "runs kept in $out" >&2' EXIT
+else
+  trap 'rm -rf "$out"' EXIT
+fi
 
 cpu_line() {
   echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(awk '/^MemTotal:/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo) RAM;" \
@@ -77,19 +83,22 @@ print(f"dd O_DIRECT: write {rate(sys.argv[2]) / 1e9:.2f} GB/s, read {rate(sys.ar
 PY
 }
 
-# A zerotrain configuration: preset stage precision micro seq steps [extra JSON merged into zero_optimization]
-write_config() {  # path preset stage micro seq steps zero_extra_json
+# A zerotrain configuration: preset stage precision micro seq steps [extra JSON merged into
+# zero_optimization] [extra JSON merged into the top level]
+write_config() {  # path preset stage micro seq steps zero_extra_json [top_extra_json]
   python3 - "$@" <<'PY'
 import json, sys
 path, preset, stage, micro, seq, steps, extra = sys.argv[1:8]
+top = json.loads(sys.argv[8]) if len(sys.argv) > 8 else {}
 zero = {"stage": int(stage)}
 zero.update(json.loads(extra))
-json.dump({"train_micro_batch_size_per_gpu": int(micro), "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "steps_per_print": 1, "wall_clock_breakdown": True,
-           "bf16": {"enabled": False}, "zero_optimization": zero,
-           "model": {"preset": preset}, "data": {"source": "embedded", "sequence_length": int(seq)},
-           "train": {"steps": int(steps), "threads": 1}, "csv_monitor": {"enabled": True}},
-          open(path, "w"), indent=1)
+config = {"train_micro_batch_size_per_gpu": int(micro), "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}, "steps_per_print": 1, "wall_clock_breakdown": True,
+          "bf16": {"enabled": False}, "zero_optimization": zero,
+          "model": {"preset": preset}, "data": {"source": "embedded", "sequence_length": int(seq)},
+          "train": {"steps": int(steps), "threads": 1}, "csv_monitor": {"enabled": True}}
+config.update(top)
+json.dump(config, open(path, "w"), indent=1)
 PY
 }
 
@@ -121,26 +130,37 @@ header() {
 
 case $mode in
 proof)
-  preset=${1:-gpt-2.7b} steps=${2:-3}
+  preset=${1:-gpt-2.7b} steps=${2:-5}
   nvme="$out/proof/nvme"
   mkdir -p "$out/proof"
   measure_dd "$out/dd-before.json"
-  # Small sub-groups and buckets keep the host buffers small; the parameter swap buffers must
-  # hold the largest tensor (the token embedding).
+  # What stays in memory is what the proof is about: parameter shards all on NVMe (max_in_cpu 0)
+  # read ahead through two shard buffers that must hold the largest tensor (the token
+  # embedding), gradients written to NVMe as each bucket is reduced, the optimizer streaming
+  # small sub-groups with reads and writes pipelined, and each block released after its use.
+  # AdamW at 2e-5 after a linear warm-up over three steps: from random weights the first full
+  # Adam steps at that rate raise the loss of a 2.7B model before it falls.
   largest=$(python3 -c "
 import sys; sys.path.insert(0, 'bench'); from offload_common import PRESETS
 v, t, l, h, c = PRESETS['$preset']; print(max(100_000_000, v * c))")
   write_config "$out/proof/config.json" "$preset" 3 1 64 "$steps" "{
-    \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$nvme\"},
-    \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$nvme\", \"buffer_size\": $largest},
-    \"sub_group_size\": ${SUB_GROUP_SIZE:-10000000}, \"reduce_bucket_size\": ${BUCKET_SIZE:-20000000},
-    \"allgather_bucket_size\": ${BUCKET_SIZE:-20000000}, \"stage3_prefetch_bucket_size\": ${BUCKET_SIZE:-20000000}}"
+    \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$nvme\", \"nvme_gradients\": true,
+      \"pipeline_read\": true, \"pipeline_write\": true},
+    \"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$nvme\", \"buffer_size\": $largest,
+      \"buffer_count\": 2, \"max_in_cpu\": 0},
+    \"sub_group_size\": ${SUB_GROUP_SIZE:-5000000}, \"reduce_bucket_size\": ${BUCKET_SIZE:-20000000},
+    \"allgather_bucket_size\": ${BUCKET_SIZE:-20000000}, \"stage3_prefetch_bucket_size\": ${BUCKET_SIZE:-20000000},
+    \"stage3_max_reuse_distance\": 0}" '{
+    "optimizer": {"type": "AdamW", "params": {"lr": 2e-5}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 2e-5,
+      "warmup_num_steps": 3, "warmup_type": "linear"}}}'
   run_zt "$out/proof" "$out/proof/config.json" "$out/records.jsonl" preset="$preset" stage=3 precision=fp32 \
     offload_optimizer=nvme offload_param=nvme
   measure_dd "$out/dd-after.json"
   header
-  echo "$preset, 2 ranks × 1 thread, stage 3, fp32, micro-batch 1 × 64 tokens, optimizer and parameters on NVMe" \
-    "(sub_group_size ${SUB_GROUP_SIZE:-10000000}, buckets ${BUCKET_SIZE:-20000000} elements), $steps steps"
+  echo "$preset, 2 ranks × 1 thread, stage 3, fp32 AdamW (lr 2e-5 after a 3-step linear warm-up), micro-batch 1 × 64" \
+    "tokens; optimizer state, parameters and gradients on NVMe (sub_group_size ${SUB_GROUP_SIZE:-5000000}, buckets" \
+    "${BUCKET_SIZE:-20000000} elements, 2 parameter buffers, max_in_cpu 0, pipelined reads and writes), $steps steps"
   echo
   python3 bench/offload_common.py proof-table "$out/records.jsonl" "$ram_bytes" "$out/dd-before.json" "$out/dd-after.json"
   ;;
