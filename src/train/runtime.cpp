@@ -142,6 +142,14 @@ long long status_kib(const char* field) {
 }  // namespace
 
 long long peak_rss_bytes() { return status_kib("VmHWM:"); }
+
+bool reset_peak_rss() {
+  std::ofstream clear("/proc/self/clear_refs");
+  if (!clear) return false;
+  clear << "5";
+  clear.flush();
+  return bool(clear);
+}
 long long current_rss_bytes() { return status_kib("VmRSS:"); }
 
 }  // namespace zt

@@ -48,4 +48,8 @@ struct PrecisionChoice {
 // train.cpu_half_precision is "auto" and the CPU has no fast path for it; else the configured one.
 PrecisionChoice cpu_training_precision(Precision configured, const std::string& cpu_half_precision);
 
+// Restarts the kernel's peak RSS (VmHWM) from the current RSS (/proc/self/clear_refs, "5"), so
+// that set-up's peak and the steps' are told apart; false where the kernel does not allow it.
+bool reset_peak_rss();
+
 }  // namespace zt

@@ -150,32 +150,46 @@ DevicePeak device_peak(const RankDevice& d) {
 
 int64_t physical_memory_bytes() { return int64_t(::sysconf(_SC_PHYS_PAGES)) * int64_t(::sysconf(_SC_PAGE_SIZE)); }
 
+// The peak RSS of set-up (the model's construction, loading weights or a checkpoint) and, once
+// the kernel's peak was restarted after it, of the steps alone.
+struct PeakRss {
+  int64_t setup = -1;  // -1 while set-up runs
+  bool split = false;  // the kernel's peak was restarted after set-up
+  // The steps' peak; -1 before, or where the kernel does not allow the restart.
+  int64_t steps() const { return setup >= 0 && split ? int64_t(peak_rss_bytes()) : -1; }
+  int64_t run() const { return std::max<int64_t>(setup, peak_rss_bytes()); }
+};
+
 // Per-rank figures gathered onto every rank: peak RSS and model-state bytes by role.
 struct RankStats {
-  int64_t peak_rss = 0;
+  int64_t peak_rss = 0;  // the run's
   int64_t baseline_rss = 0;
   ModelStateBytes state;
   int64_t buffers = 0;
+  int64_t setup_peak_rss = -1, steps_peak_rss = -1;  // PeakRss
 };
 
-std::vector<RankStats> gather_rank_stats(Communicator& comm, const Engine& engine, int64_t baseline_rss) {
+std::vector<RankStats> gather_rank_stats(Communicator& comm, const Engine& engine, int64_t baseline_rss,
+                                         const PeakRss& peak) {
   const int world = comm.world_size();
-  constexpr int kFields = 6;
+  constexpr int kFields = 8;
   auto local = torch::zeros({kFields}, torch::kInt64);
-  local[0] = static_cast<int64_t>(peak_rss_bytes());
+  local[0] = peak.run();
   local[1] = baseline_rss;
   const auto b = engine.model_state_bytes();
   local[2] = b.parameters;
   local[3] = b.gradients;
   local[4] = b.optimizer_states;
   local[5] = engine.buffer_bytes();
+  local[6] = peak.setup;
+  local[7] = peak.steps();
   auto all = torch::zeros({kFields * world}, torch::kInt64);
   comm.all_gather(local, all, "stats.gather").wait();
   std::vector<RankStats> stats(world);
   auto a = all.accessor<int64_t, 1>();
   for (int r = 0; r < world; ++r) {
     const int64_t* f = &a[kFields * r];
-    stats[r] = RankStats{f[0], f[1], ModelStateBytes{f[2], f[3], f[4]}, f[5]};
+    stats[r] = RankStats{f[0], f[1], ModelStateBytes{f[2], f[3], f[4]}, f[5], f[6], f[7]};
   }
   return stats;
 }
@@ -643,6 +657,10 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     return mean_over_ranks(*comm, sum / double(std::max<int64_t>(1, config.train.eval_iters)), "eval.loss");
   };
 
+  // Set-up's peak, kept apart from the steps' (the final memory line reports both).
+  PeakRss peak;
+  peak.setup = peak_rss_bytes();
+  peak.split = reset_peak_rss();
   // The block cache's bound follows the steps from here, not construction's or loading's peak.
   if (CpuBlockCache* cache = installed_cpu_block_cache()) {
     cache->reset_high_water();
@@ -770,11 +788,11 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       eval_losses.emplace_back(step + 1, eval_loss);
     }
     std::vector<RankStats> stats;
-    if (print) stats = gather_rank_stats(*comm, engine, baseline_rss);
+    if (print) stats = gather_rank_stats(*comm, engine, baseline_rss, peak);
     // The CSV's peak is every rank's, on every row: one 8-byte all-reduce per step, taken by all
     // ranks alike because the configuration (csv_monitor.enabled) is the same on all of them.
     if (config.csv_monitor.enabled) {
-      const int64_t peak_max = max_over_ranks(*comm, peak_rss_bytes(), "csv.peak_rss");
+      const int64_t peak_max = max_over_ranks(*comm, peak.run(), "csv.peak_rss");
       if (csv.is_open())
         csv << fmt::format("{},{:.9g},{:.6g},{:.6g},{},{:.1f},{:.3f},{},{:g}\n", step + 1, loss, result.lr,
                            result.grad_norm, result.skipped ? 1 : 0, step_rate, elapsed, peak_max,
@@ -828,7 +846,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
   }
   const double total_seconds = std::chrono::duration<double>(clock::now() - start).count();
-  auto stats = gather_rank_stats(*comm, engine, baseline_rss);
+  auto stats = gather_rank_stats(*comm, engine, baseline_rss, peak);
   // The estimate `zerotrain estimate` prints for this run, beside what the ranks measured.
   ClusterSpec cluster;
   cluster.device = DeviceKind::Cpu;
@@ -846,6 +864,19 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                                 cluster, config);
   int64_t measured_peak = 0;  // the largest peak RSS above the pre-model baseline over ranks
   for (const auto& s : stats) measured_peak = std::max(measured_peak, s.peak_rss - s.baseline_rss);
+  // The two moments apart (zerotrain/estimate.h: construction and step), largest over ranks; -1
+  // where the kernel's peak could not be restarted after set-up.
+  int64_t measured_setup = -1, measured_steps = -1;
+  for (const auto& s : stats) {
+    if (s.setup_peak_rss >= 0) measured_setup = std::max(measured_setup, s.setup_peak_rss - s.baseline_rss);
+    if (s.steps_peak_rss >= 0) measured_steps = std::max(measured_steps, s.steps_peak_rss - s.baseline_rss);
+  }
+  const std::string moments =
+      measured_setup >= 0 && measured_steps >= 0
+          ? fmt::format("; set-up measured {} (estimated {}), the steps {} (estimated {})", human_bytes(measured_setup),
+                        human_bytes(estimate.construction_peak), human_bytes(measured_steps),
+                        human_bytes(estimate.step_peak))
+          : "";
   const bool heap_retained = runtime.heap_policy == HeapPolicy::RetainedHeap;
   // On a GPU the estimate's per-device figure is the GPU's: set beside the caching allocator's
   // peaks (largest over ranks), and the host's beside the peak RSS.
@@ -871,9 +902,10 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                human_bytes(gpu_peak.reserved), human_bytes(device.total_memory), device.name,
                human_bytes(estimate.per_host.total()), human_bytes(measured_peak));
   else if (leader)
-    fmt::print("memory per rank: estimated peak {}, measured {} above the pre-model baseline ({:+.1f}%){}\n",
+    fmt::print("memory per rank: estimated peak {}, measured {} above the pre-model baseline ({:+.1f}%){}{}\n",
                human_bytes(estimate.per_device.total()), human_bytes(measured_peak),
                measured_peak > 0 ? 100.0 * double(estimate.per_device.total() - measured_peak) / double(measured_peak) : 0.0,
+               moments,
                heap_retained ? "; the heap is retained (train.retain_freed_memory), which adds fragmentation the "
                                "estimate leaves out (docs/memory.md)"
                              : "");
@@ -953,6 +985,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     for (int r = 0; r < world; ++r)
       ranks.push_back({{"rank", r},
                        {"peak_rss_bytes", stats[r].peak_rss},
+                       {"setup_peak_rss_bytes", stats[r].setup_peak_rss},
+                       {"steps_peak_rss_bytes", stats[r].steps_peak_rss},
                        {"baseline_rss_bytes", stats[r].baseline_rss},
                        {"model_state_bytes",
                         {{"parameters", stats[r].state.parameters},
@@ -981,6 +1015,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     summary["precision"] = to_string(config.precision);
     summary["precision_configured"] = to_string(configured_precision);
     summary["memory"] = {{"measured_peak_above_baseline_bytes", measured_peak},
+                         {"measured_setup_peak_above_baseline_bytes", measured_setup},
+                         {"measured_steps_peak_above_baseline_bytes", measured_steps},
                          {"heap_retained", heap_retained},
                          {"heap_policy", config.train.retain_freed_memory}};
     if (const CpuBlockCache* cache = installed_cpu_block_cache()) {
