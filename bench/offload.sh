@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# zerotrain's ZeRO-Offload / ZeRO-Infinity figures (issue 14), each mode printing its command, the
+# zerotrain's ZeRO-Offload / ZeRO-Infinity figures, each mode printing its command, the
 # CPU and a markdown table. Swap files go under a fresh directory in $NVME_DIR (default
 # /work/tmpio), removed at the end; the disk's plain sequential O_DIRECT rate is measured there
 # in the same invocation with dd (a $DD_GIB GiB file, default 2).

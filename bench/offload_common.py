@@ -348,7 +348,7 @@ def bpp_table(records_path, world):
               f"| {f'{worst / p:.1f}' if worst else '–'} | {f'{above / p:.1f}' if above else '–'} "
               f"| {ideal.get(dev, float('nan')):.1f} | {status_text(r)} |")
     print()
-    print(f"DeepSpeed's measured host memory at ZeRO-2 with CPU offload: 28 B/parameter (issue 14, design §8); "
+    print(f"DeepSpeed's measured host memory at ZeRO-2 with CPU offload: 28 B/parameter in an earlier measurement; "
           f"target ≤ 16. With bf16 moments (2 + 2 B instead of 4 + 4 B) the ideal per rank would be "
           f"{4 + 8 / n:.1f} B/param with CPU offload at N = {n} (fp32 parameters, fp32 gradient partition).")
 
