@@ -40,7 +40,12 @@ zerotrain=${ZEROTRAIN:-build/bin/zerotrain}
 cap_bytes=$(python3 -c "print(int(float('$cap_gib') * 2**30))")
 mkdir -p "$nvme_root"
 out=$(mktemp -d -p "$nvme_root" offload-vs-ds.XXXXXX)
-trap 'rm -rf "$out"' EXIT
+# KEEP_RUNS=1 keeps the run directories (each system's log) and prints where they are.
+if [ "${KEEP_RUNS:-0}" = 1 ]; then
+  trap 'echo "runs kept in $out" >&2' EXIT
+else
+  trap 'rm -rf "$out"' EXIT
+fi
 records="$out/records.jsonl"
 : > "$records"
 
