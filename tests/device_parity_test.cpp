@@ -7,8 +7,10 @@
 //   CPU's synchronous copies.
 // - With ZT_TEST_DEVICE=cuda on a GPU: stages 0-3, optimizer offload on and off, fp32 and bf16,
 //   and offload with page-locked host copies and the delayed update at stages 1-3, one rank, on
-//   the device equal the CPU run within the GPU's tolerance (below); elsewhere that test skips
-//   and says why.
+//   the device equal the CPU run within the GPU's tolerance (below); so does activation
+//   checkpointing with the block inputs kept in page-locked host memory and copied into the
+//   contiguous arena (the copy to the host must have landed before the arena reads it).
+//   Elsewhere those tests skip and say why.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -196,6 +198,58 @@ TEST(DeviceParity, StagesAndOffloadOnTheTestDeviceEqualTheCpu) {
                               reference.final_parameters.norm().item<double>();
       EXPECT_LT(distance, 10 * tolerance) << describe(o);
     }
+  }
+}
+
+// cpu_checkpointing with contiguous_memory_optimization on the device: each checkpointed block's
+// input goes to page-locked host memory and is copied into the arena's slot by the CPU, then back
+// to the device for the recomputation. Were the arena to copy before the device-to-host copy had
+// landed, the recomputation would run on stale bytes and the gradients would differ from the CPU
+// run's (no dropout: the devices' generators differ).
+TEST(DeviceParity, CpuCheckpointingIntoTheArenaOnTheTestDeviceEqualsTheCpu) {
+  const zt::testing::TestDevice device = zt::testing::test_device();
+  if (!device.skip_reason.empty()) GTEST_SKIP() << device.skip_reason;
+  if (device.device.is_cpu())
+    GTEST_SKIP() << "ZT_TEST_DEVICE is cpu: the CPU run is the reference itself (set ZT_TEST_DEVICE=cuda on a GPU)";
+  auto gpt = zt::gpt_preset("tiny");
+  gpt.dropout = 0.0;
+  gpt.n_layer = 4;
+  zt::GPTImpl::Checkpointing settings;
+  settings.recompute = zt::Recompute::Full;
+  settings.contiguous_memory = true;
+  settings.keep_inputs_on_host = true;
+  struct Run {
+    std::vector<double> losses;
+    std::vector<torch::Tensor> grads;
+  };
+  auto run_on = [&](c10::Device d) {
+    torch::manual_seed(3);
+    zt::GPT model(gpt);
+    model->to(d);
+    model->set_checkpointing(settings);
+    model->train();
+    Run r;
+    for (int micro = 0; micro < 3; ++micro) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + micro);
+      auto tokens = torch::randint(0, gpt.vocab_size, {8, 65}, gen, torch::kLong).to(d);
+      auto loss = model->loss(tokens.narrow(1, 0, 64), tokens.narrow(1, 1, 64));
+      loss.backward();
+      r.losses.push_back(loss.item<double>());
+    }
+    for (auto& p : model->parameters()) r.grads.push_back(p.grad().to(torch::kCPU));
+    const auto stats = model->checkpoint_arena_stats();
+    EXPECT_TRUE(stats.has_value() && stats->stores > 0) << "the arena was not used on " << d.str();
+    return r;
+  };
+  const Run reference = run_on(c10::Device(c10::kCPU));
+  const Run run = run_on(device.device);
+  ASSERT_EQ(run.losses.size(), reference.losses.size());
+  for (size_t i = 0; i < run.losses.size(); ++i)
+    EXPECT_NEAR(run.losses[i], reference.losses[i], 1e-4 * std::abs(reference.losses[i])) << "micro-step " << i;
+  for (size_t i = 0; i < run.grads.size(); ++i) {
+    const double distance = (run.grads[i] - reference.grads[i]).norm().item<double>() /
+                            std::max(1e-12, reference.grads[i].norm().item<double>());
+    EXPECT_LT(distance, 1e-3) << "parameter " << i;
   }
 }
 
