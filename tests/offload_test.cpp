@@ -1076,3 +1076,27 @@ TEST(OffloadPreflight, ThePlannedBytesAreTheBytesTheTiersCreate) {
     ::unsetenv("ZT_HOST_STAGING");
   }
 }
+
+// An error only a rank can find (here its swap path's free space, checked as the engine is
+// built) ends the launch with the rank's own one line as the launcher's last line on stderr.
+TEST(OffloadPreflight, ARanksRefusalIsTheLaunchersLastLine) {
+  const std::string dir = zt::testing::make_temp_dir("offload-rank-refusal");
+  const std::string nvme = (swap_root() / "rank-refusal").string();
+  fs::create_directories(nvme);
+  std::ofstream(dir + "/config.json") << R"({"train_micro_batch_size_per_gpu": 1,
+    "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": ")" + nvme + R"("}},
+    "train": {"steps": 1, "threads": 1, "log_dir": ")" + dir + R"("}})";
+  const auto r = zt::testing::run_process(
+      {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1 >/dev/null", zt::testing::cli_path(), "train", dir + "/config.json",
+       "--nproc", "2"},
+      {{"ZT_SWAP_FREE_BYTES", "1"}}, std::chrono::seconds(60), dir);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::string last;
+  std::stringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) last = line;
+  EXPECT_TRUE(last.starts_with("zerotrain: error: zero_optimization.offload_optimizer.nvme_path: '" + nvme + "' has "))
+      << r.output;
+  EXPECT_NE(last.find("for the swap files (rank "), std::string::npos) << r.output;
+  fs::remove_all(nvme);
+}

@@ -642,7 +642,7 @@ TEST(TrainCheckpoint, ResumeIsExactWithDropoutAndAccumulation) {
   }
 }
 
-// Resuming with another optimizer type: refused (exit 2, one error line naming both) unless
+// Resuming with another optimizer type: refused (exit 2, one error naming both) unless
 // --reset-optimizer, which loads the weights and continues the step count; a changed
 // hyper-parameter is reported on one line naming the old and new values.
 TEST(TrainCheckpoint, AnotherOptimizerNeedsResetOptimizer) {
@@ -664,7 +664,11 @@ TEST(TrainCheckpoint, AnotherOptimizerNeedsResetOptimizer) {
   const std::string line = refused.output.substr(at, refused.output.find('\n', at) - at);
   EXPECT_NE(line.find("saved with optimizer AdamW, this run uses Lamb"), std::string::npos) << line;
   EXPECT_NE(line.find("--reset-optimizer"), std::string::npos) << line;
-  EXPECT_EQ(refused.output.find("zerotrain: error:", at + 1), std::string::npos) << "one error line: " << refused.output;
+  // One error: the rank's line, repeated by the launcher as its last line with the rank named.
+  const auto again = refused.output.find("zerotrain: error:", at + 1);
+  ASSERT_NE(again, std::string::npos) << refused.output;
+  EXPECT_EQ(refused.output.substr(again, refused.output.find('\n', again) - again), line + " (rank 0)");
+  EXPECT_EQ(refused.output.find("zerotrain: error:", again + 1), std::string::npos) << "one error: " << refused.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/after.json")) << "nothing may run";
 
   auto reset = run({"--set", "optimizer.type=Lamb", "--reset-optimizer"});

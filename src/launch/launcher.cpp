@@ -107,6 +107,16 @@ std::vector<std::string> tail_lines(const std::string& path, int count) {
   return {lines.begin(), lines.end()};
 }
 
+// The last line of a rank's log that a zerotrain program prints for an error it stops on
+// ("zerotrain: error: ..."), or "" when there is none (a crash, another program).
+std::string last_error_line(const std::string& path) {
+  static const std::string kError = "zerotrain: error: ";
+  const auto lines = tail_lines(path, 200);
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it)
+    if (it->rfind(kError, 0) == 0) return *it;
+  return "";
+}
+
 // ---------------------------------------------------------------------------------------------
 // Options and environment.
 
@@ -819,6 +829,17 @@ int launch_local(const LaunchOptions& options) {
         ranks[worst_rank].status_text);
   if (result != 0 && own_failures == 0 && stop_signal != 0)
     say("stopped by " + signal_name(stop_signal) + "; exit code " + std::to_string(result));
+  // The first failed rank's own one-line error (a zerotrain program's "zerotrain: error: ..."),
+  // repeated as the launcher's last line: what a user reads first, after the launcher's account
+  // of which rank ended how.
+  if (result != 0 && first_failure >= 0) {
+    const Rank& r = ranks[first_failure];
+    const std::string error = last_error_line(r.log_path);
+    if (!error.empty()) {
+      const std::string text = error + " (" + r.label + ")\n";
+      write_all(STDERR_FILENO, text.data(), text.size());
+    }
+  }
   return result;
 }
 
