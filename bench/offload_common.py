@@ -300,13 +300,13 @@ def overhead_table(records_path, *dd_paths):
               f"| {f'{statistics.median(opt):.3f}' if opt else '–'} | {len(ok)}/{len(rs)} "
               f"| {status_text(bad[0]) if bad else 'OK'} |")
     print()
-    # fp32: the optimizer partition's masters, m and v (12 B per parameter over all ranks) are read
-    # and written once per step.
-    read_b = write_b = 12 * p
+    # fp32: the working parameters are the masters and stay in memory; the moments m and v (8 B per
+    # parameter over all ranks) are read and written once per step.
+    read_b = write_b = 8 * p
     print(f"Bounds, measured in the same run: the disk's plain sequential O_DIRECT rate (dd, 1 MiB blocks) "
           + (f"read {read_bps / 1e9:.2f} GB/s, write {write_bps / 1e9:.2f} GB/s; " if read_bps else "not measured; ")
-          + f"the step's bytes: {read_b / 1e9:.2f} GB read + {write_b / 1e9:.2f} GB written (fp32 masters and moments, "
-          f"12 B/parameter each way, all ranks on one disk).")
+          + f"the step's bytes: {read_b / 1e9:.2f} GB read + {write_b / 1e9:.2f} GB written (the fp32 moments, "
+          f"8 B/parameter each way, all ranks on one disk).")
     print()
     print("| stage | compute-only step (s) | bytes at sequential rate (s) | max of the bounds (s) | nvme + delayed update (s) "
           "| ratio to max bound (target ≤ 1.15) |")
