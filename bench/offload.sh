@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # zerotrain's ZeRO-Offload / ZeRO-Infinity figures, each mode printing its command, the
 # CPU and a markdown table. Swap files go under a fresh directory in $NVME_DIR (default
-# /work/tmpio), removed at the end; the disk's plain sequential O_DIRECT rate is measured there
+# build/bench-swap in the checkout, on the disk that holds it; not /tmp, which may be memory),
+# removed at the end; the disk's plain sequential O_DIRECT rate is measured there
 # in the same invocation with dd (a $DD_GIB GiB file, default 2).
 #
 #   bench/offload.sh proof [preset=gpt-2.7b] [steps=5] [--set key=value ...]
@@ -27,7 +28,7 @@ mode=${1:-}
 [ -n "$mode" ] && shift
 command_line="bench/offload.sh $mode $*"
 zerotrain=${ZEROTRAIN:-build/bin/zerotrain}
-nvme_root=${NVME_DIR:-/work/tmpio}
+nvme_root=${NVME_DIR:-build/bench-swap}
 ram_bytes=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024))
 cap_gib=${CAP_GIB:-$(awk '/^MemTotal:/ {printf "%.1f", $2 * 0.9 / 1048576}' /proc/meminfo)}
 cap_bytes=$(python3 -c "print(int(float('$cap_gib') * 2**30))")
@@ -51,6 +52,7 @@ if [ ! -x "$zerotrain" ]; then
   exit 2
 fi
 mkdir -p "$nvme_root"
+nvme_root=$(cd "$nvme_root" && pwd)  # absolute: the ranks and DeepSpeed get it in their configurations
 out=$(mktemp -d -p "$nvme_root" offload-bench.XXXXXX)
 # KEEP_RUNS=1 keeps the run directories (logs, summaries, CSVs) and prints where they are.
 if [ "${KEEP_RUNS:-0}" = 1 ]; then

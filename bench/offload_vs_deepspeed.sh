@@ -8,7 +8,7 @@
 #
 # Usage: bench/offload_vs_deepspeed.sh [--presets "tiny small"] [--steps 3] [--stage 3]
 #          [--precision fp32|bf16] [--offload-optimizer nvme] [--offload-param nvme]
-#          [--micro-batch 1] [--seq 64] [--threads 1] [--cap-gib 0.9×RAM] [--nvme-dir /work/tmpio]
+#          [--micro-batch 1] [--seq 64] [--threads 1] [--cap-gib 0.9×RAM] [--nvme-dir build/bench-swap]
 #          [--systems "zerotrain deepspeed"] [--set key=value ...]
 #   --set applies to both systems' configurations (zerotrain reads DeepSpeed's keys), e.g.
 #   --set zero_optimization.sub_group_size=100000000
@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 presets="tiny small" steps=3 stage=3 precision=fp32 offload_optimizer=nvme offload_param=nvme
-micro=1 seq=64 threads=1 nvme_root=/work/tmpio systems="zerotrain deepspeed"
+micro=1 seq=64 threads=1 nvme_root=build/bench-swap systems="zerotrain deepspeed"
 cap_gib=$(awk '/^MemTotal:/ {printf "%.1f", $2 * 0.9 / 1048576}' /proc/meminfo)
 sets=()
 command_line="bench/offload_vs_deepspeed.sh $*"
@@ -39,6 +39,7 @@ done
 zerotrain=${ZEROTRAIN:-build/bin/zerotrain}
 cap_bytes=$(python3 -c "print(int(float('$cap_gib') * 2**30))")
 mkdir -p "$nvme_root"
+nvme_root=$(cd "$nvme_root" && pwd)  # absolute: the ranks and DeepSpeed get it in their configurations
 out=$(mktemp -d -p "$nvme_root" offload-vs-ds.XXXXXX)
 # KEEP_RUNS=1 keeps the run directories (each system's log) and prints where they are.
 if [ "${KEEP_RUNS:-0}" = 1 ]; then
