@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Activation checkpointing figures (issue 15): GPT-2 124M at context 1024 on 2 ranks × 1 thread,
+# Activation checkpointing figures: GPT-2 124M at context 1024 on 2 ranks × 1 thread,
 # stage 2, fp32, the head and loss in chunks of 1024 tokens, for activation_checkpointing.policy
 # none / selective / full. Prints its command, the CPU and markdown tables.
 #

@@ -1,4 +1,4 @@
-// CPU optimizer step at the memory-bandwidth bound (issue 3). In one process and one run:
+// CPU optimizer step at the memory-bandwidth bound. In one process and one run:
 // STREAM triad, an Adam-shaped read-4/write-3 loop (the bound), our fused AdamW, and
 // torch::optim::AdamW, each with 1 and 2 threads on fp32 partitions of N parameters.
 // Usage: optim_bench [N in millions, default 100] [repetitions, default 5]

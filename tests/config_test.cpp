@@ -529,7 +529,7 @@ TEST(Config, WorldSizeMustBePositive) {
   EXPECT_NE(error_of("{}", {}, 0).find("world size: expected a positive integer, found 0"), std::string::npos);
 }
 
-// --- Hostile input (issue 13): every input that is not a usable configuration is one ConfigError
+// --- Hostile input: every input that is not a usable configuration is one ConfigError
 // line; nothing crashes, hangs or is silently accepted.
 
 namespace cd = zt::config_detail;

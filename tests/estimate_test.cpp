@@ -529,7 +529,7 @@ TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
       counter.uninstall();
       const zt::ModelFigures f = zt::gpt_model_figures(gpt, gpt.context_length, 0);
       const zt::ActivationBytes a = zt::transformer_activation_bytes(f, batch, c.bf16 ? 2 : 4, recompute);
-      // Within 3% (the bound for recomputation is 5%).
+      // Within 3% (the bound for recomputation is 5%).
       EXPECT_NEAR(double(saved), double(a.saved), 0.03 * double(a.saved)) << "saved " << saved << " formula " << a.saved;
       // The peak of forward and backward: saved tensors and backward's working set.
       // The peak: not for bf16 with the loss in chunks, where a bf16 working set inside a layer's

@@ -523,7 +523,7 @@ TEST(LaunchCommand, FailingRankSetsTheExitCodeAndLeavesNothingBehind) {
   int pid = 0, count = 0;
   while (in >> pid) {
     ++count;
-    // Gone, or a zombie no one reaps (this sandbox's pid 1 does not): either way not running.
+    // Gone, or a zombie no one reaps (a container's pid 1 may not reap): either way not running.
     std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
     std::string line;
     if (std::getline(stat, line)) EXPECT_NE(line.find(") Z"), std::string::npos) << "rank pid " << pid << " still running";

@@ -1,4 +1,4 @@
-// Asynchronous file I/O for the NVMe tiers (ZeRO-Infinity, issue 14): swap files of optimizer
+// Asynchronous file I/O for the NVMe tiers (ZeRO-Infinity): swap files of optimizer
 // states and parameter shards, read and written in large aligned pieces while the caller computes.
 //
 // Contract

@@ -1,4 +1,4 @@
-// Where the NVMe tiers keep their swap files (ZeRO-Infinity, issue 14): one directory per rank
+// Where the NVMe tiers keep their swap files (ZeRO-Infinity): one directory per rank
 // and process under the user's nvme_path, removed when the run ends, and cleared by the next run
 // when a run was killed before it could remove its own.
 //
