@@ -97,6 +97,10 @@ struct Plan {
 // says so.
 Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config);
 
+// `config` with a candidate's stage (and its switches), overlap_comm, micro-batch and
+// accumulation; the offload targets and recomputation stay in candidate.options.
+TrainConfig candidate_config(const TrainConfig& config, const PlanCandidate& candidate);
+
 // "stage 3, optimizer offloaded to nvme, micro-batch 1 x 4 accumulation": a candidate in words.
 std::string describe_candidate(const PlanCandidate& candidate);
 

@@ -139,14 +139,8 @@ MemoryFit check_memory_fit(const ModelFigures& model, const ClusterSpec& cluster
   const Plan plan = plan_configurations(model, planned, lean);
   if (plan.fitting.empty()) return fit;
   const PlanCandidate& pick = plan.fitting.front();
-  TrainConfig chosen = config;
-  chosen.zero.stage = pick.stage;
-  chosen.zero.shard_optimizer_states = pick.stage >= 1;
-  chosen.zero.shard_gradients = pick.stage >= 2;
-  chosen.zero.shard_parameters = pick.stage >= 3;
-  chosen.zero.overlap_comm = pick.overlap_comm;
-  chosen.train_micro_batch_size_per_gpu = pick.micro_batch;
-  chosen.gradient_accumulation_steps = pick.accumulation;
+  // The offload targets go into the configuration too: they decide which sizes apply.
+  TrainConfig chosen = candidate_config(config, pick);
   chosen.zero.offload_optimizer.device = pick.options.offload_optimizer.value_or(OffloadDevice::None);
   chosen.zero.offload_param.device = pick.options.offload_param.value_or(OffloadDevice::None);
   EstimateOptions recompute;

@@ -40,6 +40,19 @@ std::string describe_candidate(const PlanCandidate& c) {
   return text;
 }
 
+TrainConfig candidate_config(const TrainConfig& config, const PlanCandidate& candidate) {
+  TrainConfig c = config;
+  c.zero.stage = candidate.stage;
+  c.zero.shard_optimizer_states = candidate.stage >= 1;
+  c.zero.shard_gradients = candidate.stage >= 2;
+  c.zero.shard_parameters = candidate.stage >= 3;
+  c.zero.hpz_partition_size = 1;  // the planner does not propose hpZ (docs/step_time.md)
+  c.zero.overlap_comm = candidate.overlap_comm;
+  c.train_micro_batch_size_per_gpu = candidate.micro_batch;
+  c.gradient_accumulation_steps = candidate.accumulation;
+  return c;
+}
+
 Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, const TrainConfig& config) {
   Plan plan;
   ClusterSpec cluster = given;
@@ -69,18 +82,9 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
             if (recompute != Recompute::None && !model.has_shape()) continue;
             // On CPU devices offloading to "cpu" changes nothing: skip the duplicate.
             if (cluster.device == DeviceKind::Cpu && (opt == OffloadTarget::Cpu || param == OffloadTarget::Cpu)) continue;
-            TrainConfig c = config;
-            c.zero.stage = stage;
-            c.zero.shard_optimizer_states = stage >= 1;
-            c.zero.shard_gradients = stage >= 2;
-            c.zero.shard_parameters = stage >= 3;
-            c.zero.hpz_partition_size = 1;  // the planner does not propose hpZ (docs/step_time.md)
             // overlap_comm is a choice too unless the configuration gave it: it can only hide
             // communication, at the memory of a second bucket buffer.
             if (overlap_given ? overlap != config.zero.overlap_comm : false) continue;
-            c.zero.overlap_comm = overlap;
-            c.train_micro_batch_size_per_gpu = micro;
-            c.gradient_accumulation_steps = per_rank / micro;
             PlanCandidate candidate;
             candidate.stage = stage;
             candidate.overlap_comm = overlap;
@@ -89,6 +93,7 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
             candidate.options.offload_optimizer = opt;
             candidate.options.offload_param = param;
             candidate.options.recompute = recompute;
+            const TrainConfig c = candidate_config(config, candidate);
             try {
               candidate.estimate = estimate_memory(model, cluster, c, candidate.options);
             } catch (const ConfigError&) {
