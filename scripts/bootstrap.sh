@@ -7,7 +7,8 @@
 #     toolkit does not provide: cudart and cupti (libtorch_cpu.so needs them even on a CPU-only
 #     machine) and cuSPARSELt, NVSHMEM, cuFile (libtorch_cuda.so, for the -DZT_CUDA=ON build).
 #     Pins are the ones torch's own metadata gives.
-#   - Python's safetensors package (pinned below) into $ZT_DEPS_DIR/python-tools, for the tests.
+#   - Python's safetensors package and pytest (pinned below) into $ZT_DEPS_DIR/python-tools, for
+#     the tests (pytest runs the Python package's tests, tests/python/).
 # Prints the torch CMake prefix path on its last line of stdout.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +29,11 @@ done
 # python3/pip may come from elsewhere (pyenv); only ask apt for them when absent.
 command -v python3 >/dev/null && missing=("${missing[@]/python3}")
 python3 -m pip --version >/dev/null 2>&1 && missing=("${missing[@]/python3-pip}")
+# The Python package's extension needs Python's headers (Debian's python3-dev for Debian's python3).
+if command -v python3 >/dev/null && ! python3 -c 'import os, sysconfig, sys
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+  missing+=(python3-dev)
+fi
 read -ra missing <<< "${missing[*]}"
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
@@ -56,5 +62,6 @@ install_wheels() {
 install_wheels "$torch_dir" "torch==$torch_version (LibTorch) and its runtime wheels" "${wheels[@]}"
 # Python's own safetensors reader, with which the tests check that our files open in other tools
 # (it imports torch from the wheel above through PYTHONPATH; see tests/CMakeLists.txt).
-install_wheels "$deps_dir/python-tools" "Python's safetensors reader (tests)" "safetensors==0.7.0" "packaging==24.2"
+install_wheels "$deps_dir/python-tools" "Python's safetensors reader and pytest (tests)" "safetensors==0.7.0" "packaging==24.2" \
+  "pytest==8.3.4" "iniconfig==2.0.0" "pluggy==1.5.0"
 echo "$torch_dir/torch/share/cmake"

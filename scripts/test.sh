@@ -51,6 +51,15 @@ fi
 
 stamp "tests"
 ctest --test-dir build --output-on-failure -j"$jobs" "$@"
+# The Python package (python/, built beside the library) with pytest: DeepSpeed's API over the
+# engine in one process; its two-rank runs against DeepSpeed are in the oracle below.
+stamp "Python package tests (pytest tests/python)"
+if ! ls build/python/zerotrain/_C*.so >/dev/null 2>&1; then
+  echo "the Python package's extension was not built (build/python/zerotrain/_C*.so): are Python's headers installed?" >&2
+  exit 1
+fi
+ZT_BIN=$PWD/build/bin/zerotrain PYTHONPATH="$PWD/build/python:$(dirname "$(dirname "$(dirname "$torch_prefix")")"):${ZT_DEPS_DIR:-$HOME/.cache/zerotrain}/python-tools" \
+  python3 -m pytest -q -p no:cacheprovider tests/python
 # A test that skips passes in ctest's count: list each with its reason (gtest's "Skipped" lines).
 skips=$(grep -h -A1 ": Skipped$" build/Testing/Temporary/LastTest.log 2>/dev/null | grep -v -e ": Skipped$" -e "^--$" | sort -u || true)
 if [ -n "$skips" ] || [ -n "$hf_note" ]; then

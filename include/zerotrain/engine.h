@@ -192,6 +192,15 @@ class Engine {
   // counters are untouched: meant before training starts. A collective between optimizer steps;
   // when reading fails on any rank it throws on every rank and the engine's state is unchanged.
   void load_weights(WeightReader& reader);
+  // One trainable parameter's fp32 master values, whole, by its name in the model (what DeepSpeed's
+  // safe_get_full_fp32_param returns): gathered from the ranks that keep them. set_master_parameter
+  // replaces them (and the working copy follows, as after an optimizer step); the optimizer moments
+  // are untouched. Both are collectives between optimizer steps, called by every rank with the
+  // same name (set: the same value); an unknown name or a value of another size throws
+  // zt::ConfigError. set reads and rewrites this rank's whole state once: meant for tests and
+  // set-up, not for every step.
+  at::Tensor master_parameter(const std::string& name);
+  void set_master_parameter(const std::string& name, const at::Tensor& value);
   Communicator& communicator() const;
   // The job's node groups, made at construction (zerotrain/comm.h make_node_groups): one node's
   // ranks, and one rank of each node. For the stages' collectives that follow the nodes.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <set>
@@ -954,6 +955,89 @@ struct Engine::Impl {
     commit_frozen(staged_frozen);
   }
 
+  // ---------------------------------------------------------------- one parameter's masters
+
+  const CheckpointParameter& trainable_named(const std::string& name, const char* what) const {
+    for (const CheckpointParameter& p : registered)
+      if (p.name == name) return p;
+    throw ConfigError(std::string(what) + ": expected the name of a trainable parameter of the model, found '" + name + "'");
+  }
+
+  static int64_t numel_of(const std::vector<int64_t>& shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+
+  // Every rank adds what it keeps of the masters into zeros; the owners' ranges do not overlap, so
+  // the sum is the whole tensor, bit for bit.
+  torch::Tensor master_parameter(const std::string& name) {
+    const CheckpointParameter& p = trainable_named(name, "master_parameter");
+    if (micro_step != 0)
+      throw Error("master_parameter: expected a call between optimizer steps, found micro-step " + std::to_string(micro_step));
+    apply_pending_update();
+    torch::Tensor full = torch::zeros({numel_of(p.shape)}, torch::kFloat32);
+    for (StateFragment& f : owned_state(/*saving=*/true, /*with_moments=*/false)) {
+      if (f.parameter != name) continue;
+      if (auto t = f.roles.find("master"); t != f.roles.end())
+        full.narrow(0, f.begin, f.numel).copy_(t->second.reshape({-1}));
+      else
+        f.sources.at("master")(0, f.numel, full.data_ptr<float>() + f.begin);
+    }
+    torch::Tensor on_device = full.to(devices.compute);
+    comm->all_reduce(on_device, ReduceOp::Sum, "engine.master_parameter").wait();
+    return on_device.to(torch::kCPU).view(p.shape);
+  }
+
+  // Serves load_weights: `name` from `value`, every other value as it is now, so that only one
+  // parameter changes.
+  struct OneParameterReader : WeightReader {
+    std::string name;
+    torch::Tensor value;  // fp32, contiguous, flat
+    std::vector<StateFragment> current;
+    std::map<std::string, torch::Tensor> frozen;
+    void read(const std::string& n, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
+              float* out) override {
+      if (n == name) {
+        std::memcpy(out, value.data_ptr<float>() + begin, size_t(count) * sizeof(float));
+        return;
+      }
+      if (auto it = frozen.find(n); it != frozen.end()) {
+        torch::Tensor v = it->second.detach().reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
+        std::memcpy(out, v.data_ptr<float>() + begin, size_t(count) * sizeof(float));
+        return;
+      }
+      for (StateFragment& f : current) {
+        if (f.parameter != n || begin < f.begin || begin + count > f.begin + f.numel) continue;
+        if (auto t = f.roles.find("master"); t != f.roles.end()) {
+          torch::Tensor v = t->second.reshape({-1}).narrow(0, begin - f.begin, count).to(torch::kCPU).contiguous();
+          std::memcpy(out, v.data_ptr<float>(), size_t(count) * sizeof(float));
+        } else {
+          f.sources.at("master")(begin - f.begin, count, out);
+        }
+        return;
+      }
+      throw Error("set_master_parameter: no state of '" + n + "' elements [" + std::to_string(begin) + ", " +
+                  std::to_string(begin + count) + ") on this rank");
+    }
+  };
+
+  void set_master_parameter(const std::string& name, const torch::Tensor& value) {
+    const CheckpointParameter& p = trainable_named(name, "set_master_parameter");
+    if (value.numel() != numel_of(p.shape))
+      throw ConfigError("set_master_parameter: the value for '" + name + "' has " + std::to_string(value.numel()) +
+                        " elements, expected " + std::to_string(numel_of(p.shape)));
+    if (micro_step != 0)
+      throw Error("set_master_parameter: expected a call between optimizer steps, found micro-step " + std::to_string(micro_step));
+    apply_pending_update();
+    OneParameterReader reader;
+    reader.name = name;
+    reader.value = value.detach().reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
+    reader.current = owned_state(/*saving=*/false, /*with_moments=*/false);
+    for (const auto& [n, v] : frozen_values()) reader.frozen[n] = v;
+    load_weights(reader);
+  }
+
   // Adam and AdamW keep the same state; the type names compare case-insensitively.
   static std::string optimizer_family(std::string type) {
     for (char& c : type) c = char(std::tolower(static_cast<unsigned char>(c)));
@@ -1127,6 +1211,10 @@ std::map<std::string, std::string> Engine::load_checkpoint(const std::string& di
   return impl_->load_checkpoint(dir, tag, options);
 }
 void Engine::load_weights(WeightReader& reader) { impl_->load_weights(reader); }
+at::Tensor Engine::master_parameter(const std::string& name) { return impl_->master_parameter(name); }
+void Engine::set_master_parameter(const std::string& name, const at::Tensor& value) {
+  impl_->set_master_parameter(name, value);
+}
 Communicator& Engine::communicator() const { return *impl_->comm; }
 const TrainConfig& Engine::config() const { return impl_->config; }
 ModelStateBytes Engine::model_state_bytes() const { return impl_->model_state_bytes(); }

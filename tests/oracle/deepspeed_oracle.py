@@ -329,6 +329,12 @@ def undo_construction_step(engine):
     return True
 
 
+# Which front end runs DeepSpeed's side: DeepSpeed itself, or zerotrain's Python package standing in
+# for it (zerotrain.install_as_deepspeed(): every `import deepspeed` below then gets zerotrain).
+FRONTS = {"deepspeed": ("deepspeed.json", "deepspeed_weights.pt"), "python": ("python.json", "python_weights.pt")}
+FRONT = "deepspeed"
+
+
 def run_case(case, init_path, rank, world):
     import deepspeed
 
@@ -382,20 +388,26 @@ def run_case(case, init_path, rank, world):
     seconds = time.time() - t0
     weights = fp32_masters(engine, model)
     if rank == 0:
-        torch.save(weights, os.path.join(case["dir"], "deepspeed_weights.pt"))
-        with open(os.path.join(case["dir"], "deepspeed.json"), "w") as f:
+        torch.save(weights, os.path.join(case["dir"], FRONTS[FRONT][1]))
+        with open(os.path.join(case["dir"], FRONTS[FRONT][0]), "w") as f:
             json.dump({"losses": losses, "grad_norms": norms, "seconds": seconds, "optimizer": type(engine.optimizer).__name__,
                        "basic_optimizer": type(engine.basic_optimizer).__name__, "note": note,
                        "masters_set_by": masters_from, "construction_step_undone": undone}, f, indent=2)
-        print(f"deepspeed {case['name']}: {type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, "
+        print(f"{FRONT} {case['name']}: {type(engine.optimizer).__name__} over {type(engine.basic_optimizer).__name__}, "
               f"{seconds:.1f} s, losses {' '.join(f'{l:.6f}' for l in losses)}", flush=True)
     engine.destroy() if hasattr(engine, "destroy") else None
     del engine, model, optimizer
 
 
 def cmd_deepspeed(a):
+    global FRONT
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
+    FRONT = a.front
+    if FRONT == "python":
+        import zerotrain
+
+        zerotrain.install_as_deepspeed()
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -454,10 +466,10 @@ def weight_metrics(zw, dw):
     return worst, where, math.sqrt(num / den), kb
 
 
-def load_ds(d):
-    with open(os.path.join(d, "deepspeed.json")) as f:
+def load_ds(d, front="deepspeed"):
+    with open(os.path.join(d, FRONTS[front][0])) as f:
         ds = json.load(f)
-    return ds, torch.load(os.path.join(d, "deepspeed_weights.pt"))
+    return ds, torch.load(os.path.join(d, FRONTS[front][1]))
 
 
 def cmd_compare(a):
@@ -472,9 +484,12 @@ def cmd_compare(a):
         d = case["dir"]
         ref = by_name.get(case.get("reference", case["name"]), case)
         try:
-            with open(os.path.join(d, "summary.json")) as f:
-                zt = json.load(f)
-            zw = read_safetensors(os.path.join(d, "final.safetensors"))
+            if a.front == "python":  # zerotrain's side: the Python front end over the same script
+                zt, zw = load_ds(d, "python")
+            else:
+                with open(os.path.join(d, "summary.json")) as f:
+                    zt = json.load(f)
+                zw = read_safetensors(os.path.join(d, "final.safetensors"))
             ds, dw = load_ds(ref["dir"])
         except (OSError, ValueError, RuntimeError) as e:
             print(f"{case['name']:<14} missing output: {e}")
@@ -485,7 +500,12 @@ def cmd_compare(a):
         weight_diff, worst, l2, kb = weight_metrics(zw, dw)
         clipped = "?"
         csv_path = os.path.join(d, "zerotrain", "zerotrain.csv")
-        if os.path.exists(csv_path):
+        if a.front == "python":
+            with open(case["config"]) as f:
+                clip = json.load(f)["gradient_clipping"]
+            norms = [n for n in zt["grad_norms"] if n is not None]
+            clipped = f"{sum(n > clip for n in norms)}/{len(norms)}"
+        elif os.path.exists(csv_path):
             with open(csv_path) as f:
                 norms = [float(line.split(",")[3]) for line in f.read().splitlines()[1:]]
             with open(case["config"]) as f:
@@ -501,6 +521,10 @@ def cmd_compare(a):
                "deepspeed_basic_optimizer": ds.get("basic_optimizer"), "deepspeed_note": ds.get("note", ""), "loss_rel_diff": loss_diff,
                "weight_diff": weight_diff, "worst_tensor": worst, "weight_l2_diff": l2, "key_bias_abs_diff": kb,
                "clipped": clipped, "loss_tolerance": lt, "weight_tolerance": wt, "l2_tolerance": l2t, "pass": ok, "zerotrain_losses": zl, "deepspeed_losses": dl}
+        if a.front == "python" and os.path.exists(os.path.join(d, "summary.json")):
+            with open(os.path.join(d, "summary.json")) as f:  # the same training by the command line
+                cli = json.load(f)["losses"]
+            row["cli_loss_rel_diff"] = max(abs(x - y) / abs(y) for x, y in zip(zl, cli))
         if ref is not case and os.path.exists(os.path.join(d, "deepspeed.json")):
             # DeepSpeed at the same stage, for the record (its LAMB sees flat partitions there).
             same, same_w = load_ds(d)
@@ -517,9 +541,15 @@ def cmd_compare(a):
     notes = sorted({r["deepspeed_note"] for r in rows if r["case"].endswith("lamb")})
     for n in notes:
         print(f"  note: DeepSpeed's LAMB: {n}")
-    with open(os.path.join(a.dir, "results.json"), "w") as f:
+    if a.front == "python":
+        worst = max((r["cli_loss_rel_diff"] for r in rows if "cli_loss_rel_diff" in r), default=None)
+        if worst is not None:
+            print(f"  note: zerotrain from Python against the zerotrain command line on the same cases (the "
+                  f"oracle's Python GPT against the C++ GPT): losses differ by at most {worst:.2e} (relative)")
+    with open(os.path.join(a.dir, "results.json" if a.front == "cli" else "results_python.json"), "w") as f:
         json.dump(rows, f, indent=2)
-    print(f"DeepSpeed oracle: {len(cases) - failed} of {len(cases)} cases within tolerance")
+    side = "zerotrain" if a.front == "cli" else "zerotrain from Python (import zerotrain as deepspeed)"
+    print(f"DeepSpeed oracle, {side}: {len(cases) - failed} of {len(cases)} cases within tolerance")
     return 1 if failed else 0
 
 
@@ -531,6 +561,12 @@ def main():
         s.add_argument("--dir", required=True)
         if name != "prepare":
             s.add_argument("--only", default="", help="comma-separated case names")
+        if name == "deepspeed":
+            s.add_argument("--front", choices=("deepspeed", "python"), default="deepspeed",
+                           help="python: zerotrain's Python package stands in for DeepSpeed")
+        if name == "compare":
+            s.add_argument("--front", choices=("cli", "python"), default="cli",
+                           help="which zerotrain side to compare with DeepSpeed: the command line or the Python package")
     a = p.parse_args()
     return {"prepare": cmd_prepare, "deepspeed": cmd_deepspeed, "compare": cmd_compare}[a.cmd](a) or 0
 

@@ -9,12 +9,15 @@
 # DeepSpeed cannot be installed it prints one line saying the tier did not run and why, and exits 0
 # (the caller decides what that means).
 #   ZT_BIN       the zerotrain CLI (default build/bin/zerotrain; it must be built)
+#   ZT_PYTHON_DIR the built Python package (default build/python): DeepSpeed's side of the oracle
+#                runs a second time with it standing in for DeepSpeed, compared the same way
 #   ZT_ORACLE_DIR where the runs go (default build/oracle; emptied first)
 #   ZT_ORACLE_CASES  comma-separated case names to run (default: all 16)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 root=$(pwd)
 zt=${ZT_BIN:-$root/build/bin/zerotrain}
+py_dir=${ZT_PYTHON_DIR:-$root/build/python}  # the built Python package (zerotrain/ and its extension)
 out=${ZT_ORACLE_DIR:-$root/build/oracle}
 only=${ZT_ORACLE_CASES:-}
 oracle=tests/oracle/deepspeed_oracle.py
@@ -71,5 +74,20 @@ echo "DeepSpeed oracle: DeepSpeed ran $(wc -w <<<"$cases") cases in $((SECONDS -
 
 python3 "$oracle" compare --dir "$out" --only "$(tr ' ' ',' <<<"$cases")"
 rc=$?
+
+# DeepSpeed's side of the oracle again, unchanged, with zerotrain's Python package standing in for
+# DeepSpeed (zerotrain.install_as_deepspeed()): the same script on zerotrain's engine, compared
+# with DeepSpeed's results above.
+t0=$SECONDS
+if [ ! -f "$py_dir/zerotrain/__init__.py" ]; then
+  echo "DeepSpeed oracle: FAILED: the Python package is not built ($py_dir/zerotrain)"
+  exit 1
+fi
+port=$((29500 + RANDOM % 2000))
+PYTHONPATH="$py_dir:$PYTHONPATH" python3 -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 \
+  --master_port "$port" "$oracle" deepspeed --front python --dir "$out" --only "$(tr ' ' ',' <<<"$cases")" \
+  >"$out/python.log" 2>&1 || echo "DeepSpeed oracle: the runs of zerotrain from Python failed (see $out/python.log)"
+echo "DeepSpeed oracle: zerotrain from Python ran $(wc -w <<<"$cases") cases in $((SECONDS - t0)) s"
+python3 "$oracle" compare --front python --dir "$out" --only "$(tr ' ' ',' <<<"$cases")" || rc=1
 echo "DeepSpeed oracle: $((SECONDS - t_start)) s in all; details in $out"
 exit $rc

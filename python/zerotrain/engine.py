@@ -1,0 +1,361 @@
+"""The engine a script drives: DeepSpeed's DeepSpeedEngine interface over zerotrain's C++ engine.
+
+The module's parameters and buffers are handed to the C++ engine as they are (the same tensors);
+it moves their storage into its flat arenas in place, so `engine.module` stays an ordinary module.
+forward runs in Python; backward, the gradient reduction, the optimizer step and checkpoints run in
+C++ (docs/python.md).
+"""
+import json
+import os
+import sys
+
+import torch
+
+from . import _C, _registry, comm
+from .ops._client import EngineOptimizer
+
+# torch.optim classes the engine has a kernel for: the configuration's optimizer type and params.
+def _torch_optimizer_config(opt):
+    g = opt.param_groups[0]
+    if type(opt) is torch.optim.AdamW:
+        if g.get("amsgrad"):
+            raise ValueError("zerotrain.initialize: torch.optim.AdamW(amsgrad=True): the AMSGrad variant is not implemented")
+        return "AdamW", {"lr": float(g["lr"]), "betas": list(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"]}
+    if type(opt) is torch.optim.Adam:
+        if g.get("amsgrad"):
+            raise ValueError("zerotrain.initialize: torch.optim.Adam(amsgrad=True): the AMSGrad variant is not implemented")
+        return "Adam", {"lr": float(g["lr"]), "betas": list(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"],
+                        "adam_w_mode": False}
+    if type(opt) is torch.optim.SGD:
+        return "SGD", {"lr": float(g["lr"]), "momentum": g["momentum"], "dampening": g["dampening"],
+                       "nesterov": g["nesterov"], "weight_decay": g["weight_decay"]}
+    return None
+
+
+_SUPPORTED = ("zerotrain.ops.adam.FusedAdam, zerotrain.ops.adam.DeepSpeedCPUAdam, zerotrain.ops.lamb.FusedLamb, "
+              "torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD")
+
+_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff",
+                    "momentum", "dampening", "nesterov")
+
+
+def _optimizer_from_client(optimizer):
+    """The configuration's "optimizer" block for a client optimizer; TypeError for one the engine lacks."""
+    if isinstance(optimizer, EngineOptimizer):
+        opt_type, params = optimizer.engine_type, optimizer.engine_params()
+    elif isinstance(optimizer, torch.optim.Optimizer):
+        mapped = _torch_optimizer_config(optimizer)
+        if mapped is None:
+            raise TypeError(f"zerotrain.initialize: optimizer {type(optimizer).__module__}.{type(optimizer).__name__} is not "
+                            f"implemented by the engine; it runs {_SUPPORTED}, or the configuration's \"optimizer\" block")
+        opt_type, params = mapped
+    elif callable(optimizer):
+        raise TypeError("zerotrain.initialize: an optimizer factory (callable) is not supported: pass an optimizer object "
+                        f"({_SUPPORTED}) or use the configuration's \"optimizer\" block")
+    else:
+        raise TypeError(f"zerotrain.initialize: expected a torch.optim.Optimizer for optimizer=, found {type(optimizer).__name__}")
+    groups = optimizer.param_groups
+    for i, g in enumerate(groups[1:], start=1):
+        for key in _HYPERPARAMETERS:
+            if key in g and key in groups[0] and g[key] != groups[0][key]:
+                raise ValueError(f"zerotrain.initialize: optimizer parameter group {i} has {key}={g[key]!r} where group 0 "
+                                 f"has {groups[0][key]!r}: per-group hyperparameters are not implemented yet; "
+                                 "every group must share them")
+    return {"type": opt_type, "params": params}
+
+
+def _parameter_groups(model, model_parameters, optimizer):
+    """The trainable parameters the script hands over, checked against the model."""
+    named = list(model.named_parameters())
+    by_id = {id(p): n for n, p in named}
+    given = []
+    if optimizer is not None:
+        for g in optimizer.param_groups:
+            given.extend(g["params"])
+    elif model_parameters is not None:
+        for item in model_parameters:
+            if isinstance(item, dict):
+                extra = sorted(k for k in item if k != "params" and k in _HYPERPARAMETERS)
+                if extra:
+                    raise ValueError(f"zerotrain.initialize: a model_parameters group sets {', '.join(extra)}: per-group "
+                                     "hyperparameters are not implemented yet; give them in the configuration's "
+                                     "\"optimizer\" block for all parameters")
+                given.extend(item["params"] if not torch.is_tensor(item["params"]) else [item["params"]])
+            else:
+                given.append(item)
+    else:
+        given = [p for _, p in named if p.requires_grad]
+    for p in given:
+        if not torch.is_tensor(p):
+            raise TypeError(f"zerotrain.initialize: model_parameters: expected tensors or groups of them, found {type(p).__name__}")
+        if id(p) not in by_id:
+            raise ValueError(f"zerotrain.initialize: model_parameters holds a tensor of shape {tuple(p.shape)} that is not a "
+                             "parameter of the model")
+    chosen = {id(p) for p in given}
+    left_out = [n for n, p in named if p.requires_grad and id(p) not in chosen]
+    if left_out:
+        raise ValueError(f"zerotrain.initialize: {len(left_out)} parameter(s) of the model require a gradient but are not in "
+                         f"model_parameters (the first: {left_out[0]!r}); set requires_grad=False on the ones to freeze")
+    return named
+
+
+_NOTED = set()
+
+
+def _note_once(key, text):
+    if key in _NOTED or comm.get_rank() != 0:
+        return
+    _NOTED.add(key)
+    print(f"zerotrain: note: {text}", file=sys.stderr, flush=True)
+
+
+def _load_config(config, args):
+    if config is None and args is not None:
+        config = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    if config is None:
+        raise ValueError("zerotrain.initialize: expected a configuration: config= (a path or a dict) or "
+                         "args.deepspeed_config")
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise ValueError(f"zerotrain.initialize: cannot read the configuration {path}: {e.strerror}") from None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"zerotrain.initialize: the configuration {path} is not JSON: {e}") from None
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config))  # a copy, and non-JSON values refused here
+    raise TypeError(f"zerotrain.initialize: expected config to be a path or a dict, found {type(config).__name__}")
+
+
+class EngineOptimizerView:
+    """What initialize returns as the optimizer: the engine runs the step, so this only reports."""
+
+    def __init__(self, engine, basic):
+        self._engine = engine
+        self.basic = basic
+
+    @property
+    def param_groups(self):
+        return [{"params": [p for _, p in self._engine._named_parameters if p.requires_grad],
+                 "lr": self._engine.get_lr()[0]}]
+
+    @property
+    def loss_scale(self):
+        return self._engine._engine.loss_scale
+
+    def step(self, closure=None):
+        raise RuntimeError("the optimizer runs inside zerotrain's engine: call engine.step()")
+
+    def zero_grad(self, set_to_none=True):
+        self._engine.zero_grad()
+
+
+class EngineLRScheduler:
+    """The configuration's "scheduler", which the engine applies at each step; reports only."""
+
+    def __init__(self, engine, kind):
+        self._engine = engine
+        self.kind = kind
+
+    def get_lr(self):
+        return self._engine.get_lr()
+
+    def get_last_lr(self):
+        return self._engine.get_lr()
+
+    def step(self, *args, **kwargs):
+        raise RuntimeError("the learning-rate schedule runs inside zerotrain's engine (it steps with engine.step())")
+
+
+class ZeroEngine:
+    """DeepSpeed's engine interface: engine(*inputs), backward(loss), step(). Not thread-safe; every
+    rank calls backward/step/save/load the same number of times in the same order (collectives)."""
+
+    def __init__(self, model, config, optimizer=None, model_parameters=None, lr_scheduler=None):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"zerotrain.initialize: expected model to be a torch.nn.Module, found {type(model).__name__}")
+        if lr_scheduler is not None:
+            raise TypeError("zerotrain.initialize: a client lr_scheduler is not supported: the engine applies the "
+                            "configuration's \"scheduler\" block (DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR, "
+                            "OneCycle, LRRangeTest)")
+        for p in model.parameters():
+            if p.device.type != "cpu":
+                raise ValueError(f"zerotrain.initialize: the model has a parameter on {p.device}; the Python front end "
+                                 "trains on the CPU for now")
+        config = dict(config)
+        basic = None
+        if optimizer is not None:
+            if "optimizer" in config:
+                _note_once("client-optimizer", "the client optimizer replaces the configuration's \"optimizer\" block, "
+                                               "as in DeepSpeed")
+            config["optimizer"] = _optimizer_from_client(optimizer)
+            basic = optimizer
+        own = [k for k in ("model", "data", "train") if k in config]
+        if own:
+            _note_once("own-blocks", f"the configuration's {', '.join(own)} block(s) are read by the zerotrain command "
+                                     "line only; from Python the script's own model and loop are used")
+        self._named_parameters = _parameter_groups(model, model_parameters, optimizer)
+        self.module = model
+        self.basic_optimizer = basic
+        self._communicator = comm.communicator()
+        buffers = list(model.named_buffers())
+        self._shell = _C.make_module_shell(self._named_parameters, buffers)
+        self._engine = _C.Engine(self._shell, json.dumps(config), [], self._communicator)
+        resolved = self._engine.config_json
+        stage = int(resolved.get("zero_optimization.stage", "0"))
+        if stage == 3:
+            _note_once("stage3-units", "stage 3 from Python partitions gradients and optimizer states; no unit of the "
+                                       "module qualifies for parameter sharding yet, so every rank keeps the "
+                                       "parameters whole (as at stage 2)")
+        self.optimizer = EngineOptimizerView(self, basic)
+        self.lr_scheduler = EngineLRScheduler(self, resolved.get("scheduler.type", "")) \
+            if resolved.get("scheduler.type", "").strip('"') else None
+        self._last = None
+        self._backward_since_step = False
+        self._micro_step = 0  # backward() calls into the current accumulation window
+        _registry.register(self, self._named_parameters)
+
+    # ------------------------------------------------------------------ the loop
+    def __call__(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+    forward = __call__
+
+    def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
+        if not scale_wrt_gas:
+            raise ValueError("engine.backward(scale_wrt_gas=False): the engine always divides the loss by "
+                             "gradient_accumulation_steps")
+        if retain_graph:
+            raise ValueError("engine.backward(retain_graph=True) is not supported")
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            raise ValueError("engine.backward: expected a scalar loss tensor")
+        self._live()._engine.backward(loss)
+        self._backward_since_step = True
+        self._micro_step = (self._micro_step + 1) % self._engine.gradient_accumulation_steps
+        return loss
+
+    def step(self, lr_kwargs=None):
+        if lr_kwargs:
+            raise ValueError("engine.step(lr_kwargs=...) is not supported: the schedule comes from the configuration")
+        if not self._backward_since_step:
+            raise _C.EngineError("engine.step() called without a backward() since the last step")
+        self._last = self._live()._engine.step()
+        self._backward_since_step = False
+        return None
+
+    def zero_grad(self):
+        """Gradients are zeroed by every optimizer step; between steps there is nothing to zero."""
+        if self._backward_since_step or self._micro_step != 0:
+            raise _C.EngineError("engine.zero_grad() inside an accumulation window would drop its gradients; the engine "
+                                 "zeroes them itself after each optimizer step")
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        self.module.eval()
+        return self
+
+    # ------------------------------------------------------------------ what the loop asks
+    @property
+    def global_steps(self):
+        return self._live()._engine.global_step
+
+    @property
+    def skipped_steps(self):
+        return self._live()._engine.skipped_steps
+
+    def get_lr(self):
+        return [self._live()._engine.learning_rate]
+
+    def get_global_grad_norm(self):
+        return self._last.grad_norm if self._last is not None and self._last.stepped else None
+
+    def is_gradient_accumulation_boundary(self):
+        return self._live()._engine.next_backward_is_boundary
+
+    def gradient_accumulation_steps(self):
+        return self._live()._engine.gradient_accumulation_steps
+
+    def train_micro_batch_size_per_gpu(self):
+        return self._live()._engine.train_micro_batch_size_per_gpu
+
+    def train_batch_size(self):
+        return self._live()._engine.train_batch_size
+
+    @property
+    def loss_scale(self):
+        return self._live()._engine.loss_scale
+
+    @property
+    def global_rank(self):
+        return self._communicator.rank
+
+    @property
+    def world_size(self):
+        return self._communicator.world_size
+
+    def zero_optimization_stage(self):
+        return int(self._live()._engine.config_json.get("zero_optimization.stage", "0"))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, exclude_frozen_parameters=False):
+        """Writes save_dir/tag (default global_step<N>) in the command line's format and points
+        save_dir/latest at it. client_state: a dict of JSON values, returned by load_checkpoint."""
+        if not save_latest:
+            raise ValueError("engine.save_checkpoint(save_latest=False) is not supported: a checkpoint is published by "
+                             "pointing save_dir/latest at it")
+        if exclude_frozen_parameters:
+            raise ValueError("engine.save_checkpoint(exclude_frozen_parameters=True) is not supported: checkpoints keep "
+                             "frozen parameters so that a resume is exact")
+        tag = f"global_step{self.global_steps}" if tag is None else str(tag)
+        state = {}
+        for key, value in (client_state or {}).items():
+            try:
+                state[str(key)] = json.dumps(value)
+            except TypeError:
+                raise TypeError(f"engine.save_checkpoint: client_state[{key!r}] is a {type(value).__name__}; expected "
+                                "JSON values (numbers, strings, lists, dicts)") from None
+        self._live()._engine.save_checkpoint(os.fspath(save_dir), tag, state)
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                        load_lr_scheduler_states=True, load_module_only=False):
+        """Reads load_dir/tag (default: load_dir/latest), saved at any world size and stage; returns
+        (path, client_state), or (None, None) when load_dir holds no checkpoint (as DeepSpeed)."""
+        if not load_lr_scheduler_states:
+            raise ValueError("engine.load_checkpoint(load_lr_scheduler_states=False) is not supported: the schedule is a "
+                             "function of the restored step count")
+        if not load_module_strict:
+            raise ValueError("engine.load_checkpoint(load_module_strict=False) is not supported: every parameter must "
+                             "be in the checkpoint")
+        load_dir = os.fspath(load_dir)
+        if tag is None and not os.path.exists(os.path.join(load_dir, "latest")):
+            _note_once("no-latest", f"no checkpoint found in {load_dir} (no 'latest'); nothing loaded")
+            return None, None
+        reset = load_module_only or not load_optimizer_states
+        state = self._live()._engine.load_checkpoint(load_dir, "" if tag is None else str(tag), reset)
+        if tag is None:
+            with open(os.path.join(load_dir, "latest")) as f:
+                tag = f.read().strip()
+        return os.path.join(load_dir, str(tag)), {k: json.loads(v) for k, v in state.items()}
+
+    # ------------------------------------------------------------------ lifetime
+    def destroy(self):
+        """Releases the engine's state; the module keeps its current values."""
+        if self._engine is not None:
+            self._engine.apply_pending_update()
+            self._engine = None
+
+    def _live(self):
+        if self._engine is None:
+            raise _C.EngineError("this engine was destroyed")
+        return self
+
+
+DeepSpeedEngine = ZeroEngine

@@ -1,0 +1,254 @@
+// zerotrain._C: the C++ engine for Python (python/zerotrain). Python hands over a module's
+// tensors and calls the engine; everything the engine does stays in C++.
+//
+// - A Python torch.nn.Module becomes a LibTorch module "shell" whose parameters and buffers are
+//   the very tensors of the Python module (the same TensorImpl, registered under the same dotted
+//   names, one child module per name component). The engine's set_data moves them into its flat
+//   arenas in place, so the Python module keeps working as a module on the engine's storage.
+// - Calls that run autograd or collectives release the GIL: backward may reach Python autograd
+//   functions (checkpointed Python code, hooks) on the engine's threads, and they take the GIL.
+// - zt::ConfigError and zt::DataError surface as zerotrain.ConfigError / zerotrain.DataError
+//   (both ValueError), zt::CommError as zerotrain.CommError and other zt::Error as
+//   zerotrain.EngineError (both RuntimeError).
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+#include <torch/extension.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zerotrain/blocks.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+#include "zerotrain/error.h"
+#include "zerotrain/layout.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+std::vector<std::string> split_name(const std::string& name) {
+  std::vector<std::string> parts;
+  size_t begin = 0;
+  while (true) {
+    const size_t dot = name.find('.', begin);
+    parts.push_back(name.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin));
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
+  }
+  for (const std::string& part : parts)
+    if (part.empty()) throw zt::ConfigError("module shell: expected a dotted name without empty parts, found '" + name + "'");
+  return parts;
+}
+
+// The child of `parent` named `part`, created when missing.
+torch::nn::Module& child(torch::nn::Module& parent, const std::string& part) {
+  for (const auto& item : parent.named_children())
+    if (item.key() == part) return *item.value();
+  return *parent.register_module(part, std::make_shared<torch::nn::Module>());
+}
+
+// Parameters in the Python module's order (named_parameters, duplicates removed: a tied weight is
+// one parameter), then buffers. The registration order is the Python order, which the engine's
+// layout (reverse registration order) and the checkpoints' names follow.
+std::shared_ptr<torch::nn::Module> make_module_shell(const NamedTensors& parameters, const NamedTensors& buffers) {
+  auto root = std::make_shared<torch::nn::Module>();
+  auto place = [&](const std::string& name) -> std::pair<torch::nn::Module*, std::string> {
+    std::vector<std::string> parts = split_name(name);
+    torch::nn::Module* m = root.get();
+    for (size_t i = 0; i + 1 < parts.size(); ++i) m = &child(*m, parts[i]);
+    return {m, parts.back()};
+  };
+  for (const auto& [name, tensor] : parameters) {
+    auto [m, leaf] = place(name);
+    m->register_parameter(leaf, tensor, tensor.requires_grad());
+  }
+  for (const auto& [name, tensor] : buffers) {
+    auto [m, leaf] = place(name);
+    m->register_buffer(leaf, tensor);
+  }
+  return root;
+}
+
+// A Python callable held by C++ code that may drop it on a thread without the GIL.
+std::shared_ptr<py::function> hold(py::function fn) {
+  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+}
+
+at::Tensor checkpoint_python(py::function fn, const std::vector<at::Tensor>& inputs,
+                             const std::vector<at::Tensor>& parameters) {
+  std::shared_ptr<py::function> held = hold(std::move(fn));
+  zt::CheckpointFunction run = [held](const std::vector<at::Tensor>& in) -> at::Tensor {
+    py::gil_scoped_acquire gil;
+    py::tuple args(in.size());
+    for (size_t i = 0; i < in.size(); ++i) args[i] = py::cast(in[i]);
+    py::object out = (*held)(*args);
+    if (!THPVariable_Check(out.ptr()))
+      throw zt::ConfigError(std::string("zerotrain.checkpointing.checkpoint: expected the function to return one tensor, found ") +
+                            std::string(py::str(py::type::of(out).attr("__name__"))));
+    return THPVariable_Unpack(out.ptr());
+  };
+  py::gil_scoped_release release;
+  return zt::checkpoint(std::move(run), inputs, {}, parameters);
+}
+
+struct PyStepResult {
+  bool boundary, stepped, skipped, delayed;
+  double grad_norm, lr, loss_scale;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "zerotrain's C++ engine (ZeRO stages 0-3, offload) for Python; use the zerotrain package";
+
+  static py::exception<zt::Error> engine_error(m, "EngineError", PyExc_RuntimeError);
+  static py::exception<zt::CommError> comm_error(m, "CommError", engine_error.ptr());
+  static py::exception<zt::ConfigError> config_error(m, "ConfigError", PyExc_ValueError);
+  static py::exception<zt::DataError> data_error(m, "DataError", PyExc_ValueError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const zt::ConfigError& e) {
+      py::set_error(config_error, e.what());
+    } catch (const zt::DataError& e) {
+      py::set_error(data_error, e.what());
+    } catch (const zt::CommError& e) {
+      py::set_error(comm_error, e.what());
+    } catch (const zt::Error& e) {
+      py::set_error(engine_error, e.what());
+    }
+  });
+
+  py::class_<zt::Communicator, std::shared_ptr<zt::Communicator>>(m, "Communicator")
+      .def_property_readonly("rank", &zt::Communicator::rank)
+      .def_property_readonly("world_size", &zt::Communicator::world_size)
+      .def("barrier", [](zt::Communicator& c, const std::string& label) {
+        py::gil_scoped_release release;
+        c.barrier(label);
+      }, py::arg("label") = "python.barrier")
+      .def("all_reduce", [](zt::Communicator& c, at::Tensor t, const std::string& op, const std::string& label) {
+        zt::ReduceOp reduce;
+        if (op == "sum") reduce = zt::ReduceOp::Sum;
+        else if (op == "max") reduce = zt::ReduceOp::Max;
+        else if (op == "avg") reduce = zt::ReduceOp::Avg;
+        else throw zt::ConfigError("all_reduce: expected op sum, avg or max, found '" + op + "'");
+        if (!t.is_contiguous()) throw zt::ConfigError("all_reduce: expected a contiguous tensor");
+        py::gil_scoped_release release;
+        c.all_reduce(t, reduce, label).wait();
+      }, py::arg("tensor"), py::arg("op") = "sum", py::arg("label") = "python.all_reduce");
+
+  // clients_only: every rank joins an existing store at MASTER_ADDR:MASTER_PORT as a client (the
+  // one torch.distributed's env:// initialisation or torchrun's agent already serves).
+  m.def("make_communicator", [](bool clients_only, std::optional<double> timeout_seconds) {
+    zt::RendezvousInfo info = zt::rendezvous_from_environment();
+    if (clients_only) info.agent_store = true;
+    zt::CommOptions options = zt::comm_options_from_environment(timeout_seconds);
+    py::gil_scoped_release release;
+    return zt::make_communicator(info, options);
+  }, py::arg("clients_only") = false, py::arg("timeout_seconds") = std::nullopt);
+
+  m.def("rendezvous_from_environment", [] {
+    zt::RendezvousInfo info = zt::rendezvous_from_environment();
+    return py::dict(py::arg("rank") = info.rank, py::arg("world_size") = info.world_size,
+                    py::arg("local_rank") = info.local_rank, py::arg("local_world_size") = info.local_world_size,
+                    py::arg("master_addr") = info.master_addr, py::arg("master_port") = info.master_port,
+                    py::arg("source") = info.source, py::arg("agent_store") = info.agent_store);
+  });
+
+  // The configuration as the command line reads it (the same checks), for `world_size` ranks.
+  m.def("check_config", [](const std::string& json_text, const std::vector<std::string>& overrides, int world_size) {
+    zt::TrainConfig config = zt::parse_config(json_text, overrides, world_size);
+    return py::dict(py::arg("train_batch_size") = config.train_batch_size,
+                    py::arg("train_micro_batch_size_per_gpu") = config.train_micro_batch_size_per_gpu,
+                    py::arg("gradient_accumulation_steps") = config.gradient_accumulation_steps,
+                    py::arg("warnings") = config.warnings, py::arg("resolved") = config.resolved);
+  });
+
+  m.def("make_module_shell", &make_module_shell, py::arg("parameters"), py::arg("buffers"));
+
+  py::class_<PyStepResult>(m, "StepResult")
+      .def_readonly("boundary", &PyStepResult::boundary)
+      .def_readonly("stepped", &PyStepResult::stepped)
+      .def_readonly("skipped", &PyStepResult::skipped)
+      .def_readonly("delayed", &PyStepResult::delayed)
+      .def_readonly("grad_norm", &PyStepResult::grad_norm)
+      .def_readonly("lr", &PyStepResult::lr)
+      .def_readonly("loss_scale", &PyStepResult::loss_scale);
+
+  py::class_<zt::Engine, std::shared_ptr<zt::Engine>>(m, "Engine")
+      .def(py::init([](std::shared_ptr<torch::nn::Module> shell, const std::string& json_text,
+                       const std::vector<std::string>& overrides, std::shared_ptr<zt::Communicator> comm) {
+             zt::TrainConfig config = zt::parse_config(json_text, overrides, comm->world_size());
+             py::gil_scoped_release release;
+             return std::make_shared<zt::Engine>(std::move(shell), config, std::move(comm));
+           }),
+           py::arg("shell"), py::arg("config_json"), py::arg("overrides"), py::arg("communicator"))
+      .def("backward", [](zt::Engine& e, const at::Tensor& loss) {
+        py::gil_scoped_release release;
+        e.backward(loss);
+      })
+      .def("step", [](zt::Engine& e) {
+        zt::StepResult r;
+        {
+          py::gil_scoped_release release;
+          r = e.step();
+        }
+        return PyStepResult{r.boundary, r.stepped, r.skipped, r.delayed, r.grad_norm, r.lr, r.loss_scale};
+      })
+      .def("apply_pending_update", [](zt::Engine& e) {
+        py::gil_scoped_release release;
+        e.apply_pending_update();
+      })
+      .def_property_readonly("next_backward_is_boundary", &zt::Engine::next_backward_is_boundary)
+      .def_property_readonly("global_step", &zt::Engine::global_step)
+      .def_property_readonly("skipped_steps", &zt::Engine::skipped_steps)
+      .def_property_readonly("learning_rate", &zt::Engine::learning_rate)
+      .def_property_readonly("loss_scale", &zt::Engine::loss_scale)
+      .def_property_readonly("trainable_parameters", &zt::Engine::trainable_parameters)
+      .def_property_readonly("peak_gathered_parameter_bytes", &zt::Engine::peak_gathered_parameter_bytes)
+      .def_property_readonly("config_json", [](const zt::Engine& e) { return e.config().resolved; })
+      .def_property_readonly("gradient_accumulation_steps",
+                             [](const zt::Engine& e) { return e.config().gradient_accumulation_steps; })
+      .def_property_readonly("train_micro_batch_size_per_gpu",
+                             [](const zt::Engine& e) { return e.config().train_micro_batch_size_per_gpu; })
+      .def_property_readonly("train_batch_size", [](const zt::Engine& e) { return e.config().train_batch_size; })
+      .def_property_readonly("model_state_bytes", [](const zt::Engine& e) {
+        zt::ModelStateBytes b = e.model_state_bytes();
+        return py::dict(py::arg("parameters") = b.parameters, py::arg("gradients") = b.gradients,
+                        py::arg("optimizer_states") = b.optimizer_states, py::arg("total") = b.total());
+      })
+      .def("master_parameter", [](zt::Engine& e, const std::string& name) {
+        py::gil_scoped_release release;
+        return e.master_parameter(name);
+      })
+      .def("set_master_parameter", [](zt::Engine& e, const std::string& name, const at::Tensor& value) {
+        py::gil_scoped_release release;
+        e.set_master_parameter(name, value);
+      })
+      .def("save_checkpoint", [](zt::Engine& e, const std::string& dir, const std::string& tag,
+                                 const std::map<std::string, std::string>& client_state, int keep_last) {
+        py::gil_scoped_release release;
+        e.save_checkpoint(dir, tag, client_state, keep_last);
+      }, py::arg("dir"), py::arg("tag"), py::arg("client_state"), py::arg("keep_last") = 0)
+      .def("load_checkpoint", [](zt::Engine& e, const std::string& dir, const std::string& tag, bool reset_optimizer) {
+        zt::LoadOptions options;
+        options.reset_optimizer = reset_optimizer;
+        py::gil_scoped_release release;
+        return e.load_checkpoint(dir, tag, options);
+      }, py::arg("dir"), py::arg("tag"), py::arg("reset_optimizer") = false);
+
+  m.def("checkpoint", &checkpoint_python, py::arg("function"), py::arg("inputs"), py::arg("parameters"),
+        "Runs function(*inputs) keeping only the inputs; backward recomputes it with the same random "
+        "numbers (zerotrain/blocks.h checkpoint)");
+}

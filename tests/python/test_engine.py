@@ -1,0 +1,248 @@
+"""The Python package over the C++ engine, in one process (the two-rank runs against DeepSpeed are
+in tests/oracle/run.sh). Tiny models only."""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import zerotrain
+
+
+def tiny_model(seed=0, dropout=0.0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(dropout), torch.nn.GELU(),
+                               torch.nn.LayerNorm(16), torch.nn.Linear(16, 1))
+
+
+def config(stage=0, accumulation=1, **extra):
+    c = {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": accumulation,
+         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+         "zero_optimization": {"stage": stage}, "gradient_clipping": 0.0}
+    c.update(extra)
+    return c
+
+
+def batches(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)) for _ in range(n)]
+
+
+def train(engine, data):
+    losses = []
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_stage_trains_as_torch_adamw_does(stage):
+    model = tiny_model()
+    reference = copy.deepcopy(model)
+    engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
+    opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0)
+    data = batches(6)
+    got = train(engine, data)
+    want = []
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(reference(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        want.append(loss.item())
+    assert got == pytest.approx(want, rel=1e-5)
+    assert engine.global_steps == 6
+    # The module's parameters are the engine's: what the module computes is what was trained.
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), name
+
+
+def test_the_module_keeps_its_parameter_objects_and_sees_the_updates():
+    model = tiny_model()
+    before = {n: p for n, p in model.named_parameters()}
+    values = {n: p.detach().clone() for n, p in before.items()}
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(2))
+    train(engine, batches(1))
+    for n, p in model.named_parameters():
+        assert p is before[n]
+        assert not torch.equal(p.detach(), values[n]), f"{n} did not change"
+        full = zerotrain.utils.safe_get_full_fp32_param(p)
+        assert torch.equal(full, p.detach()), n
+
+
+def test_accumulation_steps_only_at_the_boundary():
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(1, accumulation=2, train_batch_size=8))
+    assert engine.gradient_accumulation_steps() == 2
+    assert not engine.is_gradient_accumulation_boundary()
+    train(engine, batches(1))
+    assert engine.global_steps == 0 and engine.get_global_grad_norm() is None
+    with pytest.raises(zerotrain.EngineError, match="accumulation window"):
+        engine.zero_grad()
+    train(engine, batches(1, seed=2))
+    assert engine.global_steps == 1 and engine.get_global_grad_norm() > 0
+
+
+def test_client_optimizers_map_onto_the_engine_and_others_are_refused():
+    model = tiny_model()
+    reference = copy.deepcopy(model)
+    opt = zerotrain.ops.adam.FusedAdam(model.parameters(), lr=3e-3, weight_decay=0.1)
+    engine, _, _, _ = zerotrain.initialize(model=model, optimizer=opt, config=config(0))
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
+    data = batches(4)
+    got = train(engine, data)
+    want = []
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(reference(x), y)
+        ref_opt.zero_grad()
+        loss.backward()
+        ref_opt.step()
+        want.append(loss.item())
+    assert got == pytest.approx(want, rel=1e-5)
+    with pytest.raises(RuntimeError, match="inside zerotrain's engine"):
+        opt.step()
+
+    other = tiny_model()
+    with pytest.raises(TypeError, match=r"torch\.optim\.adagrad\.Adagrad is not implemented.*FusedAdam"):
+        zerotrain.initialize(model=other, optimizer=torch.optim.Adagrad(other.parameters()), config=config(0))
+
+
+def test_bad_input_is_one_clear_exception():
+    model = tiny_model()
+    with pytest.raises(zerotrain.ConfigError, match="zero_optimization"):
+        zerotrain.initialize(model=model, config=config(0, zero_optimization={"stage": 7}))
+    with pytest.raises(zerotrain.ConfigError):
+        zerotrain.initialize(model=model, config=dict(config(0), no_such_key_at_all=1, zero_optimisation={}))
+    stranger = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="not a parameter of the model"):
+        zerotrain.initialize(model=model, model_parameters=list(model.parameters()) + [stranger], config=config(0))
+    with pytest.raises(ValueError, match="per-group hyperparameters"):
+        zerotrain.initialize(model=model, config=config(0),
+                             model_parameters=[{"params": [model[0].weight]},
+                                               {"params": [p for n, p in model.named_parameters() if n != "0.weight"],
+                                                "weight_decay": 0.0}])
+    with pytest.raises(ValueError, match="require a gradient but are not in model_parameters"):
+        zerotrain.initialize(model=model, model_parameters=[model[0].weight], config=config(0))
+    with pytest.raises(ValueError, match="not JSON"):
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), "zt-python-bad.json")
+        with open(path, "w") as f:
+            f.write("{ nope")
+        zerotrain.initialize(model=model, config=path)
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(0))
+    with pytest.raises(zerotrain.EngineError, match="without a backward"):
+        engine.step()
+
+
+def test_frozen_parameters_and_buffers_stay_as_they_are():
+    model = tiny_model()
+    model[0].weight.requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    model.register_buffer("counter", torch.tensor([1.5]))
+    engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=[p for p in model.parameters() if p.requires_grad],
+                                           config=config(2))
+    train(engine, batches(2))
+    assert torch.equal(model[0].weight.detach(), frozen)
+    assert model[0].weight.grad is None
+    assert float(model.counter) == 1.5
+
+
+def test_save_and_resume_is_exact(tmp_path):
+    data = batches(6)
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(2))
+    train(engine, data[:3])
+    engine.save_checkpoint(tmp_path, client_state={"epoch": 3, "note": ["a", 1]})
+    straight = train(engine, data[3:])
+
+    model2 = tiny_model(seed=5)  # other initial values: all must come from the checkpoint
+    engine2, _, _, _ = zerotrain.initialize(model=model2, config=config(3))
+    path, state = engine2.load_checkpoint(tmp_path)
+    assert path == os.path.join(str(tmp_path), "global_step3")
+    assert state == {"epoch": 3, "note": ["a", 1]}
+    assert engine2.global_steps == 3
+    assert train(engine2, data[3:]) == straight
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert engine2.load_checkpoint(empty) == (None, None)
+    with pytest.raises(TypeError, match="JSON values"):
+        engine2.save_checkpoint(tmp_path, client_state={"t": torch.zeros(1)})
+
+
+def test_a_python_checkpoint_is_the_command_lines_format(tmp_path):
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(1))
+    train(engine, batches(2))
+    engine.save_checkpoint(tmp_path, tag="t2")
+    cli = os.environ.get("ZT_BIN")
+    if not cli:
+        pytest.skip("ZT_BIN (the zerotrain command line) not given")
+    out = tmp_path / "w.safetensors"
+    subprocess.run([cli, "export", str(tmp_path), "--out", str(out)], check=True, capture_output=True)
+    from safetensors.torch import load_file
+
+    weights = load_file(str(out))
+    for name, p in model.named_parameters():
+        assert torch.equal(weights[name], p.detach()), name
+
+
+def test_safe_set_changes_one_parameter_everywhere():
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(1, bf16={"enabled": True}))
+    value = torch.linspace(-1, 1, 16)
+    before = model[4].weight.detach().clone()
+    zerotrain.utils.safe_set_full_fp32_param(model[0].bias, value)
+    assert torch.equal(zerotrain.utils.safe_get_full_fp32_param(model[0].bias), value)
+    assert torch.equal(model[0].bias.detach(), value.to(torch.bfloat16))  # the working copy follows
+    assert torch.equal(model[4].weight.detach(), before)
+    assert zerotrain.utils.safe_get_full_fp32_param(torch.zeros(2)) is None
+
+
+def test_checkpointing_recomputes_with_the_same_random_numbers():
+    def run(use_checkpoint):
+        torch.manual_seed(3)
+        block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.GELU())
+        x = torch.randn(4, 8, requires_grad=True)
+        torch.manual_seed(4)
+        y = zerotrain.checkpointing.checkpoint(block, x) if use_checkpoint else block(x)
+        y.pow(2).sum().backward()
+        return y.detach(), x.grad, block[0].weight.grad
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="tensor arguments"):
+        zerotrain.checkpointing.checkpoint(lambda x, k: x * k, torch.ones(2), 3)
+
+
+def test_install_as_deepspeed_makes_deepspeed_imports_resolve_to_zerotrain():
+    code = ("import zerotrain; zerotrain.install_as_deepspeed()\n"
+            "import deepspeed\nfrom deepspeed.ops.adam import FusedAdam\nfrom deepspeed.utils import safe_get_full_fp32_param\n"
+            "import deepspeed.comm as dist\nprint(deepspeed is zerotrain, FusedAdam.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "zerotrain.ops.adam"]
+
+
+def test_add_config_arguments_reads_deepspeed_config(tmp_path):
+    import argparse
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(config(0)))
+    parser = zerotrain.add_config_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(path)])
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(args=args, model=model)
+    assert engine.train_micro_batch_size_per_gpu() == 4
+
+
+def test_training_data_gives_a_loader_of_micro_batches():
+    data = torch.utils.data.TensorDataset(torch.randn(20, 8), torch.randn(20, 1))
+    model = tiny_model()
+    engine, _, loader, _ = zerotrain.initialize(model=model, config=config(0), training_data=data)
+    x, y = next(iter(loader))
+    assert x.shape == (4, 8) and len(loader) == 5
