@@ -1,5 +1,5 @@
 // comm — rendezvous from launcher environment variables and a narrow Communicator over c10d
-// (design §3 item 2). Collectives work on flat contiguous buffers.
+// (docs/comm.md). Collectives work on flat contiguous buffers.
 //
 // Contract
 // - Threads: one Communicator is driven by one thread at a time (collectives must be issued in

@@ -252,7 +252,7 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   st.micro_batch = config.train_micro_batch_size_per_gpu;
   st.accumulation = std::max<int64_t>(1, config.gradient_accumulation_steps);
   const double micro_steps = double(st.accumulation);
-  const double element = mixed ? 2.0 : 4.0;  // working parameters and gradients (design §2)
+  const double element = mixed ? 2.0 : 4.0;  // bytes per working parameter and per gradient
 
   // --- compute ---------------------------------------------------------------------------------
   double forward_flops = 0, recompute_flops = 0, elementwise_bytes = 0;
