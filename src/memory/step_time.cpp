@@ -25,7 +25,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kElementwiseForwardPerHidden = 22.0;
 
 // Bytes the fused Adam moves per parameter: p, g, m, v read and p, m, v written in fp32 (28); mixed
-// precision also reads the 16-bit gradient and writes the 16-bit working copy (docs/optimizer.md).
+// precision also reads the 16-bit gradient and writes the 16-bit working copy (docs/optim.md).
 constexpr double kAdamBytesFp32 = 28.0, kAdamBytesMixed = 32.0;
 // What the nvme optimizer tier reads and writes per parameter each step: fp32 master, m and v.
 constexpr double kOptimizerStateBytes = 12.0;
