@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO stages side by side on 2 ranks: step time, tokens/s, peak RSS per rank and per-rank
-# model-state bytes against design §2's formula. Rounds alternate the variants so that machine
-# noise hits all of them alike; the table reports medians and ratios to the first variant.
+# model-state bytes against the formula of docs/design.md "Memory per parameter". Rounds alternate
+# the variants so that machine noise hits all of them alike; the table reports medians and ratios to
+# the first variant.
 # Usage: [VARIANTS="0 1 2"] bench/zero_stages.sh [rounds] [preset] [steps] [precision fp32|bf16] [--set overrides...]
 # A variant is a stage, optionally with overrides of its own: "3:zero_optimization.stage3_prefetch_bucket_size=0".
 set -euo pipefail

@@ -1,5 +1,5 @@
-// Configuration: DeepSpeed defaults (design §5), the batch triple (§8.12), the support matrix
-// (§8.14), overrides, sources, and one clear message per malformed input.
+// Configuration: DeepSpeed defaults, the batch triple, the support matrix (docs/config.md),
+// overrides, sources, and one clear message per malformed input.
 #include <gtest/gtest.h>
 
 #include <algorithm>

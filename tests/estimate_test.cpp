@@ -1,6 +1,7 @@
-// The memory estimator (zerotrain/estimate.h): design §2's table for every stage, precision and
-// world size; activations against the bytes autograd really keeps; the estimate against measured
-// runs of `zerotrain train`; the planner's picks for scripted machines; the CLI.
+// The memory estimator (zerotrain/estimate.h): the model-state table of docs/design.md
+// "Memory per parameter" for every stage, precision and world size; activations against the bytes
+// autograd really keeps; the estimate against measured runs of `zerotrain train`; the planner's
+// picks for scripted machines; the CLI.
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -42,7 +43,8 @@ zt::ClusterSpec cluster_of(int nodes, int per_node, int64_t device_memory = 0, i
   return c;
 }
 
-// Design §2, written out per role: {parameters, gradients, optimizer states} bytes per rank.
+// docs/design.md "Memory per parameter", written out per role: {parameters, gradients, optimizer
+// states} bytes per rank.
 struct TableRow {
   int64_t parameters, gradients, optimizer_states;
 };
@@ -174,7 +176,7 @@ TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
   cpu.offload_optimizer = zt::OffloadTarget::Cpu;
   cpu.offload_param = zt::OffloadTarget::Cpu;
   const auto e = zt::estimate_memory(model, cluster, config, cpu);
-  // Design §2: with offload, what stays on the device at stage 3 is only the live gathered layers.
+  // With offload, what stays on the device at stage 3 is only the live gathered layers.
   EXPECT_EQ(e.per_device.parameters, 0);
   EXPECT_EQ(e.per_device.gradients, 0);
   EXPECT_EQ(e.per_device.optimizer_states(), 0);
@@ -631,7 +633,7 @@ void expect_measured_matches_estimate(const std::vector<MeasuredCase>& cases) {
     std::ifstream in(summary_path);
     const auto summary = nlohmann::json::parse(in);
     const auto& estimate = summary["memory"]["estimate"]["per_device"];
-    // Model states: the estimate is design §2 (+ persistent copies); what the engine allocated
+    // Model states: the estimate is the formula (+ persistent copies); what the engine allocated
     // exceeds it only by the layout's padding, at most one alignment (32 elements) per rank and
     // bucket in every role (no more buckets than parameter tensors: 2 + 12 × 4 + 2).
     const int64_t bucket_bound = 52;

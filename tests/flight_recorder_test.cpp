@@ -1,7 +1,7 @@
-// Flight recorder (design §8 point 1): the ring and its file, the divergence analysis over
-// synthetic rings, and end to end under `zerotrain launch`: a rank killed mid-collective is
-// named with its signal and leaves nothing behind; a stage-3 rank that skips a block ends the
-// job within seconds with one line naming it and the collective.
+// Flight recorder (docs/comm.md "Flight recorder"): the ring and its file, the divergence analysis
+// over synthetic rings, and end to end under `zerotrain launch`: a rank killed mid-collective is
+// named with its signal and leaves nothing behind; a stage-3 rank that skips a block ends the job
+// within seconds with one line naming it and the collective.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>

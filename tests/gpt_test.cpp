@@ -15,7 +15,7 @@ using zt::GPT;
 using zt::GPTConfig;
 
 // One intra-op thread: these models are tiny, and under a loaded 2-core machine OpenMP workers
-// spinning against each other made a 0.3 s test take 7 s (design §10).
+// spinning against each other made a 0.3 s test take 7 s.
 const bool kSingleThread = [] {
   torch::set_num_threads(1);
   return true;

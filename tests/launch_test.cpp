@@ -1,4 +1,4 @@
-// Tests of the local launcher (design §8 point 15): rank environment, per-rank logs, rank 0
+// Tests of the local launcher: rank environment, per-rank logs, rank 0
 // echoed to stdout, exit-code propagation, signal forwarding, and that no process outlives it.
 //
 // launch_local installs signal handlers and forks, so most tests run it in a separate process:

@@ -1,7 +1,7 @@
 // The step-time model and the planner that orders by it (zerotrain/step_time.h): each term against
-// its formula written out here, the collective volumes of design §2/§4, overlap, the what-if
-// inputs, the presets, the planner's picks and the CLI. Its calibration against measured runs is
-// a benchmark (bench/step_time.sh, docs/step_time.md), not a test.
+// its formula written out here, the collective volumes of docs/step_time.md "The formulas",
+// overlap, the what-if inputs, the presets, the planner's picks and the CLI. Its calibration
+// against measured runs is a benchmark (bench/step_time.sh, docs/step_time.md), not a test.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -84,7 +84,7 @@ TEST(StepTime, ComputeIsTheModelsFlopsOverTheDeviceRate) {
 
 TEST(StepTime, StagesMoveDesignsCommunicationVolumes) {
   // 2 nodes × 4 ranks, links only: per rank and step, stages 0–2 send 2Ψ·(N−1)/N elements, stage 3
-  // without reuse 3Ψ·(N−1)/N (design §2 and §4), stage 3 keeping every block to backward 2Ψ.
+  // without reuse 3Ψ·(N−1)/N, stage 3 keeping every block to backward 2Ψ.
   const auto model = gpt_figures("gpt2-124m", 64);
   const auto cluster = links_only(2, 4, 100e9, 10e9);
   const double n = 8, psi = double(model.parameters), persistent = double(model.persistent_parameters);

@@ -181,7 +181,8 @@ TEST(TrainSummary, HasTheDocumentedFields) {
 }
 
 // Through the CLI on 2 ranks: stage 2 in bf16 and stage 3 in fp32 train, and the summary's
-// per-rank model-state bytes equal design §2's formula (2Ψ + 14Ψ/N; 16Ψ/N) up to the padding.
+// per-rank model-state bytes equal the formula (2Ψ + 14Ψ/N; 16Ψ/N) up to the padding
+// (docs/design.md "Memory per parameter").
 TEST(TrainSummary, ShardedBytesMatchTheFormula) {
   struct Case {
     std::vector<std::string> overrides;

@@ -1,5 +1,6 @@
 // Stages 1 and 2 against stage 0 on several ranks (one process per rank): loss parity in fp32,
-// a bf16 tolerance, fp16 overflow skipping, and the model-state bytes against design §2.
+// a bf16 tolerance, fp16 overflow skipping, and the model-state bytes against the formula
+// (docs/design.md "Memory per parameter").
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -388,7 +389,7 @@ TEST(ZeroAveraging, PrescaleKeepsAnFp16SumInRange) {
   expect_ranks_pass("ZeroAveraging.PrescaleKeepsAnFp16SumInRange", {2, 3});
 }
 
-// Per-rank model-state bytes equal design §2's formula up to the layout's padding (at most 1%).
+// Per-rank model-state bytes equal model_state_formula up to the layout's padding (at most 1%).
 TEST(ZeroMemory, ModelStateBytesMatchTheFormula) {
   if (is_rank_process()) {
     auto comm = rank_communicator();
@@ -402,7 +403,8 @@ TEST(ZeroMemory, ModelStateBytesMatchTheFormula) {
           EXPECT_GE(measured[role], formula[role]) << what << " role " << role;
           EXPECT_LE(measured[role], formula[role] * 1.01) << what << " role " << role;
         }
-        // Spot-check the formula itself against design §2 for Adam.
+        // Spot-check the formula itself against its table for Adam (docs/design.md
+        // "Memory per parameter").
         const int64_t psi = run.psi;
         const int world = comm->world_size();
         if (precision == "bf16" && stage == 2)

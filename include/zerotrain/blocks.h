@@ -1,4 +1,5 @@
-// Blocks: the unit whose parameters ZeRO stage 3 gathers and releases together (design §4).
+// Blocks: the unit whose parameters ZeRO stage 3 gathers and releases together (docs/zero.md
+// "Stage 3").
 //
 // A model marks its blocks once and runs each through run_block; these are the only lines a
 // user adds for stage 3 (the built-in GPT does the same, see src/models/gpt.cpp):

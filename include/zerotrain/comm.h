@@ -1,5 +1,5 @@
 // comm — rendezvous from launcher environment variables and a narrow Communicator over c10d
-// (design §3 item 2). Collectives work on flat contiguous buffers.
+// (docs/comm.md). Collectives work on flat contiguous buffers.
 //
 // Contract
 // - Threads: one Communicator is driven by one thread at a time (collectives must be issued in
@@ -90,7 +90,8 @@ struct CommOptions {
   bool emulate_low_precision = false;   // bf16/fp16 reductions through an fp32 temporary
   bool emulate_reduce_scatter = false;  // reduce_scatter as all_reduce of a copy + slice
   // CPU all_gather runs as one broadcast per rank into views of the output, which measured
-  // 1.9-2.7x faster than Gloo's own allgather at >= 16 MiB (docs/benchmarks-comm.md); true uses Gloo's.
+  // 1.9-2.7x faster than Gloo's own allgather at >= 16 MiB (docs/benchmarks.md
+  // "Collectives: 2 local ranks"); true uses Gloo's.
   bool native_gloo_all_gather = false;
   // CPU reduce_scatter with InputUse::Scratch runs as an in-place all_reduce of the input, which
   // measured 1.3-1.8x faster than Gloo's reduce-scatter at 16-64 MiB; true uses Gloo's.

@@ -1,4 +1,4 @@
-// Training configuration: DeepSpeed's keys and defaults where DeepSpeed has them (design §5),
+// Training configuration: DeepSpeed's keys and defaults where DeepSpeed has them (docs/config.md),
 // plus zerotrain's own top-level blocks "model", "data", "train" and "comm".
 //
 // Contract: load_config()/parse_config() either return a fully validated TrainConfig whose batch
@@ -70,7 +70,7 @@ struct SchedulerConfig {
   bool lr_range_test_staircase = false;
 };
 
-// Where a ZeRO-Offload / ZeRO-Infinity tier keeps its data (design §2, docs/offload.md).
+// Where a ZeRO-Offload / ZeRO-Infinity tier keeps its data (docs/offload.md).
 enum class OffloadDevice { None, Cpu, Nvme };
 const char* to_string(OffloadDevice device);  // "none", "cpu", "nvme"
 
@@ -139,9 +139,9 @@ struct ZeroConfig {
   int64_t sub_group_size = 1'000'000'000;
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
-  // The switches the engine composes (design §3); derived from `stage` when the configuration is
-  // read and never asked for by stage number elsewhere: stage 1 shards optimizer states, stage 2
-  // also gradients, stage 3 also parameters.
+  // The switches the engine composes (docs/design.md "Stages as switches"); derived from `stage`
+  // when the configuration is read and never asked for by stage number elsewhere: stage 1 shards
+  // optimizer states, stage 2 also gradients, stage 3 also parameters.
   bool shard_optimizer_states = false;
   bool shard_gradients = false;
   bool shard_parameters = false;

@@ -1,6 +1,6 @@
 // Token data for training: a byte-level tokenizer, flat uint16 token datasets (nanoGPT and llm.c
 // `.bin` files, or text), a built-in corpus, deterministic distributed sampling, and a background
-// batch prefetcher (design §3 item 9).
+// batch prefetcher.
 //
 // All failures on input data throw zt::DataError naming the file (or source), what was expected and
 // what was found. Thread safety: TokenDataset and DistributedSampler are immutable after

@@ -3,7 +3,7 @@
 //
 // Contract
 // - Pure functions of plain data; nothing is allocated beyond the returned values; thread-safe.
-// - Model-state terms are design §2 exactly (model_state_formula in memory.h), plus, with sharded
+// - Model-state terms are model_state_formula's exactly (memory.h), plus, with sharded
 //   parameters, the whole copies of the small parameters every rank keeps (persistence
 //   threshold). Activations follow Korthikanti et al. 2022 per layer, adapted term by term to the
 //   kernels this LibTorch runs (docs/memory.md). Buffers follow the engine's own bucket, scratch
@@ -42,7 +42,7 @@ struct ModelFigures {
   int64_t largest_block = 0;          // elements a stage-3 gather brings whole (persistent ones excluded)
   int64_t largest_parameter = 0;      // elements of the largest single tensor
   int64_t persistent_parameters = 0;  // elements kept whole on every rank with sharded parameters
-  // Transformer shape (GPT-2 style, design §3): activations are estimated only when layers,
+  // Transformer shape (GPT-2 style): activations are estimated only when layers,
   // hidden, sequence_length and vocabulary are known.
   int64_t layers = 0, hidden = 0, heads = 0, sequence_length = 0, vocabulary = 0;
   double dropout = 0.0;

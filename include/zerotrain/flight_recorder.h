@@ -1,4 +1,4 @@
-// Flight recorder (design §8 point 1): every rank keeps its last 64 collectives, so that after a
+// Flight recorder: every rank keeps its last 64 collectives, so that after a
 // hang or a crash one can tell which rank left the common sequence, and where.
 //
 // Contract

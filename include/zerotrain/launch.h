@@ -2,7 +2,7 @@
 // (RANK = node_rank × nproc + LOCAL_RANK, WORLD_SIZE = nnodes × nproc, LOCAL_RANK,
 // LOCAL_WORLD_SIZE = nproc, GROUP_RANK = node_rank, GROUP_WORLD_SIZE = nnodes, ROLE_RANK,
 // ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), plus ZT_LAUNCHED=1, and OMP_WAIT_POLICY=PASSIVE and
-// OMP_NUM_THREADS=max(1, cores / nproc) unless the user set them (design §10).
+// OMP_NUM_THREADS=max(1, cores / nproc) unless the user set them (docs/design.md "Platform facts").
 //
 // Several nodes (nnodes > 1; docs/comm.md "Several nodes"): one launcher per node, each given the same nnodes,
 // master_addr and master_port and its own node_rank. Node 0's launcher serves the job's control
@@ -24,7 +24,7 @@
 // also get SIGKILL if the launcher itself is killed hard (PR_SET_PDEATHSIG; this reaches the
 // ranks, not processes they started).
 //
-// Exit code (design §8 point 15), the worst of the ranks' own failures:
+// Exit code, the worst of the ranks' own failures:
 //   - the largest exit code among the ranks that failed by themselves (128 + signo for a death
 //     by a signal), not the 143 of the ranks the launcher stopped because of them: rank 0
 //     exiting 3 and rank 1 exiting 7 (or dying by SIGKILL, 137) make the launch return 7 (137).

@@ -1,5 +1,6 @@
-// Flat-buffer layout of the trainable parameters (design §3 item 1): a pure function from the
-// parameter list to plain data. No tensors are allocated here; the engine allocates arenas from it.
+// Flat-buffer layout of the trainable parameters (docs/design.md "The flat layout"): a pure
+// function from the parameter list to plain data. No tensors are allocated here; the engine
+// allocates arenas from it.
 //
 // Contract
 // - Parameters are placed in reverse registration order, so that buckets fill in the order

@@ -1,7 +1,8 @@
-// Byte accounting of long-lived model state (design §2), and the formula it must match.
+// Byte accounting of long-lived model state, and the formula it must match (docs/design.md
+// "Memory per parameter").
 //
 // The engine reports what it allocated (Engine::model_state_bytes); model_state_formula gives what
-// design §2 says the same configuration should hold, without padding. Tests and the run summary
+// the same configuration should hold by that formula, without padding. Tests and the run summary
 // put the two side by side; the difference is the layout's alignment padding (docs/zero.md).
 // Plain data and pure functions; thread-safe.
 #pragma once
@@ -11,7 +12,7 @@ namespace zt {
 
 struct TrainConfig;
 
-// Bytes of long-lived model state held by one rank, by role (design §2 vocabulary).
+// Bytes of long-lived model state held by one rank, by role.
 struct ModelStateBytes {
   int64_t parameters = 0;        // working parameters (fp32, or the 16-bit copy in mixed precision)
   int64_t gradients = 0;         // gradients kept between backward and step (full or owned shard)
@@ -34,7 +35,7 @@ bool keeps_fp32_masters(bool sixteen_bit_working, bool delayed_update, bool stag
 // plain SGD 0.
 int optimizer_moment_arrays(const TrainConfig& config);
 
-// Design §2: per-rank bytes for `trainable_parameters` (Ψ) on `world_size` ranks, each role
+// The formula: per-rank bytes for `trainable_parameters` (Ψ) on `world_size` ranks, each role
 // divided by world_size when config.zero's switch for it is on; with a stage-3 secondary partition
 // (zero_hpz_partition_size P > 1) the parameters hold Ψ/P more elements of the working dtype.
 ModelStateBytes model_state_formula(int64_t trainable_parameters, int world_size, const TrainConfig& config);

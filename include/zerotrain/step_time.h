@@ -7,7 +7,7 @@
 //   recomputation) over the device's sustained rate, plus the elementwise kernels' bytes over its
 //   memory bandwidth. The optimizer step is the bytes the fused Adam moves over the memory
 //   bandwidth of wherever it runs (device, or the host's CPUs when offloaded).
-// - Communication is each stage's collectives as the engine issues them (design §4, docs/zero.md):
+// - Communication is each stage's collectives as the engine issues them (docs/zero.md):
 //   their bytes on a ring over the data-parallel group, at the slower of the intra-node bus
 //   bandwidth and the node's network bandwidth, plus a latency per ring step. The engine's overlap
 //   (bucket reductions during backward with overlap_comm, stage 3's prefetch) hides communication

@@ -1,5 +1,6 @@
 // Precompiled header for the library, CLI, tests and benchmarks: LibTorch dominates compile time
-// (design §10), so it is parsed once here. Public headers include only what they need.
+// (docs/design.md "Platform facts"), so it is parsed once here. Public headers include only what
+// they need.
 #pragma once
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>

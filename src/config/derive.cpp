@@ -1,5 +1,5 @@
-// Values that follow from other values (design §8 point 12: derive, print, name the source),
-// cross-key checks, and the support matrix (§8 point 14).
+// Values that follow from other values (derived, printed and named as derived: docs/design.md
+// "Lessons from their users"), cross-key checks, and the support matrix (docs/config.md "Policy").
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -344,7 +344,7 @@ void derive(TrainConfig& c, Values& values) {
     }
   }
 
-  // The stage only sets the switches the engine composes (design §3).
+  // The stage only sets the switches the engine composes (docs/design.md "Stages as switches").
   c.zero.shard_optimizer_states = c.zero.stage >= 1;
   c.zero.shard_gradients = c.zero.stage >= 2;
   c.zero.shard_parameters = c.zero.stage >= 3;

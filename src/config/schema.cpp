@@ -1,4 +1,4 @@
-// The key table (DeepSpeed's names and defaults, design §5) and the generic value checks.
+// The key table (DeepSpeed's names and defaults, docs/config.md "Keys") and the generic value checks.
 #include "config/schema.h"
 
 #include <fmt/format.h>
@@ -545,7 +545,7 @@ std::vector<Leaf> build_table() {
   t.push_back(boolean("comms_logger.debug", false, ZT_FIELD(comms_logger.debug)));
   t.push_back(make("comms_logger.prof_ops", Kind::StringList, json::array(), ZT_FIELD(comms_logger.prof_ops)));
 
-  // --- activation checkpointing (design §5, docs/activation_checkpointing.md)
+  // --- activation checkpointing (docs/activation_checkpointing.md)
   t.push_back(string("activation_checkpointing.policy", "none", ZT_FIELD(activation_checkpointing.policy),
                      {"none", "selective", "full", "auto"}));
   t.push_back(boolean("activation_checkpointing.partition_activations", false,

@@ -1,4 +1,5 @@
-// Local launcher (design §8 point 15: never swallow exit codes or logs; §10: OpenMP on few cores).
+// Local launcher: it never swallows exit codes or logs, and it sets OpenMP up for few cores
+// (docs/design.md "Lessons from their users", "Platform facts").
 //
 // Shape of a launch:
 //   1. Validate the options and resolve the program in PATH *before* anything starts, so bad
@@ -212,9 +213,9 @@ std::vector<std::string> rank_environment(const LaunchOptions& options, int loca
       {"ZT_LAUNCHED", "1"},
       {kFlightRecorderFileVariable, flight_file},
   };
-  // Design §10: N ranks on few cores. Busy-waiting OpenMP workers steal the cores the other
-  // ranks need, and one OpenMP thread per core per rank oversubscribes; the user's own
-  // settings win.
+  // N ranks on few cores (docs/design.md "Platform facts"). Busy-waiting OpenMP workers steal the
+  // cores the other ranks need, and one OpenMP thread per core per rank oversubscribes; the user's
+  // own settings win.
   if (!std::getenv("OMP_WAIT_POLICY")) set.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
   if (!std::getenv("OMP_NUM_THREADS"))
     set.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1, usable_cores() / nproc)));
@@ -796,7 +797,7 @@ int launch_local(const LaunchOptions& options) {
   }
   if (tee) tee->stop_and_join();
 
-  // ---- Exit code (design §8 point 15): the worst of the ranks' own failures (the largest
+  // ---- Exit code: the worst of the ranks' own failures (the largest
   // code, 128 + signo for a death by signal), not the 143 of the ranks we stopped; a signal
   // sent to the launcher counts as 128 + signo (even if the ranks shut down cleanly on it: the
   // job did not finish); else 0.

@@ -232,8 +232,8 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   const int64_t largest_parameter = model.largest_parameter > 0 ? model.largest_parameter : psi;
   const int64_t largest_block = std::min(psi, model.largest_block > 0 ? model.largest_block : psi);
 
-  // Model states: design §2 (with the fp32 variant), plus the whole copies of persistent
-  // parameters that every rank keeps when parameters are sharded.
+  // Model states: the formula (docs/design.md "Memory per parameter", with the fp32 variant), plus
+  // the whole copies of persistent parameters that every rank keeps when parameters are sharded.
   const ModelStateBytes formula = model_state_formula(psi, N, config);
   const int64_t persistent = zero.shard_parameters ? std::min(psi, model.persistent_parameters) : 0;
   const int64_t working_params = formula.parameters + persistent * e;

@@ -25,7 +25,7 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kElementwiseForwardPerHidden = 22.0;
 
 // Bytes the fused Adam moves per parameter: p, g, m, v read and p, m, v written in fp32 (28); mixed
-// precision also reads the 16-bit gradient and writes the 16-bit working copy (docs/optimizer.md).
+// precision also reads the 16-bit gradient and writes the 16-bit working copy (docs/optim.md).
 constexpr double kAdamBytesFp32 = 28.0, kAdamBytesMixed = 32.0;
 // What the nvme optimizer tier reads and writes per parameter each step: fp32 master, m and v.
 constexpr double kOptimizerStateBytes = 12.0;
@@ -252,7 +252,7 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
   st.micro_batch = config.train_micro_batch_size_per_gpu;
   st.accumulation = std::max<int64_t>(1, config.gradient_accumulation_steps);
   const double micro_steps = double(st.accumulation);
-  const double element = mixed ? 2.0 : 4.0;  // working parameters and gradients (design §2)
+  const double element = mixed ? 2.0 : 4.0;  // bytes per working parameter and per gradient
 
   // --- compute ---------------------------------------------------------------------------------
   double forward_flops = 0, recompute_flops = 0, elementwise_bytes = 0;

@@ -1,4 +1,4 @@
-// Fused optimizer kernels over flat fp32 partitions (design §3 item 4). Plain pointers, no torch.
+// Fused optimizer kernels over flat fp32 partitions (docs/optim.md). Plain pointers, no torch.
 //
 // Contract
 // - Every kernel makes one pass over memory per step: Adam/AdamW reads p, g, m, v and writes

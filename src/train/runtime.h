@@ -1,6 +1,6 @@
 // Process-wide settings a training rank owns instead of leaving them to environment variables
-// (design §10: on small machines thread oversubscription and re-faulted pages cost more than any
-// kernel). Rationale and measurements: docs/benchmarks.md "training speed".
+// (on small machines thread oversubscription and re-faulted pages cost more than any kernel;
+// docs/design.md "Platform facts"). Rationale and measurements: docs/benchmarks.md "training speed".
 #pragma once
 
 #include <string>

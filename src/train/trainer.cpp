@@ -995,7 +995,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
                          {"total", stats[r].state.total()}}},
                        {"buffer_bytes", stats[r].buffers}});
     summary["ranks"] = ranks;
-    // What design §2 says this configuration should hold per rank, without padding.
+    // What this configuration should hold per rank by the formula, without padding
+    // (docs/design.md "Memory per parameter").
     const ModelStateBytes formula = model_state_formula(engine.trainable_parameters(), world, config);
     summary["trainable_parameters"] = engine.trainable_parameters();
     summary["model_state_formula_bytes"] = {{"parameters", formula.parameters},

@@ -1,5 +1,5 @@
 // Gradient reduction: the gradient memory, the buckets and the collectives that sum gradients
-// over the ranks (design §4 "backward"; docs/zero.md "Gradients"). Internal to the engine.
+// over the ranks (docs/zero.md "One step with sharded gradients"). Internal to the engine.
 //
 // Contract
 // - Owns the gradient arenas: the whole flat gradient buffer (gradients not sharded) or this

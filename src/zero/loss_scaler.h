@@ -1,5 +1,6 @@
-// Loss scaling for fp16 training (design §4, §5), with DeepSpeed's DynamicLossScaler semantics so
-// that a DeepSpeed user's "fp16" block means the same thing here:
+// Loss scaling for fp16 training (docs/design.md "Loss scaling and overflow skipping"), with
+// DeepSpeed's DynamicLossScaler semantics so that a DeepSpeed user's "fp16" block means the same
+// thing here:
 // - dynamic (loss_scale 0): start at 2^initial_scale_power; an overflowed step consumes one unit
 //   of hysteresis, and when none is left halves the scale (never below min_loss_scale); after
 //   loss_scale_window consecutive steps since the last overflow the scale doubles and the

@@ -1,5 +1,5 @@
 // The optimizer partition: this rank's fp32 master weights and optimizer moments, and the fused
-// step over them (design §4 "step"; docs/zero.md "The optimizer step", docs/offload.md). Where
+// step over them (docs/design.md "The order of a step", docs/offload.md "The step"). Where
 // the state lives (memory or NVMe) is this part's business alone: the rest of the engine sees a
 // step and, for checkpoints, fragments by parameter name.
 //

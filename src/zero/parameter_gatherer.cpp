@@ -51,7 +51,8 @@ struct GathererLiveness : torch::CustomClassHolder {
 namespace {
 
 // Identity on a block's output whose backward gathers the block's parameters again before the
-// block's own backward runs (design §10: it fires before the block's parameter gradients).
+// block's own backward runs: it fires before the block's parameter gradients (docs/design.md
+// "Platform facts").
 struct Regather : public torch::autograd::Function<Regather> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y,
                                const c10::intrusive_ptr<GathererLiveness>& owner, const std::string& name,
@@ -220,7 +221,7 @@ int64_t ParameterGatherer::secondary_bytes() const {
 }
 
 // Frees the block's full parameters; their tensors (and views autograd saved) stay valid as
-// metadata and see the data again after gather() (design §10).
+// metadata and see the data again after gather() (docs/design.md "Platform facts").
 void ParameterGatherer::release(int block) {
   BlockState& state = blocks_[block];
   if (state.residence == Residence::Released) return;

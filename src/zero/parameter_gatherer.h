@@ -1,4 +1,5 @@
-// Parameter gathering for sharded parameters (stage 3; design §4 and §10, docs/zero.md "Stage 3"):
+// Parameter gathering for sharded parameters (stage 3; docs/zero.md "Stage 3", docs/design.md
+// "Stage 3: blocks, gathers and release"):
 // the blocks, their full-size parameter buffers, the gather pool, the recorded block order and
 // the prefetch that walks it. Internal to the engine.
 //

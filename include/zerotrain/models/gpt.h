@@ -1,5 +1,5 @@
 // Reference GPT-2-style decoder written as ordinary LibTorch modules, the way a user of the library
-// would write their own model (design §3 item 9). Nothing here knows about ZeRO: the engine works
+// would write their own model. Nothing here knows about ZeRO: the engine works
 // on the parameters and (for stage 3 and activation checkpointing) on the `blocks`.
 //
 // Architecture (GPT-2): token + learned position embeddings -> dropout -> n_layer pre-LayerNorm
