@@ -44,8 +44,9 @@ done
 
 stamp "python test dependencies (transformers, scripts/python_deps.sh)"
 hf_note=""
-if ! scripts/python_deps.sh >/dev/null; then
-  hf_note="transformers could not be installed (see the lines above): the tests that compare with it (hf_test) skip"
+if ! hf_pythonpath=$(scripts/python_deps.sh | tail -n 1); then
+  hf_pythonpath=""
+  hf_note="transformers could not be installed (see the lines above): the tests that compare with it (hf_test, tests/python/test_transformers.py) skip"
   echo "NOTE: $hf_note"
 fi
 
@@ -58,8 +59,8 @@ if ! ls build/python/zerotrain/_C*.so >/dev/null 2>&1; then
   echo "the Python package's extension was not built (build/python/zerotrain/_C*.so): are Python's headers installed?" >&2
   exit 1
 fi
-ZT_BIN=$PWD/build/bin/zerotrain PYTHONPATH="$PWD/build/python:$(dirname "$(dirname "$(dirname "$torch_prefix")")"):${ZT_DEPS_DIR:-$HOME/.cache/zerotrain}/python-tools" \
-  python3 -m pytest -q -p no:cacheprovider tests/python
+ZT_BIN=$PWD/build/bin/zerotrain PYTHONPATH="$PWD/build/python${hf_pythonpath:+:$hf_pythonpath}:$(dirname "$(dirname "$(dirname "$torch_prefix")")"):${ZT_DEPS_DIR:-$HOME/.cache/zerotrain}/python-tools" \
+  python3 -m pytest -q -rs -p no:cacheprovider tests/python
 # A test that skips passes in ctest's count: list each with its reason (gtest's "Skipped" lines).
 skips=$(grep -h -A1 ": Skipped$" build/Testing/Temporary/LastTest.log 2>/dev/null | grep -v -e ": Skipped$" -e "^--$" | sort -u || true)
 if [ -n "$skips" ] || [ -n "$hf_note" ]; then

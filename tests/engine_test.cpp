@@ -325,3 +325,72 @@ TEST(Engine, SkippedStepsDoNotAdvanceTheSchedule) {
 }
 
 }  // namespace
+
+namespace {
+
+// Parameter groups: a.weight in the configuration's group (lr 0.01, weight decay 0.1), the biases
+// without weight decay, b.weight with its own lr and weight decay; torch's AdamW with the same
+// three groups is the reference.
+void expect_groups_match_torch(int stage) {
+  const std::string json = R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
+     "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 50},
+     "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}})";
+  auto config = zt::parse_config(json, {}, 1);
+  torch::manual_seed(7);
+  auto ours = std::make_shared<Net>();
+  auto reference = std::make_shared<Net>();
+  copy_parameters(*ours, *reference);
+  std::vector<zt::ParameterGroup> groups = {{{"a.bias", "b.bias"}, std::nullopt, 0.0}, {{"b.weight"}, 0.02, 0.3}};
+  zt::Engine engine(ours, config, single_rank(), groups);
+  std::vector<torch::optim::OptimizerParamGroup> ref_groups;
+  ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->weight},
+                          std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.01).weight_decay(0.1)));
+  ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->bias, reference->b->bias},
+                          std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.01).weight_decay(0.0)));
+  ref_groups.emplace_back(std::vector<torch::Tensor>{reference->b->weight},
+                          std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0.3)));
+  torch::optim::AdamW optimizer(std::move(ref_groups), torch::optim::AdamWOptions(0.01));
+  for (int step = 0; step < 5; ++step) {
+    auto x = torch::randn({4, 8});
+    auto y = torch::randn({4, 4});
+    optimizer.zero_grad();
+    engine.backward(torch::mse_loss(ours->forward(x), y));
+    torch::mse_loss(reference->forward(x), y).backward();
+    EXPECT_TRUE(engine.step().stepped);
+    optimizer.step();
+  }
+  auto a = ours->named_parameters();
+  auto b = reference->named_parameters();
+  for (const auto& item : a) {
+    if (!item.value().requires_grad()) continue;
+    const torch::Tensor& want = b[item.key()];
+    auto rel = ((item.value() - want).abs().max() / want.abs().max().clamp_min(1e-12)).item<double>();
+    EXPECT_LT(rel, 1e-5) << "stage " << stage << " parameter " << item.key();
+  }
+}
+
+}  // namespace
+
+TEST(Engine, ParameterGroupsHaveTheirOwnLearningRateAndWeightDecayAtEveryStage) {
+  for (int stage = 0; stage <= 3; ++stage) expect_groups_match_torch(stage);
+}
+
+TEST(Engine, ParameterGroupsNamingNoParameterOrOneTwiceAreRefused) {
+  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4})", {}, 1);
+  auto comm = single_rank();
+  auto expect_refused = [&](std::vector<zt::ParameterGroup> groups, const std::string& what) {
+    auto net = std::make_shared<Net>();
+    torch::Tensor before = net->a->weight.detach().clone();
+    try {
+      zt::Engine engine(net, config, comm, std::move(groups));
+      ADD_FAILURE() << "expected zt::ConfigError for " << what;
+    } catch (const zt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(torch::equal(net->a->weight.detach(), before)) << "the model changed";
+  };
+  expect_refused({{{"a.weight", "nope"}, 0.1, std::nullopt}}, "found 'nope'");
+  expect_refused({{{"frozen"}, 0.1, std::nullopt}}, "found 'frozen'");
+  expect_refused({{{"a.bias"}, std::nullopt, 0.0}, {{"a.bias"}, std::nullopt, 0.1}}, "'a.bias' is in parameter groups 0 and 1");
+  expect_refused({{{"a.bias"}, -1.0, std::nullopt}}, "expected lr >= 0");
+}

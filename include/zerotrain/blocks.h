@@ -67,12 +67,20 @@ void mark_block(const std::shared_ptr<torch::nn::Module>& module);
 bool is_marked_block(const torch::nn::Module& module);
 at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const BlockFunction& fn);
 
+// run_block for a block that takes and returns several tensors (the Python package's units: a
+// submodule's forward with any arguments and outputs): fn() runs with the block's parameters
+// gathered, and each output that requires a gradient carries the identity that gathers them again
+// before the block's backward. Without a stage-3 engine it is just fn(). Same contract otherwise.
+using BlockOutputsFunction = std::function<std::vector<at::Tensor>()>;
+std::vector<at::Tensor> run_block_outputs(torch::nn::Module& module, const BlockOutputsFunction& fn);
+
 // What run_block calls when a stage-3 engine owns a module; implemented by the engine. Several
 // engines may be alive in one process, each owning the blocks of its own model.
 class BlockRunner {
  public:
   virtual ~BlockRunner() = default;
   virtual at::Tensor run(int block, const at::Tensor& x, const BlockFunction& fn) = 0;
+  virtual std::vector<at::Tensor> run_outputs(int block, const BlockOutputsFunction& fn) = 0;
 };
 // Makes `runner` run `modules` (modules[i] is its block i); throws zt::Error when one of them
 // belongs to another installed runner.

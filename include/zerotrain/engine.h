@@ -51,6 +51,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,10 +125,25 @@ class WeightReader {
                     float* out) = 0;
 };
 
+// Trainable parameters with optimizer hyperparameters of their own, as DeepSpeed and torch.optim
+// take parameter groups (e.g. no weight decay on biases and norms). Parameters no group names use
+// the configuration's values.
+struct ParameterGroup {
+  std::vector<std::string> parameters;  // names as the model's named_parameters() gives them
+  // Unset: the configuration's optimizer.params.lr. With a "scheduler" the schedule sets every
+  // group's learning rate, as in DeepSpeed (a note says so once when a group sets its own).
+  std::optional<double> lr;
+  std::optional<double> weight_decay;  // unset: optimizer.params.weight_decay
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
          std::shared_ptr<Communicator> comm);
+  // With parameter groups; a name that is not a trainable parameter, or one in two groups, throws
+  // zt::ConfigError.
+  Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config, std::shared_ptr<Communicator> comm,
+         std::vector<ParameterGroup> groups);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

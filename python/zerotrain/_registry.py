@@ -6,6 +6,7 @@ _by_id = {}
 
 
 def register(engine, named_parameters):
+    track(engine)
     ref = weakref.ref(engine)
     for name, p in named_parameters:
         _by_id[id(p)] = (weakref.ref(p), ref, name)
@@ -19,3 +20,15 @@ def engine_of(param):
     if engine is None or engine._engine is None:
         return None
     return engine, entry[2]
+
+
+_engines = weakref.WeakSet()
+
+
+def track(engine):
+    _engines.add(engine)
+
+
+def destroy_engines():
+    for engine in list(_engines):
+        engine._engine = None

@@ -6,6 +6,7 @@ machine), and torch.distributed's default process group, for the script's own co
 meet at the same rendezvous: the variables torchrun and `zerotrain launch` set (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, ...), Slurm's or Open MPI's.
 """
+import atexit
 import datetime
 
 import torch
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from . import _C
 
 _communicator = None
+_owns_torch_group = False  # torch.distributed's default group was initialised here
 
 
 def init_distributed(dist_backend="gloo", auto_mpi_discovery=True, distributed_port=None, verbose=True,
@@ -21,7 +23,7 @@ def init_distributed(dist_backend="gloo", auto_mpi_discovery=True, distributed_p
     """Joins the job (a no-op when already joined). With torch.distributed already initialised by the
     script (env://), zerotrain's communicator joins the store it serves; otherwise zerotrain meets the
     other ranks first and then initialises torch.distributed over the same store."""
-    global _communicator
+    global _communicator, _owns_torch_group
     if _communicator is not None:
         return
     if dist_backend not in ("gloo", "nccl", None):
@@ -47,6 +49,25 @@ def init_distributed(dist_backend="gloo", auto_mpi_discovery=True, distributed_p
                                                                       info["world_size"], is_master=False,
                                                                       **kwargs))
     dist.init_process_group(backend, store=store, rank=info["rank"], world_size=info["world_size"], **kwargs)
+    _owns_torch_group = True
+
+
+def _shut_down():
+    """At interpreter exit, before Python's teardown destroys objects in no particular order: every
+    engine first (they use the communicator), then the communicator, whose threads are joined."""
+    global _communicator
+    from . import _registry
+
+    _registry.destroy_engines()
+    _communicator = None
+    # torch.distributed's Gloo threads free their finished work (and with it the script's tensors)
+    # on their own; at interpreter teardown that takes the GIL from a dying thread and aborts the
+    # process. Destroying the group we made joins them first.
+    if _owns_torch_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+atexit.register(_shut_down)
 
 
 def communicator():

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from . import _C, _registry, comm
+from . import _C, _registry, _units, comm
 from .ops._client import EngineOptimizer
 
 # torch.optim classes the engine has a kernel for: the configuration's optimizer type and params.
@@ -35,8 +35,11 @@ def _torch_optimizer_config(opt):
 _SUPPORTED = ("zerotrain.ops.adam.FusedAdam, zerotrain.ops.adam.DeepSpeedCPUAdam, zerotrain.ops.lamb.FusedLamb, "
               "torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD")
 
-_HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff",
-                    "momentum", "dampening", "nesterov")
+# Per group, these two may differ (the engine's ParameterGroup); the others must be the same in
+# every group.
+_PER_GROUP = ("lr", "weight_decay")
+_SHARED = ("betas", "eps", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff", "momentum", "dampening",
+           "nesterov", "amsgrad", "adam_w_mode")
 
 
 def _optimizer_from_client(optimizer):
@@ -56,47 +59,61 @@ def _optimizer_from_client(optimizer):
         raise TypeError(f"zerotrain.initialize: expected a torch.optim.Optimizer for optimizer=, found {type(optimizer).__name__}")
     groups = optimizer.param_groups
     for i, g in enumerate(groups[1:], start=1):
-        for key in _HYPERPARAMETERS:
+        for key in _SHARED:
             if key in g and key in groups[0] and g[key] != groups[0][key]:
                 raise ValueError(f"zerotrain.initialize: optimizer parameter group {i} has {key}={g[key]!r} where group 0 "
-                                 f"has {groups[0][key]!r}: per-group hyperparameters are not implemented yet; "
-                                 "every group must share them")
+                                 f"has {groups[0][key]!r}: only lr and weight_decay may differ between groups")
     return {"type": opt_type, "params": params}
 
 
 def _parameter_groups(model, model_parameters, optimizer):
-    """The trainable parameters the script hands over, checked against the model."""
+    """The trainable parameters the script hands over, checked against the model, and the groups
+    with hyperparameters of their own as [(names, lr or None, weight_decay or None)]."""
     named = list(model.named_parameters())
     by_id = {id(p): n for n, p in named}
-    given = []
+    given, groups = [], []
+
+    def take(params, where):
+        params = [params] if torch.is_tensor(params) else list(params)
+        for p in params:
+            if not torch.is_tensor(p):
+                raise TypeError(f"zerotrain.initialize: {where}: expected tensors or groups of them, found {type(p).__name__}")
+            if id(p) not in by_id:
+                raise ValueError(f"zerotrain.initialize: {where} holds a tensor of shape {tuple(p.shape)} that is not a "
+                                 "parameter of the model")
+        given.extend(params)
+        return [by_id[id(p)] for p in params]
+
     if optimizer is not None:
-        for g in optimizer.param_groups:
-            given.extend(g["params"])
+        for i, g in enumerate(optimizer.param_groups):
+            names = take(g["params"], "the optimizer's parameter groups")
+            if i > 0:
+                groups.append((names, float(g["lr"]) if "lr" in g else None,
+                               float(g["weight_decay"]) if "weight_decay" in g else None))
     elif model_parameters is not None:
         for item in model_parameters:
             if isinstance(item, dict):
-                extra = sorted(k for k in item if k != "params" and k in _HYPERPARAMETERS)
-                if extra:
-                    raise ValueError(f"zerotrain.initialize: a model_parameters group sets {', '.join(extra)}: per-group "
-                                     "hyperparameters are not implemented yet; give them in the configuration's "
-                                     "\"optimizer\" block for all parameters")
-                given.extend(item["params"] if not torch.is_tensor(item["params"]) else [item["params"]])
+                shared = sorted(k for k in item if k in _SHARED)
+                if shared:
+                    raise ValueError(f"zerotrain.initialize: a model_parameters group sets {', '.join(shared)}: only lr "
+                                     "and weight_decay may be set per group; give the others in the configuration's "
+                                     "\"optimizer\" block")
+                names = take(item["params"], "model_parameters")
+                if any(k in item for k in _PER_GROUP):
+                    groups.append((names, float(item["lr"]) if "lr" in item else None,
+                                   float(item["weight_decay"]) if "weight_decay" in item else None))
             else:
-                given.append(item)
+                take(item, "model_parameters")
     else:
         given = [p for _, p in named if p.requires_grad]
-    for p in given:
-        if not torch.is_tensor(p):
-            raise TypeError(f"zerotrain.initialize: model_parameters: expected tensors or groups of them, found {type(p).__name__}")
-        if id(p) not in by_id:
-            raise ValueError(f"zerotrain.initialize: model_parameters holds a tensor of shape {tuple(p.shape)} that is not a "
-                             "parameter of the model")
     chosen = {id(p) for p in given}
     left_out = [n for n, p in named if p.requires_grad and id(p) not in chosen]
     if left_out:
         raise ValueError(f"zerotrain.initialize: {len(left_out)} parameter(s) of the model require a gradient but are not in "
                          f"model_parameters (the first: {left_out[0]!r}); set requires_grad=False on the ones to freeze")
-    return named
+    trainable = {n for n, p in named if p.requires_grad}  # frozen ones in a group are not the optimizer's
+    groups = [([n for n in names if n in trainable], lr, wd) for names, lr, wd in groups]
+    return named, [g for g in groups if g[0]]
 
 
 _NOTED = set()
@@ -198,19 +215,45 @@ class ZeroEngine:
         if own:
             _note_once("own-blocks", f"the configuration's {', '.join(own)} block(s) are read by the zerotrain command "
                                      "line only; from Python the script's own model and loop are used")
-        self._named_parameters = _parameter_groups(model, model_parameters, optimizer)
+        reporting = [k for k in ("steps_per_print", "wall_clock_breakdown", "csv_monitor", "flops_profiler",
+                                 "comms_logger", "tensorboard", "wandb", "comet") if k in config]
+        if reporting:
+            _note_once("reporting", f"{', '.join(reporting)}: reported by the zerotrain command line's trainer; from "
+                                    "Python they are ignored")
+        self._named_parameters, groups = _parameter_groups(model, model_parameters, optimizer)
         self.module = model
         self.basic_optimizer = basic
         self._communicator = comm.communicator()
         buffers = list(model.named_buffers())
         self._shell = _C.make_module_shell(self._named_parameters, buffers)
-        self._engine = _C.Engine(self._shell, json.dumps(config), [], self._communicator)
+        checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
+        self._unit_forwards = None
+        units = []
+        if int(checked.get("zero_optimization.stage", "0")) == 3:
+            threshold = int(checked.get("zero_optimization.stage3_param_persistence_threshold", "0"))
+            units, users = _units.choose_units(model, threshold)
+            _C.mark_units(self._shell, units)
+            self._unit_forwards = _units.UnitForwards(model, self._shell, users)
+        try:
+            self._engine = _C.Engine(self._shell, json.dumps(config), [], self._communicator, groups)
+        except BaseException:
+            if self._unit_forwards is not None:
+                self._unit_forwards.restore()
+            raise
         resolved = self._engine.config_json
-        stage = int(resolved.get("zero_optimization.stage", "0"))
-        if stage == 3:
-            _note_once("stage3-units", "stage 3 from Python partitions gradients and optimizer states; no unit of the "
-                                       "module qualifies for parameter sharding yet, so every rank keeps the "
-                                       "parameters whole (as at stage 2)")
+        if int(resolved.get("zero_optimization.stage", "0")) == 3:
+            trainable = [p for _, p in self._named_parameters if p.requires_grad]
+            total = sum(p.numel() for p in trainable)
+            modules = dict(model.named_modules())
+            sharded = sum(p.numel() for u in units for p in modules[u]._parameters.values()
+                          if p is not None and p.requires_grad)
+            if not units:
+                _note_once("stage3-units", "stage 3: no submodule qualifies as a unit to shard (stage3_param_persistence_"
+                                           f"threshold {threshold}): every rank keeps all {total} parameters whole; "
+                                           "gradients and optimizer states are partitioned")
+            else:
+                _note_once("stage3-units", f"stage 3: {len(units)} units sharded ({sharded} of {total} trainable "
+                                           "parameters); the rest are kept whole on every rank")
         self.optimizer = EngineOptimizerView(self, basic)
         self.lr_scheduler = EngineLRScheduler(self, resolved.get("scheduler.type", "")) \
             if resolved.get("scheduler.type", "").strip('"') else None
@@ -347,9 +390,12 @@ class ZeroEngine:
 
     # ------------------------------------------------------------------ lifetime
     def destroy(self):
-        """Releases the engine's state; the module keeps its current values."""
+        """Releases the engine's state. At stages 0-2 the module keeps its current values; at stage 3
+        its units' parameters go with the engine (as in DeepSpeed: save or export first)."""
         if self._engine is not None:
             self._engine.apply_pending_update()
+            # At stage 3 the units' forwards stay wrapped: their parameters went with the engine, and
+            # running one now raises an error that says so instead of reading memory that is gone.
             self._engine = None
 
     def _live(self):

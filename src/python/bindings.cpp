@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,8 @@ namespace py = pybind11;
 namespace {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+// A parameter group from Python: (names, lr or None, weight_decay or None).
+using GroupTuple = std::tuple<std::vector<std::string>, std::optional<double>, std::optional<double>>;
 
 std::vector<std::string> split_name(const std::string& name) {
   std::vector<std::string> parts;
@@ -75,6 +78,25 @@ std::shared_ptr<torch::nn::Module> make_module_shell(const NamedTensors& paramet
     m->register_buffer(leaf, tensor);
   }
   return root;
+}
+
+std::shared_ptr<torch::nn::Module> submodule(const std::shared_ptr<torch::nn::Module>& shell, const std::string& path) {
+  for (const auto& item : shell->named_modules(/*name_prefix=*/"", /*include_self=*/false))
+    if (item.key() == path) return item.value();
+  throw zt::ConfigError("module shell: expected a submodule named '" + path + "', found none");
+}
+
+// Stage 3's units: each named shell submodule becomes a block (zerotrain/blocks.h), gathered and
+// released as a whole; must precede the engine's construction.
+void mark_units(const std::shared_ptr<torch::nn::Module>& shell, const std::vector<std::string>& paths) {
+  for (const std::string& path : paths) zt::mark_block(submodule(shell, path));
+}
+
+// Runs fn() (a Python callable returning a list of tensors: a unit's forward, flattened) with the
+// unit's parameters gathered; returns the outputs, those that require a gradient through the
+// identity that gathers them again for backward.
+std::vector<at::Tensor> run_unit(const std::shared_ptr<torch::nn::Module>& unit, const py::function& fn) {
+  return zt::run_block_outputs(*unit, [&]() { return fn().cast<std::vector<at::Tensor>>(); });
 }
 
 // A Python callable held by C++ code that may drop it on a thread without the GIL.
@@ -176,6 +198,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
 
   m.def("make_module_shell", &make_module_shell, py::arg("parameters"), py::arg("buffers"));
+  m.def("shell_submodule", &submodule, py::arg("shell"), py::arg("path"));
+  m.def("mark_units", &mark_units, py::arg("shell"), py::arg("paths"));
+  m.def("run_unit", &run_unit, py::arg("unit"), py::arg("function"));
 
   py::class_<PyStepResult>(m, "StepResult")
       .def_readonly("boundary", &PyStepResult::boundary)
@@ -188,12 +213,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<zt::Engine, std::shared_ptr<zt::Engine>>(m, "Engine")
       .def(py::init([](std::shared_ptr<torch::nn::Module> shell, const std::string& json_text,
-                       const std::vector<std::string>& overrides, std::shared_ptr<zt::Communicator> comm) {
+                       const std::vector<std::string>& overrides, std::shared_ptr<zt::Communicator> comm,
+                       const std::vector<GroupTuple>& group_tuples) {
              zt::TrainConfig config = zt::parse_config(json_text, overrides, comm->world_size());
+             std::vector<zt::ParameterGroup> groups;
+             for (const auto& [names, lr, weight_decay] : group_tuples) groups.push_back({names, lr, weight_decay});
              py::gil_scoped_release release;
-             return std::make_shared<zt::Engine>(std::move(shell), config, std::move(comm));
+             return std::make_shared<zt::Engine>(std::move(shell), config, std::move(comm), std::move(groups));
            }),
-           py::arg("shell"), py::arg("config_json"), py::arg("overrides"), py::arg("communicator"))
+           py::arg("shell"), py::arg("config_json"), py::arg("overrides"), py::arg("communicator"),
+           py::arg("groups") = std::vector<GroupTuple>{})
       .def("backward", [](zt::Engine& e, const at::Tensor& loss) {
         py::gil_scoped_release release;
         e.backward(loss);

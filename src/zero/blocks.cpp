@@ -108,14 +108,14 @@ bool is_marked_block(const torch::nn::Module& module) {
   return false;
 }
 
-at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const BlockFunction& fn) {
+namespace {
+
+// The runner of `module` with its block number, or none (run it plainly); throws for a module whose
+// parameters are not there to run it with.
+Owner owner_of(const torch::nn::Module& module) {
   if (owned_count.load() > 0) {
-    Owner owner;
-    {
-      std::lock_guard lock(registry_mutex);
-      if (auto it = owners.find(&module); it != owners.end()) owner = it->second;
-    }
-    if (owner.runner != nullptr) return owner.runner->run(owner.block, x, fn);
+    std::lock_guard lock(registry_mutex);
+    if (auto it = owners.find(&module); it != owners.end() && it->second.runner != nullptr) return it->second;
   }
   if (pending_count.load() > 0 || orphaned_count.load() > 0) {
     std::lock_guard lock(registry_mutex);
@@ -130,7 +130,19 @@ at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const Block
                     "' were sharded by a stage-3 engine that has been destroyed and have no data; keep the engine "
                     "alive while the model is used");
   }
-  return fn(x);
+  return {};
+}
+
+}  // namespace
+
+at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const BlockFunction& fn) {
+  const Owner owner = owner_of(module);
+  return owner.runner != nullptr ? owner.runner->run(owner.block, x, fn) : fn(x);
+}
+
+std::vector<at::Tensor> run_block_outputs(torch::nn::Module& module, const BlockOutputsFunction& fn) {
+  const Owner owner = owner_of(module);
+  return owner.runner != nullptr ? owner.runner->run_outputs(owner.block, fn) : fn();
 }
 
 void install_block_runner(BlockRunner* runner, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {

@@ -141,9 +141,12 @@ struct Engine::Impl {
   int64_t moments_from = 0;
   bool in_backward = false;
 
-  Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm)
+  std::vector<ParameterGroup> parameter_groups;
+
+  Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm,
+       std::vector<ParameterGroup> g)
       : model(std::move(m)), config(c), comm(std::move(cm)), schedule(c.scheduler, c.optimizer.lr),
-        scaler(c.fp16) {
+        scaler(c.fp16), parameter_groups(std::move(g)) {
     shard_parameters = c.zero.shard_parameters;
     world = comm->world_size();
     rank = comm->rank();
@@ -162,6 +165,47 @@ struct Engine::Impl {
   ~Impl() { liveness->impl = nullptr; }
 
   // ---------------------------------------------------------------- construction
+
+  // The optimizer's parameter groups (Engine's ParameterGroup): group i + 1 of the partition is
+  // parameter_groups[i]; every parameter no group names is in group 0, the configuration's.
+  void assign_parameter_groups(OptimizerPartition::Options& options) {
+    if (parameter_groups.empty()) return;
+    std::unordered_map<std::string, int> group_of;
+    for (const ParameterSpec& spec : specs) group_of.emplace(spec.name, 0);
+    bool lr_given = false;
+    for (size_t i = 0; i < parameter_groups.size(); ++i) {
+      const ParameterGroup& g = parameter_groups[i];
+      if (g.lr && !(std::isfinite(*g.lr) && *g.lr >= 0))
+        throw ConfigError("engine: parameter group " + std::to_string(i) + ": expected lr >= 0, found " + fmt_double(*g.lr));
+      if (g.weight_decay && !(std::isfinite(*g.weight_decay) && *g.weight_decay >= 0))
+        throw ConfigError("engine: parameter group " + std::to_string(i) + ": expected weight_decay >= 0, found " +
+                          fmt_double(*g.weight_decay));
+      lr_given = lr_given || g.lr.has_value();
+      for (const std::string& name : g.parameters) {
+        auto it = group_of.find(name);
+        if (it == group_of.end())
+          throw ConfigError("engine: parameter group " + std::to_string(i) + ": expected the name of a trainable "
+                            "parameter of the model, found '" + name + "'");
+        if (it->second != 0)
+          throw ConfigError("engine: parameter '" + name + "' is in parameter groups " + std::to_string(it->second - 1) +
+                            " and " + std::to_string(i) + "; expected one group per parameter");
+        it->second = int(i) + 1;
+      }
+    }
+    const bool scheduled = !config.scheduler.type.empty();
+    if (lr_given && scheduled && rank == 0)
+      std::fprintf(stderr, "zerotrain: note: the scheduler (%s) sets the learning rate of every parameter group, as in "
+                   "DeepSpeed; the groups' own lr values are not used\n", config.scheduler.type.c_str());
+    options.groups.assign(parameter_groups.size() + 1, {});
+    for (size_t i = 0; i < parameter_groups.size(); ++i) {
+      if (!scheduled) options.groups[i + 1].lr = parameter_groups[i].lr;
+      options.groups[i + 1].weight_decay = parameter_groups[i].weight_decay;
+    }
+    options.placement_group.resize(layout.placements.size());
+    for (size_t p = 0; p < layout.placements.size(); ++p)
+      options.placement_group[p] = group_of.at(specs[size_t(layout.placements[p].index)].name);
+  }
+
   void build() {
     // The parameters of another live stage-3 engine's blocks have no data between its gathers.
     for (const auto& item : model->named_modules("model", /*include_self=*/true))
@@ -243,6 +287,7 @@ struct Engine::Impl {
     optimizer_options.shard_world = shard_world;
     optimizer_options.delayed = config.zero.offload_optimizer.delayed_update;
     optimizer_options.devices = devices;
+    assign_parameter_groups(optimizer_options);
     if (io) {
       optimizer_options.tiers.groups = groups;
       optimizer_options.tiers.on_disk = plan.optimizer_on_disk;
@@ -697,12 +742,13 @@ struct Engine::Impl {
     } catch (...) {
       in_backward = false;
       reducer->abort_backward();
+      if (gatherer) gatherer->end_backward(/*release=*/false);
       throw;
     }
     in_backward = false;
     reducer->end_backward();
     // A block some of whose parameters got no gradient is still gathered: release it.
-    if (gatherer) gatherer->release_all();
+    if (gatherer) gatherer->end_backward();
     ++micro_step;
   }
 
@@ -1189,7 +1235,10 @@ struct Engine::Impl {
 
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
                std::shared_ptr<Communicator> comm)
-    : impl_(std::make_unique<Impl>(std::move(model), config, std::move(comm))) {}
+    : Engine(std::move(model), config, std::move(comm), {}) {}
+Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config, std::shared_ptr<Communicator> comm,
+               std::vector<ParameterGroup> groups)
+    : impl_(std::make_unique<Impl>(std::move(model), config, std::move(comm), std::move(groups))) {}
 Engine::~Engine() = default;
 void Engine::backward(const at::Tensor& loss) { impl_->backward(loss); }
 StepResult Engine::step() { return impl_->step(); }

@@ -217,19 +217,33 @@ void OptimizerPartition::join_worker() {
 // Pieces of the owned fragments, contiguous in the flat buffer and the partition, cut at
 // sub-group boundaries and (16-bit gradients, converted through the scratch) every
 // kConversionChunk elements.
+template <typename Hyper>
+Hyper OptimizerPartition::for_group(Hyper hyper, int group) const {
+  if (group <= 0 || size_t(group) >= options_.groups.size()) return hyper;
+  const Options::Group& g = options_.groups[size_t(group)];
+  if (g.lr) hyper.lr = *g.lr;
+  if (g.weight_decay) hyper.weight_decay = *g.weight_decay;
+  return hyper;
+}
+
 void OptimizerPartition::plan_chunks() {
   const int64_t limit = grad_scratch_.defined() ? kConversionChunk : std::numeric_limits<int64_t>::max();
   chunks_.assign(groups_.size(), {});
   size_t g = 0;
   for (const OwnedFragment& f : layout_.owned_fragments(options_.shard_rank)) {
+    // Padding (placement -1) joins whatever chunk it follows: its elements stay zero.
+    const int group = f.placement >= 0 && !options_.placement_group.empty() ? options_.placement_group[size_t(f.placement)] : -1;
     for (int64_t done = 0; done < f.numel;) {
       const int64_t at = f.partition_offset + done;
       while (at >= groups_[g].begin + groups_[g].numel) ++g;
       std::vector<Chunk>& chunks = chunks_[g];
       if (chunks.empty() || chunks.back().numel >= limit ||
           chunks.back().flat_offset + chunks.back().numel != f.flat_offset + done ||
-          chunks.back().partition_offset + chunks.back().numel != at)
-        chunks.push_back({f.flat_offset + done, at, 0, {0}, {}});
+          chunks.back().partition_offset + chunks.back().numel != at ||
+          (group >= 0 && chunks.back().group != group && chunks.back().numel > 0 &&
+           !(chunks.back().placements.size() == 1 && chunks.back().placements[0] < 0)))
+        chunks.push_back({f.flat_offset + done, at, 0, {0}, {}, std::max(group, 0)});
+      if (group >= 0) chunks.back().group = group;
       Chunk& c = chunks.back();
       const int64_t take = std::min({f.numel - done, limit - c.numel, groups_[g].begin + groups_[g].numel - at});
       c.numel += take;
@@ -453,19 +467,21 @@ void OptimizerPartition::run_step(double lr, std::optional<Betas> betas, int64_t
     case Kind::Adam:
       for_each_chunk(target, true, true,
                      [&](const Chunk& c, float* p, const void* g, float* m, float* v, uint16_t* h) {
+                       const auto hyper = for_group(adam_, c.group);
                        if (on_device)
-                         optim::adam_step_device(p, g, m, v, c.numel, adam_, step, device_with_half(h));
+                         optim::adam_step_device(p, g, m, v, c.numel, hyper, step, device_with_half(h));
                        else
-                         optim::adam_step(p, static_cast<const float*>(g), m, v, c.numel, adam_, step, with_half(h));
+                         optim::adam_step(p, static_cast<const float*>(g), m, v, c.numel, hyper, step, with_half(h));
                      });
       break;
     case Kind::Sgd:
       for_each_chunk(target, true, true,
                      [&](const Chunk& c, float* p, const void* g, float* m, float*, uint16_t* h) {
+                       const auto hyper = for_group(sgd_, c.group);
                        if (on_device)
-                         optim::sgd_step_device(p, g, m, c.numel, sgd_, step, device_with_half(h));
+                         optim::sgd_step_device(p, g, m, c.numel, hyper, step, device_with_half(h));
                        else
-                         optim::sgd_step(p, static_cast<const float*>(g), m, c.numel, sgd_, step, with_half(h));
+                         optim::sgd_step(p, static_cast<const float*>(g), m, c.numel, hyper, step, with_half(h));
                      });
       break;
     case Kind::Lamb:
@@ -483,8 +499,8 @@ void OptimizerPartition::lamb_on_host(PassTarget target, int64_t step, const opt
   for_each_chunk(target, false, true, [&](const Chunk& c, float* p, const void* g, float* m, float* v, uint16_t*) {
     const int pieces = int(c.placements.size());
     std::vector<double> w_sq(pieces), u_sq(pieces);
-    optim::lamb_partial_norms(p, static_cast<const float*>(g), m, v, c.numel, c.bounds.data(), pieces, lamb_, options,
-                              w_sq.data(), u_sq.data());
+    optim::lamb_partial_norms(p, static_cast<const float*>(g), m, v, c.numel, c.bounds.data(), pieces,
+                              for_group(lamb_, c.group), options, w_sq.data(), u_sq.data());
     for (int k = 0; k < pieces; ++k)
       if (c.placements[k] >= 0) {
         s[c.placements[k]] += w_sq[k];
@@ -502,7 +518,8 @@ void OptimizerPartition::lamb_on_host(PassTarget target, int64_t step, const opt
       }
     optim::StepOptions o = options;
     o.half_out = h;
-    optim::lamb_apply(p, m, v, c.numel, c.bounds.data(), pieces, w_sq.data(), u_sq.data(), lamb_, step, o);
+    optim::lamb_apply(p, m, v, c.numel, c.bounds.data(), pieces, w_sq.data(), u_sq.data(), for_group(lamb_, c.group),
+                      step, o);
   });
 }
 
@@ -529,7 +546,7 @@ void OptimizerPartition::lamb_on_device(PassTarget target, int64_t step, const o
   for_each_chunk(target, false, true, [&](const Chunk& c, float* p, const void* g, float* m, float* v, uint16_t*) {
     const int pieces = int(c.placements.size());
     torch::Tensor piece_sums = torch::zeros({2, pieces}, device.dtype(torch::kFloat64));
-    optim::lamb_partial_norms_device(p, g, m, v, c.numel, c.bounds.data(), pieces, lamb_, options,
+    optim::lamb_partial_norms_device(p, g, m, v, c.numel, c.bounds.data(), pieces, for_group(lamb_, c.group), options,
                                      piece_sums[0].data_ptr<double>(), piece_sums[1].data_ptr<double>());
     auto [kept, owners] = piece_indices(c);
     if (kept.numel() == 0) return;
@@ -548,7 +565,7 @@ void OptimizerPartition::lamb_on_device(PassTarget target, int64_t step, const o
     optim::DeviceStepOptions o = options;
     o.half_out = h;
     optim::lamb_apply_device(p, m, v, c.numel, c.bounds.data(), pieces, totals[0].data_ptr<double>(),
-                             totals[1].data_ptr<double>(), lamb_, step, o);
+                             totals[1].data_ptr<double>(), for_group(lamb_, c.group), step, o);
   });
 }
 

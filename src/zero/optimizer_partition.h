@@ -92,6 +92,14 @@ class OptimizerPartition {
     // on the device (the device kernels), or on the host staged through copies of the owned
     // gradients and working values.
     DevicePlan devices;
+    // Parameter groups (Engine's ParameterGroup): the group of each layout placement (empty: all in
+    // group 0) and each group's learning rate and weight decay where it sets them; unset values
+    // and group 0 follow `optimizer` (and the schedule's learning rate).
+    struct Group {
+      std::optional<double> lr, weight_decay;
+    };
+    std::vector<int> placement_group;
+    std::vector<Group> groups;
   };
 
   OptimizerPartition(const FlatLayout& layout, const Options& options, Communicator& comm, Working working);
@@ -159,10 +167,14 @@ class OptimizerPartition {
     int64_t flat_offset = 0, partition_offset = 0, numel = 0;
     std::vector<int64_t> bounds{0};  // LAMB: piece boundaries relative to the chunk
     std::vector<int> placements;     // LAMB: the placement of each piece, -1 for padding
+    int group = 0;                   // the parameter group of every piece (Options::groups)
   };
   struct Pointers;  // one sub-group's roles, resident
   class Stream;
   void plan_chunks();
+  // The hyperparameters of parameter group `group`: `hyper` with the group's own values.
+  template <typename Hyper>
+  Hyper for_group(Hyper hyper, int group) const;
   // Where one pass reads gradients and writes the working values.
   struct PassTarget {
     const GradientReducer* gradients = nullptr;  // null: the delayed update's snapshot

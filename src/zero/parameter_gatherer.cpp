@@ -130,6 +130,7 @@ void ParameterGatherer::adopt_bucket(int b, at::Tensor full) {
 }
 
 void ParameterGatherer::begin_backward() {
+  in_backward_ = true;
   for (auto& block : blocks_) block.remaining = block.trainable;
   if (!order_known_) {
     check_block_call(-1);  // every rank's first forward ends here
@@ -143,6 +144,11 @@ void ParameterGatherer::begin_backward() {
 
 void ParameterGatherer::gradient_arrived(int bucket) {
   if (int g = layout_.buckets[bucket].group; g >= 0 && --blocks_[g].remaining == 0) release(g);
+}
+
+void ParameterGatherer::end_backward(bool release) {
+  in_backward_ = false;
+  if (release) release_all();
 }
 
 void ParameterGatherer::release_all() {
@@ -254,11 +260,17 @@ void ParameterGatherer::prefetch(int64_t position, int direction) {
     if (b.residence != Residence::Released) live_numel += b.numel;
   const int64_t budget =
       std::min(zero_.stage3_prefetch_bucket_size, zero_.stage3_max_live_parameters - live_numel);
+  // The window is the next `budget` elements of the order: blocks in it that are already gathered
+  // (or being gathered) count, so that the window does not run further ahead at every use when
+  // the blocks are small.
   int64_t launched = 0;
   int64_t p = position;
   for (; launched < budget && p >= 0 && p < int64_t(recorded_order_.size()); p += direction) {
     const int block = recorded_order_[p];
-    if (blocks_[block].residence != Residence::Released) continue;
+    if (blocks_[block].residence != Residence::Released) {
+      launched += blocks_[block].numel;
+      continue;
+    }
     if (!reads_secondary(block) && !shards_.can_prepare(block)) break;  // a prefetch never waits for a buffer
     launch_gather(block);
     ++prefetched_;
@@ -292,6 +304,22 @@ void ParameterGatherer::check_block_call(int block) {
 }
 
 torch::Tensor ParameterGatherer::run(int block, const torch::Tensor& x, const BlockFunction& fn) {
+  return run_outputs(block, [&] { return std::vector<torch::Tensor>{fn(x)}; })[0];
+}
+
+std::vector<torch::Tensor> ParameterGatherer::run_outputs(int block, const BlockOutputsFunction& fn) {
+  if (in_backward_) {
+    // A recomputation (activation checkpointing around the block): its backward comes next, so the
+    // block stays gathered until its gradients are in, and nothing ahead in forward order is
+    // prefetched (backward has passed it).
+    const int64_t position = std::find(recorded_order_.begin(), recorded_order_.end(), block) - recorded_order_.begin();
+    gather(block);
+    std::vector<torch::Tensor> outputs = fn();
+    if (torch::GradMode::is_enabled())
+      for (torch::Tensor& y : outputs)
+        if (y.defined() && y.requires_grad()) y = Regather::apply(y, liveness_, blocks_[block].name, int64_t(block), position);
+    return outputs;
+  }
   int64_t position;
   bool in_order = false;  // at the position the recorded order expects
   if (!order_known_) {
@@ -308,13 +336,17 @@ torch::Tensor ParameterGatherer::run(int block, const torch::Tensor& x, const Bl
   forward_position_ = position + 1;
   gather(block);
   prefetch(position + 1, +1);
-  torch::Tensor y = fn(x);
-  const bool backward_follows = y.requires_grad() && torch::GradMode::is_enabled();
+  std::vector<torch::Tensor> outputs = fn();
+  const bool backward_follows =
+      torch::GradMode::is_enabled() &&
+      std::any_of(outputs.begin(), outputs.end(), [](const torch::Tensor& y) { return y.defined() && y.requires_grad(); });
   // Kept for a reuse near enough (stage3_max_reuse_distance); a forward without backward, or off
   // the recorded order, releases at once.
   if (!(backward_follows && in_order && kept_after_use_[size_t(position)])) release(block);
-  if (backward_follows) y = Regather::apply(y, liveness_, blocks_[block].name, int64_t(block), position);
-  return y;
+  if (backward_follows)
+    for (torch::Tensor& y : outputs)
+      if (y.defined() && y.requires_grad()) y = Regather::apply(y, liveness_, blocks_[block].name, int64_t(block), position);
+  return outputs;
 }
 
 // Backward reaches the block's use at `position`: its parameters must be whole again; the use

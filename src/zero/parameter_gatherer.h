@@ -100,6 +100,10 @@ class ParameterGatherer : public BlockRunner {
   void begin_backward();
   // A gradient of `bucket` arrived; its block is released after its last one.
   void gradient_arrived(int bucket);
+  // The backward ended: every block still gathered is released (release false: it failed, and the
+  // blocks are left as they are). A block run between begin_backward() and end_backward() is a
+  // recomputation (activation checkpointing).
+  void end_backward(bool release = true);
   void release_all();
   // Parameters outside every block stay whole on every rank; refresh them after a step.
   void gather_persistent();
@@ -108,6 +112,7 @@ class ParameterGatherer : public BlockRunner {
   void invalidate_secondary();
 
   at::Tensor run(int block, const at::Tensor& x, const BlockFunction& fn) override;
+  std::vector<at::Tensor> run_outputs(int block, const BlockOutputsFunction& fn) override;
   void gather_for_backward(int block, int64_t position);
 
   int64_t persistent_bytes() const;
@@ -164,6 +169,7 @@ class ParameterGatherer : public BlockRunner {
   std::vector<int> recorded_order_;
   std::vector<char> kept_after_use_;  // per recorded position: stays gathered after its forward use
   bool order_known_ = false;
+  bool in_backward_ = false;
   int64_t forward_position_ = 0;
 };
 

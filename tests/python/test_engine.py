@@ -122,11 +122,11 @@ def test_bad_input_is_one_clear_exception():
     stranger = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(ValueError, match="not a parameter of the model"):
         zerotrain.initialize(model=model, model_parameters=list(model.parameters()) + [stranger], config=config(0))
-    with pytest.raises(ValueError, match="per-group hyperparameters"):
+    with pytest.raises(ValueError, match="only lr and weight_decay may be set per group"):
         zerotrain.initialize(model=model, config=config(0),
                              model_parameters=[{"params": [model[0].weight]},
                                                {"params": [p for n, p in model.named_parameters() if n != "0.weight"],
-                                                "weight_decay": 0.0}])
+                                                "betas": (0.8, 0.9)}])
     with pytest.raises(ValueError, match="require a gradient but are not in model_parameters"):
         zerotrain.initialize(model=model, model_parameters=[model[0].weight], config=config(0))
     with pytest.raises(ValueError, match="not JSON"):

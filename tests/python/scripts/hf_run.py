@@ -1,0 +1,74 @@
+"""Run under `zerotrain launch --nproc 2`: a tiny Hugging Face transformers model (random weights,
+no hub) trained through zerotrain's Python front end with the settings in argv; rank 0 writes its
+losses and the engine's stage-3 counters as JSON."""
+import json
+import sys
+import warnings
+
+import torch
+
+import zerotrain
+
+warnings.filterwarnings("ignore")
+
+
+def build(kind):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = tf.LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                             tie_word_embeddings=False)
+        return tf.LlamaForCausalLM(cfg)
+    if kind == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
+                            embd_pdrop=0.0, attn_pdrop=0.0)
+        return tf.GPT2LMHeadModel(cfg)
+    if kind == "bert":
+        cfg = tf.BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+        return tf.BertForPreTraining(cfg)
+    raise ValueError(kind)
+
+
+def loss_of(kind, engine, ids):
+    if kind == "bert":
+        out = engine(input_ids=ids, labels=ids, next_sentence_label=torch.zeros(ids.shape[0], dtype=torch.long))
+    else:
+        out = engine(input_ids=ids, labels=ids)
+    return out.loss
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    kind = spec["model"]
+    model = build(kind)
+    if spec.get("checkpointing"):
+        model._set_gradient_checkpointing(True, zerotrain.checkpointing.checkpoint)
+        model.train()
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
+              "zero_optimization": dict({"stage": spec["stage"], "stage3_param_persistence_threshold": 0},
+                                        **spec.get("zero", {}))}
+    engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config)
+    rank = zerotrain.comm.get_rank()
+    g = torch.Generator().manual_seed(10 + rank)
+    losses = []
+    for step in range(3):
+        ids = torch.randint(0, 96, (2, 16), generator=g)
+        loss = loss_of(kind, engine, ids)
+        engine.backward(loss)
+        engine.step()
+        mean = torch.tensor([float(loss)])
+        zerotrain.comm.all_reduce(mean)
+        losses.append(float(mean) / zerotrain.comm.get_world_size())
+    if rank == 0:
+        with open(sys.argv[2], "w") as f:
+            json.dump({"losses": losses, "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
+                       "trainable_bytes": 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Run under `zerotrain launch --nproc 2`: trains a small module with a tied embedding/head, norms,
+a container with a parameter of its own and activation checkpointing, at the stage and settings
+given in argv, and writes rank 0's losses and the engine's stage-3 counters as JSON."""
+import json
+import sys
+
+import torch
+
+import zerotrain
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x, scale=0.5):
+        return x + scale * self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, vocab=64, d=32, layers=3):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.gate = torch.nn.Parameter(torch.ones(d))  # the container's own parameter: kept whole
+        self.blocks = torch.nn.ModuleList(Block(d) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(d)
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+        self.checkpointing = False
+
+    def forward(self, ids, targets):
+        x = self.embed(ids) * self.gate
+        for block in self.blocks:
+            if self.checkpointing:
+                x = zerotrain.checkpointing.checkpoint(block, x)
+            else:
+                x = block(x)
+        logits = self.head(self.norm(x))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    out = sys.argv[2]
+    torch.manual_seed(0)
+    model = Net()
+    model.checkpointing = spec.get("checkpointing", False)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+              "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+              "zero_optimization": dict({"stage": spec["stage"], "stage3_param_persistence_threshold": 0},
+                                        **spec.get("zero", {}))}
+    config.update(spec.get("extra", {}))
+    engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config)
+    rank = zerotrain.comm.get_rank()
+    g = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for step in range(4):
+        total = 0.0
+        for micro in range(2):
+            ids = torch.randint(0, 64, (2, 12), generator=g)
+            loss = engine(ids, torch.roll(ids, -1, 1))
+            engine.backward(loss)
+            engine.step()
+            total += float(loss)
+        mean = torch.tensor([total / 2])
+        zerotrain.comm.all_reduce(mean)
+        losses.append(float(mean) / zerotrain.comm.get_world_size())
+    with torch.no_grad():
+        ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(7))
+        eval_loss = float(engine(ids, torch.roll(ids, -1, 1)))
+    head = zerotrain.utils.safe_get_full_fp32_param(model.head.weight)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"losses": losses, "eval_loss": eval_loss, "head_norm": float(head.norm()),
+                       "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
+                       "trainable_bytes": 4 * sum(p.numel() for p in model.parameters())}, f)
+
+
+if __name__ == "__main__":
+    main()
