@@ -6,20 +6,21 @@
 # from the same files (libtorch_cpu + libc10). CUDA build (ZT_CUDA): the real find_package(Torch).
 # Writes zerotrain-torch.cmake so that installed consumers see the same definition.
 
-# Without a prefix path (pip install . builds through CMake), ask the Python that builds for its torch.
-if(NOT CMAKE_PREFIX_PATH AND NOT DEFINED ENV{CMAKE_PREFIX_PATH})
+find_file(ZT_TORCH_CONFIG Torch/TorchConfig.cmake
+  HINTS ${CMAKE_PREFIX_PATH} ENV CMAKE_PREFIX_PATH
+  DOC "torch/share/cmake/Torch/TorchConfig.cmake of the pinned torch wheel")
+# Not on the prefix path (pip install . builds through CMake): the torch of the Python that builds.
+if(NOT ZT_TORCH_CONFIG)
   find_package(Python3 COMPONENTS Interpreter QUIET)
   if(Python3_Interpreter_FOUND)
     execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch.utils; print(torch.utils.cmake_prefix_path)"
       OUTPUT_VARIABLE _zt_python_torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
     if(_zt_python_torch_prefix)
-      list(APPEND CMAKE_PREFIX_PATH "${_zt_python_torch_prefix}")
+      unset(ZT_TORCH_CONFIG CACHE)
+      find_file(ZT_TORCH_CONFIG Torch/TorchConfig.cmake HINTS "${_zt_python_torch_prefix}" NO_DEFAULT_PATH)
     endif()
   endif()
 endif()
-find_file(ZT_TORCH_CONFIG Torch/TorchConfig.cmake
-  HINTS ${CMAKE_PREFIX_PATH} ENV CMAKE_PREFIX_PATH
-  DOC "torch/share/cmake/Torch/TorchConfig.cmake of the pinned torch wheel")
 if(NOT ZT_TORCH_CONFIG)
   message(FATAL_ERROR "LibTorch not found: expected Torch/TorchConfig.cmake under CMAKE_PREFIX_PATH "
     "('${CMAKE_PREFIX_PATH}'). Run scripts/bootstrap.sh, which installs torch and prints the path.")

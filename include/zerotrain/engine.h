@@ -217,6 +217,14 @@ class Engine {
   // set-up, not for every step.
   at::Tensor master_parameter(const std::string& name);
   void set_master_parameter(const std::string& name, const at::Tensor& value);
+  // Several at once, with one pass over the state.
+  void set_master_parameters(const std::map<std::string, at::Tensor>& values);
+  // Stage 3: the blocks `modules` (marked blocks of the model, zerotrain/blocks.h) gathered now and
+  // kept whole until release_held_blocks(), to read or change parameters between steps (a change
+  // lasts only through set_master_parameters). Collectives between optimizer steps; a module that
+  // is not a block of this engine throws zt::Error. No-ops below stage 3.
+  void hold_blocks(const std::vector<const torch::nn::Module*>& modules);
+  void release_held_blocks();
   Communicator& communicator() const;
   // The job's node groups, made at construction (zerotrain/comm.h make_node_groups): one node's
   // ranks, and one rank of each node. For the stages' collectives that follow the nodes.

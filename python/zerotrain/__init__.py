@@ -16,7 +16,7 @@ import torch  # noqa: F401  (loads libtorch before the extension that links it)
 
 from . import _C
 from ._errors import CommError, ConfigError, DataError, EngineError  # noqa: F401
-from . import checkpointing, comm, ops, utils  # noqa: F401
+from . import checkpointing, comm, ops, utils, zero  # noqa: F401
 from .comm import init_distributed
 from .engine import DeepSpeedEngine, ZeroEngine  # noqa: F401
 from .ops import adam, lamb  # noqa: F401
@@ -72,11 +72,11 @@ def install_as_deepspeed():
 
     package = sys.modules[__name__]
     sys.modules["deepspeed"] = package
-    for sub in ("comm", "ops", "ops.adam", "ops.lamb", "utils", "checkpointing"):
+    for sub in ("comm", "ops", "ops.adam", "ops.lamb", "utils", "checkpointing", "zero"):
         sys.modules["deepspeed." + sub] = importlib.import_module(__name__ + "." + sub)
     return package
 
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "install_as_deepspeed", "ZeroEngine",
            "DeepSpeedEngine", "ConfigError", "DataError", "CommError", "EngineError", "comm", "ops", "utils",
-           "checkpointing"]
+           "checkpointing", "zero"]

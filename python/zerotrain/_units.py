@@ -17,9 +17,11 @@ import torch.utils._pytree as pytree
 from . import _C
 
 
-def choose_units(model, threshold):
-    """(units, users): unit paths in module order, and {module path: unit path} for every module
-    whose forward must run with a unit gathered (the unit itself included)."""
+def choose_units(model, threshold, built_sharded=(), external=None):
+    """(units, users): unit paths in module order, and {module path: [unit paths]} for every module
+    whose forward must run with units gathered (the unit itself included). `built_sharded`: paths
+    of units built under zero.Init, units whatever the threshold; `external`: {module path:
+    [parameters]} from register_external_parameter."""
     modules = dict(model.named_modules())
     owner = {}  # id(parameter) -> path of the first module that owns it directly
     direct = {}  # module path -> its direct parameters
@@ -41,19 +43,30 @@ def choose_units(model, threshold):
         owners = {owner[id(p)] for p in params}
         if path in has_param_descendant or len(owners) > 1:
             excluded |= owners
+    for path in built_sharded:
+        if path not in candidates or path in excluded:
+            raise ValueError(f"zerotrain: '{path}' was built sharded under zerotrain.zero.Init, but another module reads "
+                             "its parameters directly (a container's own use, or a module whose parameters belong to "
+                             "several units); build the model without zero.Init, or gather them with "
+                             "register_external_parameter")
     units = []
     for path in modules:  # module order
         if path not in candidates or path in excluded:
             continue
         trainable = sum(p.numel() for p in direct[path] if p.requires_grad)
-        if trainable > 0 and trainable >= threshold:
+        if path in built_sharded or (trainable > 0 and trainable >= threshold):
             units.append(path)
     unit_set = set(units)
     users = {}
     for path, params in direct.items():
         owners = {owner[id(p)] for p in params}
         if len(owners) == 1 and next(iter(owners)) in unit_set:
-            users[path] = next(iter(owners))
+            users.setdefault(path, []).append(next(iter(owners)))
+    for path, params in (external or {}).items():
+        for p in params:
+            unit = owner.get(id(p))
+            if unit in unit_set and unit not in users.get(path, []):
+                users.setdefault(path, []).append(unit)
     return units, users
 
 
@@ -64,14 +77,17 @@ class UnitForwards:
         self._wrapped = []
         modules = dict(model.named_modules())
         shells = {}
-        for path, unit in users.items():
-            if unit not in shells:
-                shells[unit] = _C.shell_submodule(shell, unit)
+        for path, units in users.items():
             module = modules[path]
             had_own = "forward" in module.__dict__
-            original = module.forward
-            module.forward = _gathered_forward(original, shells[unit])
+            original = forward = module.forward
+            for unit in units:  # the module's own unit innermost
+                if unit not in shells:
+                    shells[unit] = _C.shell_submodule(shell, unit)
+                forward = _gathered_forward(forward, shells[unit])
+            module.forward = forward
             self._wrapped.append((module, had_own, original))
+        self.shells = shells
 
     def restore(self):
         for module, had_own, original in self._wrapped:

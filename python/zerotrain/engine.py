@@ -5,6 +5,7 @@ it moves their storage into its flat arenas in place, so `engine.module` stays a
 forward runs in Python; backward, the gradient reduction, the optimizer step and checkpoints run in
 C++ (docs/python.md).
 """
+import contextlib
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ import sys
 import torch
 
 from . import _C, _registry, _units, comm
+from . import zero as _zero
 from .ops._client import EngineOptimizer
 
 # torch.optim classes the engine has a kernel for: the configuration's optimizer type and params.
@@ -225,14 +227,18 @@ class ZeroEngine:
         self.basic_optimizer = basic
         self._communicator = comm.communicator()
         buffers = list(model.named_buffers())
-        self._shell = _C.make_module_shell(self._named_parameters, buffers)
+        modules = dict(model.named_modules())
+        built_sharded = {path: _zero.pending_unit_shell(m) for path, m in modules.items()
+                         if _zero.pending_unit_shell(m) is not None and _zero.pending_is_current(m)}
+        self._shell = _C.make_module_shell(self._named_parameters, buffers, built_sharded)
         checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
         self._unit_forwards = None
         units = []
         if int(checked.get("zero_optimization.stage", "0")) == 3:
             threshold = int(checked.get("zero_optimization.stage3_param_persistence_threshold", "0"))
-            units, users = _units.choose_units(model, threshold)
-            _C.mark_units(self._shell, units)
+            external = {path: _zero.external_parameters(m) for path, m in modules.items() if _zero.external_parameters(m)}
+            units, users = _units.choose_units(model, threshold, set(built_sharded), external)
+            _C.mark_units(self._shell, [u for u in units if u not in built_sharded])
             self._unit_forwards = _units.UnitForwards(model, self._shell, users)
         try:
             self._engine = _C.Engine(self._shell, json.dumps(config), [], self._communicator, groups)
@@ -240,6 +246,8 @@ class ZeroEngine:
             if self._unit_forwards is not None:
                 self._unit_forwards.restore()
             raise
+        for path in built_sharded:  # adopted: the engine holds them now
+            _zero.forget_pending(modules[path])
         resolved = self._engine.config_json
         if int(resolved.get("zero_optimization.stage", "0")) == 3:
             trainable = [p for _, p in self._named_parameters if p.requires_grad]
@@ -387,6 +395,41 @@ class ZeroEngine:
             with open(os.path.join(load_dir, "latest")) as f:
                 tag = f.read().strip()
         return os.path.join(load_dir, str(tag)), {k: json.loads(v) for k, v in state.items()}
+
+    # ------------------------------------------------------------------ GatheredParameters
+    @contextlib.contextmanager
+    def _gathered(self, params, modifier_rank):
+        """zero.GatheredParameters for parameters this engine trains (or keeps frozen)."""
+        engine = self._live()._engine
+        names = {id(p): n for n, p in self._named_parameters}
+        shells = self._unit_forwards.shells if self._unit_forwards is not None else {}
+        units = {}
+        if shells:
+            modules = dict(self.module.named_modules())
+            for path, shell in shells.items():
+                if any(q is p for q in modules[path]._parameters.values() if q is not None for p in params):
+                    units[path] = shell
+        engine.hold_blocks(list(units.values()))
+        values = {}
+        try:
+            yield
+            if modifier_rank is not None:
+                for p in params:
+                    values[id(p)] = p.detach().float().clone()
+        finally:
+            engine.release_held_blocks()
+        if modifier_rank is None:
+            return
+        if self.world_size > 1:
+            for p in params:
+                torch.distributed.broadcast(values[id(p)], modifier_rank)
+        trained = {names[id(p)]: values[id(p)] for p in params if id(p) in names and p.requires_grad}
+        if trained:
+            engine.set_master_parameters(trained)
+        with torch.no_grad():
+            for p in params:
+                if not p.requires_grad:  # frozen: whole on every rank, the broadcast value is it
+                    p.copy_(values[id(p)].to(p.dtype))
 
     # ------------------------------------------------------------------ lifetime
     def destroy(self):

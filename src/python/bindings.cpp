@@ -28,6 +28,7 @@
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/layout.h"
+#include "zero/sharded_blocks.h"
 
 namespace py = pybind11;
 
@@ -61,8 +62,18 @@ torch::nn::Module& child(torch::nn::Module& parent, const std::string& part) {
 // Parameters in the Python module's order (named_parameters, duplicates removed: a tied weight is
 // one parameter), then buffers. The registration order is the Python order, which the engine's
 // layout (reverse registration order) and the checkpoints' names follow.
-std::shared_ptr<torch::nn::Module> make_module_shell(const NamedTensors& parameters, const NamedTensors& buffers) {
+// `prebuilt`: shells already made for some submodules (units built sharded under the Python
+// zero.Init, holding the same parameter tensors), placed at their paths as they are.
+std::shared_ptr<torch::nn::Module> make_module_shell(
+    const NamedTensors& parameters, const NamedTensors& buffers,
+    const std::map<std::string, std::shared_ptr<torch::nn::Module>>& prebuilt) {
   auto root = std::make_shared<torch::nn::Module>();
+  for (const auto& [path, module] : prebuilt) {
+    std::vector<std::string> parts = split_name(path);
+    torch::nn::Module* m = root.get();
+    for (size_t i = 0; i + 1 < parts.size(); ++i) m = &child(*m, parts[i]);
+    m->register_module(parts.back(), module);
+  }
   auto place = [&](const std::string& name) -> std::pair<torch::nn::Module*, std::string> {
     std::vector<std::string> parts = split_name(name);
     torch::nn::Module* m = root.get();
@@ -71,6 +82,12 @@ std::shared_ptr<torch::nn::Module> make_module_shell(const NamedTensors& paramet
   };
   for (const auto& [name, tensor] : parameters) {
     auto [m, leaf] = place(name);
+    if (m->named_parameters(/*recurse=*/false).contains(leaf)) {
+      // In a prebuilt shell: it must be the very same tensor.
+      if (!m->named_parameters(false)[leaf].is_same(tensor))
+        throw zt::ConfigError("module shell: parameter '" + name + "' is not the tensor its prebuilt unit holds");
+      continue;
+    }
     m->register_parameter(leaf, tensor, tensor.requires_grad());
   }
   for (const auto& [name, tensor] : buffers) {
@@ -197,7 +214,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     py::arg("warnings") = config.warnings, py::arg("resolved") = config.resolved);
   });
 
-  m.def("make_module_shell", &make_module_shell, py::arg("parameters"), py::arg("buffers"));
+  m.def("make_module_shell", &make_module_shell, py::arg("parameters"), py::arg("buffers"),
+        py::arg("prebuilt") = std::map<std::string, std::shared_ptr<torch::nn::Module>>{});
+  m.def("mark_block", &zt::mark_block, py::arg("module"));
+  m.def("gather_pending", [](const std::shared_ptr<torch::nn::Module>& module, zt::Communicator& comm) {
+    py::gil_scoped_release release;
+    zt::gather_pending_block(*module, comm);
+  }, py::arg("module"), py::arg("communicator"));
+  m.def("reshard_pending", [](const std::shared_ptr<torch::nn::Module>& module) { zt::reshard_pending_block(*module); },
+        py::arg("module"));
+  py::class_<zt::ShardedConstruction, std::unique_ptr<zt::ShardedConstruction>>(m, "ShardedConstruction")
+      .def(py::init<int, int>(), py::arg("rank"), py::arg("world_size"))
+      .def_property_readonly("blocks_sharded", &zt::ShardedConstruction::blocks_sharded)
+      .def_property_readonly("shard_bytes", &zt::ShardedConstruction::shard_bytes);
   m.def("shell_submodule", &submodule, py::arg("shell"), py::arg("path"));
   m.def("mark_units", &mark_units, py::arg("shell"), py::arg("paths"));
   m.def("run_unit", &run_unit, py::arg("unit"), py::arg("function"));
@@ -264,6 +293,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_master_parameter", [](zt::Engine& e, const std::string& name, const at::Tensor& value) {
         py::gil_scoped_release release;
         e.set_master_parameter(name, value);
+      })
+      .def("set_master_parameters", [](zt::Engine& e, const std::map<std::string, at::Tensor>& values) {
+        py::gil_scoped_release release;
+        e.set_master_parameters(values);
+      })
+      .def("hold_blocks", [](zt::Engine& e, const std::vector<std::shared_ptr<torch::nn::Module>>& modules) {
+        std::vector<const torch::nn::Module*> raw;
+        for (const auto& m : modules) raw.push_back(m.get());
+        py::gil_scoped_release release;
+        e.hold_blocks(raw);
+      })
+      .def("release_held_blocks", [](zt::Engine& e) {
+        py::gil_scoped_release release;
+        e.release_held_blocks();
       })
       .def("save_checkpoint", [](zt::Engine& e, const std::string& dir, const std::string& tag,
                                  const std::map<std::string, std::string>& client_state, int keep_last) {

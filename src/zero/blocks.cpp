@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "zero/sharded_blocks.h"
+#include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt {
@@ -194,6 +195,50 @@ ShardedConstruction::~ShardedConstruction() {
 int ShardedConstruction::blocks_sharded() const { return blocks_; }
 int64_t ShardedConstruction::shard_bytes() const { return shard_bytes_; }
 int64_t ShardedConstruction::largest_block_bytes() const { return largest_block_bytes_; }
+
+namespace {
+
+ShardedBlock pending_block_of(const torch::nn::Module& module, const char* what) {
+  std::lock_guard lock(registry_mutex);
+  for (const auto& entry : pending)
+    if (auto m = entry.module.lock(); m.get() == &module) return entry.block;  // shares the tensors
+  throw Error(std::string(what) + ": block '" + module.name() + "' was not built sharded, or an engine adopted it");
+}
+
+}  // namespace
+
+void gather_pending_block(const torch::nn::Module& module, Communicator& comm) {
+  ShardedBlock block = pending_block_of(module, "gather_pending_block");
+  if (comm.world_size() != block.world_size || comm.rank() != block.rank)
+    throw Error("gather_pending_block: block '" + module.name() + "' was sharded as rank " + std::to_string(block.rank) +
+                " of " + std::to_string(block.world_size) + ", the communicator is rank " + std::to_string(comm.rank()) +
+                " of " + std::to_string(comm.world_size()));
+  at::Tensor all = at::empty({block.shard.numel() * block.world_size}, block.shard.options());
+  comm.all_gather(block.shard, all, "blocks.gather_pending").wait();
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const auto& p : block.parameters) {
+    if (p.storage().nbytes() == 0) at::native::resize_bytes_cpu(p.storage().unsafeGetStorageImpl(), p.nbytes());
+    p.detach().reshape({-1}).copy_(all.narrow(0, offset, p.numel()));
+    offset += p.numel();
+  }
+}
+
+void reshard_pending_block(const torch::nn::Module& module) {
+  ShardedBlock block = pending_block_of(module, "reshard_pending_block");
+  const int64_t shard_numel = block.shard.numel();
+  const int64_t begin = int64_t(block.rank) * shard_numel, end = std::min(begin + shard_numel, block.total_numel);
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (const auto& p : block.parameters) {
+    if (p.numel() > 0 && p.storage().nbytes() == 0)
+      throw Error("reshard_pending_block: block '" + module.name() + "' is not gathered");
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + p.numel());
+    if (lo < hi) block.shard.narrow(0, lo - begin, hi - lo).copy_(p.detach().reshape({-1}).narrow(0, lo - offset, hi - lo));
+    offset += p.numel();
+  }
+  for (const auto& p : block.parameters) at::native::resize_bytes_cpu(p.storage().unsafeGetStorageImpl(), 0);
+}
 
 std::optional<ShardedBlock> take_sharded_block(const torch::nn::Module& module) {
   std::lock_guard lock(registry_mutex);

@@ -1035,17 +1035,16 @@ struct Engine::Impl {
     return on_device.to(torch::kCPU).view(p.shape);
   }
 
-  // Serves load_weights: `name` from `value`, every other value as it is now, so that only one
-  // parameter changes.
-  struct OneParameterReader : WeightReader {
-    std::string name;
-    torch::Tensor value;  // fp32, contiguous, flat
+  // Serves load_weights: the named parameters from `values`, every other value as it is now, so
+  // that only those change.
+  struct SomeParametersReader : WeightReader {
+    std::map<std::string, torch::Tensor> values;  // fp32, contiguous, flat
     std::vector<StateFragment> current;
     std::map<std::string, torch::Tensor> frozen;
     void read(const std::string& n, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
               float* out) override {
-      if (n == name) {
-        std::memcpy(out, value.data_ptr<float>() + begin, size_t(count) * sizeof(float));
+      if (auto it = values.find(n); it != values.end()) {
+        std::memcpy(out, it->second.data_ptr<float>() + begin, size_t(count) * sizeof(float));
         return;
       }
       if (auto it = frozen.find(n); it != frozen.end()) {
@@ -1063,22 +1062,24 @@ struct Engine::Impl {
         }
         return;
       }
-      throw Error("set_master_parameter: no state of '" + n + "' elements [" + std::to_string(begin) + ", " +
+      throw Error("set_master_parameters: no state of '" + n + "' elements [" + std::to_string(begin) + ", " +
                   std::to_string(begin + count) + ") on this rank");
     }
   };
 
-  void set_master_parameter(const std::string& name, const torch::Tensor& value) {
-    const CheckpointParameter& p = trainable_named(name, "set_master_parameter");
-    if (value.numel() != numel_of(p.shape))
-      throw ConfigError("set_master_parameter: the value for '" + name + "' has " + std::to_string(value.numel()) +
-                        " elements, expected " + std::to_string(numel_of(p.shape)));
+  void set_master_parameters(const std::map<std::string, torch::Tensor>& values) {
+    SomeParametersReader reader;
+    for (const auto& [name, value] : values) {
+      const CheckpointParameter& p = trainable_named(name, "set_master_parameters");
+      if (value.numel() != numel_of(p.shape))
+        throw ConfigError("set_master_parameters: the value for '" + name + "' has " + std::to_string(value.numel()) +
+                          " elements, expected " + std::to_string(numel_of(p.shape)));
+      reader.values[name] = value.detach().reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
+    }
     if (micro_step != 0)
-      throw Error("set_master_parameter: expected a call between optimizer steps, found micro-step " + std::to_string(micro_step));
+      throw Error("set_master_parameters: expected a call between optimizer steps, found micro-step " +
+                  std::to_string(micro_step));
     apply_pending_update();
-    OneParameterReader reader;
-    reader.name = name;
-    reader.value = value.detach().reshape({-1}).to(torch::kCPU, torch::kFloat32).contiguous();
     reader.current = owned_state(/*saving=*/false, /*with_moments=*/false);
     for (const auto& [n, v] : frozen_values()) reader.frozen[n] = v;
     load_weights(reader);
@@ -1262,7 +1263,19 @@ std::map<std::string, std::string> Engine::load_checkpoint(const std::string& di
 void Engine::load_weights(WeightReader& reader) { impl_->load_weights(reader); }
 at::Tensor Engine::master_parameter(const std::string& name) { return impl_->master_parameter(name); }
 void Engine::set_master_parameter(const std::string& name, const at::Tensor& value) {
-  impl_->set_master_parameter(name, value);
+  impl_->set_master_parameters({{name, value}});
+}
+void Engine::set_master_parameters(const std::map<std::string, at::Tensor>& values) {
+  impl_->set_master_parameters(values);
+}
+void Engine::hold_blocks(const std::vector<const torch::nn::Module*>& modules) {
+  if (impl_->micro_step != 0)
+    throw Error("hold_blocks: expected a call between optimizer steps, found micro-step " +
+                std::to_string(impl_->micro_step));
+  if (impl_->gatherer) impl_->gatherer->hold(modules);
+}
+void Engine::release_held_blocks() {
+  if (impl_->gatherer) impl_->gatherer->release_held();
 }
 Communicator& Engine::communicator() const { return *impl_->comm; }
 const TrainConfig& Engine::config() const { return impl_->config; }

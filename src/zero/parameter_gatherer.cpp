@@ -151,6 +151,24 @@ void ParameterGatherer::end_backward(bool release) {
   if (release) release_all();
 }
 
+void ParameterGatherer::hold(const std::vector<const torch::nn::Module*>& modules) {
+  std::vector<int> blocks;
+  for (const torch::nn::Module* m : modules) {
+    auto it = std::find_if(modules_.begin(), modules_.end(), [&](const auto& own) { return own.get() == m; });
+    if (it == modules_.end()) throw Error("stage 3: hold: the module is not one of this engine's blocks");
+    blocks.push_back(int(it - modules_.begin()));
+  }
+  for (int b : blocks) {
+    gather(b);
+    held_.push_back(b);
+  }
+}
+
+void ParameterGatherer::release_held() {
+  for (int b : held_) release(b);
+  held_.clear();
+}
+
 void ParameterGatherer::release_all() {
   for (int g = 0; g < int(blocks_.size()); ++g) release(g);
 }

@@ -105,6 +105,11 @@ class ParameterGatherer : public BlockRunner {
   // recomputation (activation checkpointing).
   void end_backward(bool release = true);
   void release_all();
+  // Between steps: the blocks of `modules` gathered now and kept so until release_held() (reading
+  // or changing whole parameters outside forward). A module that is not one of the blocks throws
+  // zt::Error.
+  void hold(const std::vector<const torch::nn::Module*>& modules);
+  void release_held();
   // Parameters outside every block stay whole on every rank; refresh them after a step.
   void gather_persistent();
   // The parameters changed (a step, a load): the secondary shards are stale until each block's
@@ -170,6 +175,7 @@ class ParameterGatherer : public BlockRunner {
   std::vector<char> kept_after_use_;  // per recorded position: stays gathered after its forward use
   bool order_known_ = false;
   bool in_backward_ = false;
+  std::vector<int> held_;
   int64_t forward_position_ = 0;
 };
 

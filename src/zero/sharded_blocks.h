@@ -19,6 +19,16 @@ struct ShardedBlock {
   int64_t total_numel = 0;             // elements of all parameters together
 };
 
+class Communicator;
+
+// A block built sharded and not adopted yet, made whole for a while (the Python package's
+// zero.GatheredParameters before its engine exists): gather_pending_block gives every parameter its
+// storage back, filled from all ranks' shards (a collective over the world it was sharded for);
+// reshard_pending_block keeps this rank's shard of the values they hold now and frees the storage
+// again. zt::Error when the module is not such a block (or, to reshard, not gathered).
+void gather_pending_block(const torch::nn::Module& module, Communicator& comm);
+void reshard_pending_block(const torch::nn::Module& module);
+
 // Removes and returns the sharded state of `module` (nullopt when it was not built sharded).
 std::optional<ShardedBlock> take_sharded_block(const torch::nn::Module& module);
 

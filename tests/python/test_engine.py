@@ -246,3 +246,45 @@ def test_training_data_gives_a_loader_of_micro_batches():
     engine, _, loader, _ = zerotrain.initialize(model=model, config=config(0), training_data=data)
     x, y = next(iter(loader))
     assert x.shape == (4, 8) and len(loader) == 5
+
+
+class _Reader(torch.nn.Module):
+    """Reads another module's weight directly (not through that module's forward)."""
+
+    def __init__(self, source):
+        super().__init__()
+        self._source = [source]  # a list, so that it is not a submodule
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self._source[0].weight.t())
+
+
+class _External(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.read = _Reader(self.a)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(self.read(self.a(x)))
+
+
+def stage3_external(register):
+    torch.manual_seed(0)
+    model = _External()
+    if register:
+        zerotrain.zero.register_external_parameter(model.read, model.a.weight)
+    cfg = config(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    engine, _, _, _ = zerotrain.initialize(model=model, config=cfg)
+    return train(engine, batches(3))
+
+
+def test_register_external_parameter_gathers_the_owner_for_the_reader():
+    torch.manual_seed(0)
+    model = _External()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(0))
+    want = train(engine, batches(3))
+    assert stage3_external(register=True) == pytest.approx(want, rel=1e-5)
+    with pytest.raises(RuntimeError, match="storage of size 0|not allocated"):  # released while the reader runs
+        stage3_external(register=False)

@@ -25,9 +25,18 @@ def launch(tmp_path, name, spec):
         return json.load(f), log
 
 
+def check_modified(got):
+    """What rank 0 wrote under GatheredParameters(modifier_rank=0) is what every rank holds."""
+    ranks = got["modified"]
+    assert ranks[0][0] == pytest.approx(0.25 * 32)
+    assert all(r == ranks[0] for r in ranks), ranks
+
+
 @pytest.fixture(scope="module")
 def stage0(tmp_path_factory):
-    return launch(tmp_path_factory.mktemp("s0"), "s0", {"stage": 0})[0]
+    got = launch(tmp_path_factory.mktemp("s0"), "s0", {"stage": 0})[0]
+    check_modified(got)
+    return got
 
 
 # Units released right after use and prefetched a thousand elements ahead, so that the peak of
@@ -41,9 +50,12 @@ RELEASING = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1000
     {"stage": 3, "checkpointing": True, "zero": RELEASING},
     {"stage": 3, "zero": dict(RELEASING, offload_optimizer={"device": "cpu"}, offload_param={"device": "cpu"})},
     {"stage": 3},
+    {"stage": 3, "zero_init": True, "zero": RELEASING},
+    {"stage": 3, "zero_init": True, "zero": dict(RELEASING, offload_param={"device": "cpu"})},
 ])
 def test_stage3_units_train_as_the_unsharded_run(tmp_path, stage0, variant):
     got, stderr = launch(tmp_path, "s3", variant)
+    check_modified(got)
     assert got["losses"] == pytest.approx(stage0["losses"], rel=1e-5)
     assert got["eval_loss"] == pytest.approx(stage0["eval_loss"], rel=1e-5)
     assert got["head_norm"] == pytest.approx(stage0["head_norm"], rel=1e-5)
@@ -51,6 +63,14 @@ def test_stage3_units_train_as_the_unsharded_run(tmp_path, stage0, variant):
     if variant.get("zero") is not None:
         # Never the whole model gathered at once: a few units (the largest, 4·32·128 elements).
         assert 0 < got["peak_gathered_bytes"] < got["trainable_bytes"] / 2
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_zero_init_builds_sharded_for_every_stage(tmp_path, stage0, stage):
+    got, _ = launch(tmp_path, f"init-s{stage}", {"stage": stage, "zero_init": True})
+    check_modified(got)
+    assert got["losses"] == pytest.approx(stage0["losses"], rel=1e-5)
+    assert got["head_norm"] == pytest.approx(stage0["head_norm"], rel=1e-5)
 
 
 def test_stage3_says_so_when_no_unit_qualifies(tmp_path, stage0):

@@ -45,19 +45,37 @@ class Net(torch.nn.Module):
 def main():
     spec = json.loads(sys.argv[1])
     out = sys.argv[2]
-    torch.manual_seed(0)
-    model = Net()
-    model.checkpointing = spec.get("checkpointing", False)
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
               "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
               "zero_optimization": dict({"stage": spec["stage"], "stage3_param_persistence_threshold": 0},
                                         **spec.get("zero", {}))}
     config.update(spec.get("extra", {}))
-    engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config)
+    torch.manual_seed(0)
+    if spec.get("zero_init"):
+        with zerotrain.zero.Init(config_dict_or_path=config):
+            model = Net()
+    else:
+        model = Net()
+    model.checkpointing = spec.get("checkpointing", False)
+    zerotrain.comm.init_distributed()
     rank = zerotrain.comm.get_rank()
+    # Set by rank 0 before the engine exists (other ranks write something else, which must not win).
+    with zerotrain.zero.GatheredParameters([model.blocks[0].up.weight], modifier_rank=0), torch.no_grad():
+        model.blocks[0].up.weight.mul_(0.5 if rank == 0 else -7.0)
+    engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config)
     g = torch.Generator().manual_seed(100 + rank)
     losses = []
     for step in range(4):
+        if step == 2:  # set by rank 0 between steps, at any stage
+            with zerotrain.zero.GatheredParameters([model.blocks[1].down.bias, model.norm.weight], modifier_rank=0), \
+                    torch.no_grad():
+                model.blocks[1].down.bias.fill_(0.25 if rank == 0 else 9.0)
+                model.norm.weight.mul_(1.5 if rank == 0 else 0.0)
+            seen = torch.tensor([float(zerotrain.utils.safe_get_full_fp32_param(model.blocks[1].down.bias).sum()),
+                                 float(zerotrain.utils.safe_get_full_fp32_param(model.norm.weight).sum()),
+                                 float(zerotrain.utils.safe_get_full_fp32_param(model.blocks[0].up.weight).sum())])
+            every_rank = [torch.zeros(3) for _ in range(zerotrain.comm.get_world_size())]
+            torch.distributed.all_gather(every_rank, seen)
         total = 0.0
         for micro in range(2):
             ids = torch.randint(0, 64, (2, 12), generator=g)
@@ -74,7 +92,7 @@ def main():
     head = zerotrain.utils.safe_get_full_fp32_param(model.head.weight)
     if rank == 0:
         with open(out, "w") as f:
-            json.dump({"losses": losses, "eval_loss": eval_loss, "head_norm": float(head.norm()),
+            json.dump({"modified": [t.tolist() for t in every_rank], "losses": losses, "eval_loss": eval_loss, "head_norm": float(head.norm()),
                        "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
                        "trainable_bytes": 4 * sum(p.numel() for p in model.parameters())}, f)
 

@@ -1,0 +1,260 @@
+"""DeepSpeed's deepspeed.zero for zerotrain's engine: Init (modules born sharded),
+GatheredParameters (whole parameters for a while, changes kept) and register_external_parameter.
+
+Init shards each unit (the stage-3 unit of docs/python.md: a submodule that owns parameters
+directly, has no descendant that does, and holds at least stage3_param_persistence_threshold
+elements) as soon as its constructor returns: this rank keeps 1/world of the unit's parameters and
+their storage is freed, so no rank ever holds the whole model. The parameters keep their shapes;
+reading one before the engine adopts it raises torch's "data is not allocated" error, never a
+silent zero. zerotrain.initialize adopts the shards (each unit gathered once, at construction) at
+any stage. A module must initialise its parameters in its own constructor: values written to a
+sharded parameter later need GatheredParameters(..., modifier_rank=r).
+"""
+import contextlib
+import json
+import weakref
+
+import torch
+
+from . import _C, _registry, comm
+
+DEFAULT_PERSISTENCE_THRESHOLD = 100000  # DeepSpeed's stage3_param_persistence_threshold
+
+# Units built sharded and not yet adopted: module -> its unit shell (the C++ module holding the same
+# parameter tensors, registered as a sharded block).
+_pending = weakref.WeakKeyDictionary()
+_pending_params = weakref.WeakKeyDictionary()  # module -> the parameters its shell holds
+# register_external_parameter: module -> the parameters its forward reads that another module owns.
+_external = weakref.WeakKeyDictionary()
+
+
+def pending_unit_shell(module):
+    return _pending.get(module)
+
+
+def forget_pending(module):
+    _pending.pop(module, None)
+    _pending_params.pop(module, None)
+
+
+def pending_is_current(module):
+    """Whether the unit shell built for `module` under Init still holds its parameters: a parent
+    that replaced them afterwards (a tied head's weight set to the embedding's) leaves the shell
+    stale, and the old shards are dropped."""
+    shell_params = _pending_params.get(module, [])
+    current = _direct_parameters(module)
+    if len(shell_params) == len(current) and all(a is b for a, b in zip(shell_params, current)):
+        return True
+    forget_pending(module)
+    return False
+
+
+def external_parameters(module):
+    return list(_external.get(module, []))
+
+
+def _direct_parameters(module):
+    return [p for p in module._parameters.values() if p is not None]
+
+
+def _has_parameter_descendant(module):
+    return any(_direct_parameters(m) for name, m in module.named_modules() if m is not module)
+
+
+class Init:
+    """with zerotrain.zero.Init(config_dict_or_path=config): model = MyModel()
+
+    Every argument DeepSpeed's Init takes is accepted; those that would change what is built are
+    refused when set (remote_device other than None/"cpu", an mpu, dtype other than fp32)."""
+
+    _active = None
+
+    def __init__(self, module=None, data_parallel_group=None, mem_efficient_linear=True, remote_device=None,
+                 pin_memory=False, config_dict_or_path=None, config=None, enabled=True, dtype=None, mpu=None,
+                 zero_param_parallel_group=None, zero_quantized_weights=False, zero_quantized_nontrainable_weights=False,
+                 sequence_data_parallel_group=None, param_swapper=None):
+        if module is not None:
+            raise ValueError("zerotrain.zero.Init(module=...): sharding an already built module is not supported; "
+                             "build it inside the `with` block")
+        if remote_device not in (None, "cpu"):
+            raise ValueError(f"zerotrain.zero.Init(remote_device={remote_device!r}): only 'cpu' is supported here "
+                             "(the engine's offload_param moves shards to NVMe when it is built)")
+        if mpu is not None or zero_param_parallel_group is not None or data_parallel_group is not None:
+            raise ValueError("zerotrain.zero.Init: process groups other than the whole job are not supported")
+        if dtype not in (None, torch.float32):
+            raise ValueError(f"zerotrain.zero.Init(dtype={dtype}): the engine makes the 16-bit copy itself; build in fp32")
+        if zero_quantized_weights or zero_quantized_nontrainable_weights or param_swapper is not None:
+            raise ValueError("zerotrain.zero.Init: quantized weights and parameter swappers are not supported")
+        self.enabled = enabled
+        cfg = config_dict_or_path if config_dict_or_path is not None else config
+        self.threshold = DEFAULT_PERSISTENCE_THRESHOLD
+        if cfg is not None:
+            if not isinstance(cfg, dict):
+                with open(cfg) as f:
+                    cfg = json.load(f)
+            zero = cfg.get("zero_optimization", {}) or {}
+            self.threshold = int(zero.get("stage3_param_persistence_threshold",
+                                          zero.get("param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD)))
+        self._construction = None
+        self._patched = []
+        self._depth = {}
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        if Init._active is not None:
+            raise RuntimeError("zerotrain.zero.Init: already inside another zero.Init")
+        comm.init_distributed()
+        c = comm.communicator()
+        self._construction = _C.ShardedConstruction(c.rank, c.world_size)
+        Init._active = self
+        self._patch(torch.nn.Module)
+        return self
+
+    def __exit__(self, *exc):
+        if not self.enabled:
+            return False
+        for cls, original in reversed(self._patched):
+            _restore_patch(cls, original)
+        self._patched = []
+        Init._active = None
+        self._construction = None  # the shards outlive it until an engine adopts them
+        return False
+
+    # Every module class's own __init__ runs inside a wrapper that shards the instance once its
+    # outermost constructor returns (a subclass's body runs after super().__init__()).
+    def _patch(self, root):
+        classes, stack = [], [root]
+        while stack:
+            cls = stack.pop()
+            classes.append(cls)
+            stack.extend(cls.__subclasses__())
+        for cls in dict.fromkeys(classes):
+            if "__init__" in cls.__dict__:
+                original = cls.__dict__["__init__"]
+                cls.__init__ = self._wrap(original)
+                self._patched.append((cls, original))
+        original_subclass = torch.nn.Module.__dict__.get("__init_subclass__")
+        init = self
+
+        def init_subclass(cls, **kwargs):
+            if original_subclass is not None:
+                original_subclass.__func__(cls, **kwargs)
+            if Init._active is init and "__init__" in cls.__dict__:
+                original = cls.__dict__["__init__"]
+                cls.__init__ = init._wrap(original)
+                init._patched.append((cls, original))
+
+        torch.nn.Module.__init_subclass__ = classmethod(init_subclass)
+        self._patched.append((_SubclassHook, original_subclass))
+
+    def _wrap(self, original):
+        init = self
+
+        def __init__(module, *args, **kwargs):
+            key = id(module)
+            init._depth[key] = init._depth.get(key, 0) + 1
+            try:
+                original(module, *args, **kwargs)
+            finally:
+                init._depth[key] -= 1
+                outermost = init._depth[key] == 0
+                if outermost:
+                    del init._depth[key]
+            if outermost and Init._active is init:
+                init._shard(module)
+
+        __init__.__wrapped__ = original
+        return __init__
+
+    def _shard(self, module):
+        params = _direct_parameters(module)
+        if not params or module in _pending or _has_parameter_descendant(module):
+            return
+        if sum(p.numel() for p in params if p.requires_grad) < max(self.threshold, 1):
+            return
+        if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in params):
+            return  # kept whole: the engine refuses such parameters itself with a clear message
+        named = [(name, p) for name, p in module._parameters.items() if p is not None]
+        shell = _C.make_module_shell(named, [])
+        _C.mark_block(shell)
+        _pending[module] = shell
+        _pending_params[module] = [p for _, p in named]
+
+
+class _SubclassHook:
+    """Restores torch.nn.Module.__init_subclass__ when Init exits (see Init._patch)."""
+
+    @staticmethod
+    def restore(original):
+        if original is None:
+            if "__init_subclass__" in torch.nn.Module.__dict__:
+                del torch.nn.Module.__init_subclass__
+        else:
+            torch.nn.Module.__init_subclass__ = original
+
+
+def _restore_patch(cls, original):
+    if cls is _SubclassHook:
+        _SubclassHook.restore(original)
+    else:
+        cls.__init__ = original
+
+
+
+@contextlib.contextmanager
+def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True):
+    """The whole values of `params` (a parameter or a list) for the body of the `with`. With
+    modifier_rank r, what rank r writes into them is kept: broadcast to every rank and written
+    into the engine's fp32 masters (or, before the engine exists, into the shards). A collective:
+    every rank enters and leaves it with the same parameters."""
+    if not enabled:
+        yield
+        return
+    params = [params] if torch.is_tensor(params) else [p for p in params if p is not None]
+    if not params:
+        yield
+        return
+    engines = {id(found[0]): found for found in (_registry.engine_of(p) for p in params) if found is not None}
+    if len({id(f[0]) for f in engines.values()}) > 1:
+        raise ValueError("GatheredParameters: the parameters belong to more than one engine")
+    engine = next(iter(engines.values()))[0] if engines else None
+    if engine is not None:
+        with engine._gathered(params, modifier_rank):
+            yield
+        return
+    # Before an engine: units built sharded under Init.
+    shells = []
+    for p in params:
+        for module, shell in list(_pending.items()):
+            if any(q is p for q in _direct_parameters(module)) and shell not in shells:
+                shells.append(shell)
+    c = comm.communicator() if (shells or modifier_rank is not None) else None
+    for shell in shells:
+        _C.gather_pending(shell, c)
+    try:
+        yield
+    finally:
+        if modifier_rank is not None and c is not None and c.world_size > 1:
+            for p in params:
+                torch.distributed.broadcast(p.data, modifier_rank)
+        for shell in shells:
+            _C.reshard_pending(shell)
+
+
+def register_external_parameter(module, parameter):
+    """Declares that module's forward reads `parameter`, which another module owns, so that at
+    stage 3 it runs with that parameter's unit gathered. Call before zerotrain.initialize."""
+    if not isinstance(module, torch.nn.Module) or not torch.is_tensor(parameter):
+        raise TypeError("register_external_parameter(module, parameter): expected a torch.nn.Module and a tensor")
+    if _registry.engine_of(parameter) is not None:
+        raise RuntimeError("register_external_parameter: call it before zerotrain.initialize (the engine decides "
+                           "which module runs with which unit when it is built)")
+    _external.setdefault(module, [])
+    if not any(q is parameter for q in _external[module]):
+        _external[module].append(parameter)
+
+
+def unregister_external_parameter(module, parameter):
+    if module in _external:
+        _external[module] = [q for q in _external[module] if q is not parameter]
