@@ -72,7 +72,7 @@ def cmd_config(a):
         "bf16": {"enabled": a.precision == "bf16"},
         "wall_clock_breakdown": False,
         "csv_monitor": {"enabled": True, "output_path": a.run_dir, "job_name": "zerotrain"},
-        "model": {"preset": a.preset},
+        **({} if a.preset in HF_PRESETS else {"model": {"preset": a.preset}}),
         "data": {"source": "bin", "path": os.path.join(data, "train.bin"), "val_path": os.path.join(data, "val.bin"),
                  "sequence_length": a.seq},
         "train": {"steps": a.steps, "seed": 1234, "threads": 1, "log_dir": a.run_dir},
@@ -152,9 +152,33 @@ def reset_peak():
         return False
 
 
+# Models from transformers (random weights from a seed, no hub), trained by the same script under
+# either front. Their vocabulary holds the byte tokens of the data files.
+HF_PRESETS = {
+    # ~106M parameters: 8 layers of width 768, untied head, vocabulary 32000.
+    "hf-llama-100m": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
+                          num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=1024,
+                          tie_word_embeddings=False),
+}
+
+
+def build_hf(preset, seed):
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**HF_PRESETS[preset]))
+
+
 def cmd_train(a):
     warnings.filterwarnings("ignore")
     import torch
+
+    if a.front == "python":
+        # The same script on zerotrain's Python package: every `deepspeed` below is zerotrain.
+        import zerotrain
+
+        zerotrain.install_as_deepspeed()
     import deepspeed
     from deepspeed_oracle import Sampler, read_tokens, set_fp32_masters, undo_construction_step
     from zt_gpt import GPT, PRESETS
@@ -162,8 +186,9 @@ def cmd_train(a):
     with open(a.config) as f:
         config = json.load(f)
     ds_config = {k: v for k, v in config.items() if k != "csv_monitor"}
-    preset = config["model"]["preset"]
-    seq = config["data"]["sequence_length"] or PRESETS[preset][1]
+    preset = a.model or config["model"]["preset"]
+    hf = preset in HF_PRESETS
+    seq = config["data"]["sequence_length"] or (1024 if hf else PRESETS[preset][1])
     micro, steps, seed = config["train_micro_batch_size_per_gpu"], config["train"]["steps"], config["train"]["seed"]
     if config["gradient_accumulation_steps"] != 1:
         sys.exit("deepspeed_train.py steps one micro-batch per optimizer step: gradient_accumulation_steps must be 1")
@@ -173,16 +198,18 @@ def cmd_train(a):
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     sampler = Sampler(read_tokens(config["data"]["path"]), seq, micro, world, rank, seed)
-    weights = SafetensorsFile(a.init)
+    weights = None if hf else SafetensorsFile(a.init)
 
     # Stage 3 builds the model already partitioned, as a DeepSpeed user whose model is large does
     # (and as zerotrain builds it at stage 3).
+    build = (lambda: build_hf(preset, seed)) if hf else (lambda: GPT(preset))
     if stage == 3:
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
-            model = GPT(preset)
+            model = build()
     else:
-        model = GPT(preset)
-    load_weights(model, weights, partitioned=stage == 3)
+        model = build()
+    if not hf:
+        load_weights(model, weights, partitioned=stage == 3)
 
     # The peak counts what DeepSpeed holds, not what loading zerotrain's weights or the bf16
     # adjustments below cost: it is taken in two windows, deepspeed.initialize and training.
@@ -192,8 +219,10 @@ def cmd_train(a):
     # bf16 only (no-ops in fp32): DeepSpeed's construction-time optimizer step at stage 0 and its
     # masters rounded to bf16 would otherwise make the two systems start from different states
     # (docs/deepspeed_oracle.md "Differences found", items 3 and 4).
-    undone = undo_construction_step(engine)
-    masters = set_fp32_masters(engine, model, weights) if bf16 else ""
+    # DeepSpeed's own quirks, so they apply to its front only; the transformers models start from
+    # their seeded construction, whose bf16 rounding DeepSpeed's masters keep (reported, not fixed).
+    undone = undo_construction_step(engine) if a.front == "deepspeed" else False
+    masters = set_fp32_masters(engine, model, weights) if bf16 and a.front == "deepspeed" and not hf else ""
     if windows and (undone or masters):
         reset_peak()
 
@@ -202,7 +231,11 @@ def cmd_train(a):
     t0 = time.perf_counter()
     for step in range(steps):
         x, y = sampler.batch(step, 0)
-        loss = engine(x, y)
+        if hf:
+            logits = engine(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        else:
+            loss = engine(x, y)
         engine.backward(loss)
         engine.step()
         # The loss zerotrain reports: the mean over ranks, in double.
@@ -220,7 +253,7 @@ def cmd_train(a):
                   "construction_step_undone": undone, "masters_set_by": masters}
         with open(a.result, "w") as f:
             json.dump(result, f, indent=1)
-        print(f"deepspeed: {result['optimizer']} over {result['basic_optimizer']}, losses "
+        print(f"{a.front}: {result['optimizer']} over {result['basic_optimizer']}, losses "
               f"{' '.join(f'{l:.6f}' for l in losses)}", flush=True)
     torch.distributed.barrier()
 
@@ -246,7 +279,55 @@ def rate(run, warmup, tokens_per_step):
     return tokens_per_step / step, step
 
 
+def json_run(d, name):
+    with open(os.path.join(d, name)) as f:
+        return json.load(f)
+
+
+def cmd_table_python(a):
+    """The table with zerotrain's Python front end: the same script under DeepSpeed and under
+    zerotrain, and the command line beside them where it trains the same GPT."""
+    groups = {}
+    for d in a.runs:
+        meta = json_run(d, "meta.json")
+        groups.setdefault((meta.get("model", "gpt"), meta["stage"], meta["precision"]), []).append((meta, d))
+    print("| model | stage | precision | zerotrain (Python) tok/s | DeepSpeed tok/s | ratio | zerotrain CLI tok/s "
+          "| Python / CLI | peak RSS/rank Python GiB | DeepSpeed GiB | CLI GiB | loss max rel diff (Python vs DeepSpeed) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    failed = []
+    for (model, stage, precision), runs in groups.items():
+        rates = {"python": [], "deepspeed": [], "cli": []}
+        mems = {"python": [], "deepspeed": [], "cli": []}
+        diff = 0.0
+        for meta, d in runs:
+            tokens = meta["world"] * meta["micro_batch"] * meta["seq"]
+            present = {"python": json_run(d, "python.json"), "deepspeed": json_run(d, "deepspeed.json")}
+            if os.path.exists(os.path.join(d, "summary.json")):
+                present["cli"] = zerotrain_run(d)
+            for name, run in present.items():
+                rates[name].append(rate(run, meta["warmup"], tokens)[0])
+                mems[name].append(max(int(b) for b in run["peak_rss_bytes"]))
+            pl, dl = present["python"]["losses"], present["deepspeed"]["losses"]
+            diff = max(diff, max(abs(x - y) / abs(y) for x, y in zip(pl, dl)) if len(pl) == len(dl) else math.inf)
+        med = {k: statistics.median(v) if v else None for k, v in rates.items()}
+        mem = {k: statistics.median(v) / GIB if v else None for k, v in mems.items()}
+        mark = ""
+        if precision == "fp32" and model == "gpt" and not diff <= FP32_LOSS_RTOL:
+            failed.append(f"{model} stage {stage} fp32: losses differ by {diff:.2e}")
+            mark = " **FAIL**"
+        cli = f"{med['cli']:.0f} | {med['python'] / med['cli']:.2f}" if med["cli"] else "— | —"
+        cli_mem = f"{mem['cli']:.2f}" if mem["cli"] else "—"
+        print(f"| {model} | {stage} | {precision} | {med['python']:.0f} | {med['deepspeed']:.0f} "
+              f"| {med['python'] / med['deepspeed']:.2f} | {cli} | {mem['python']:.2f} | {mem['deepspeed']:.2f} "
+              f"| {cli_mem} | {diff:.1e}{mark} |")
+    for f in failed:
+        print(f"FAIL: {f}: the Python front end and DeepSpeed did not compute the same thing", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def cmd_table(a):
+    if any(os.path.exists(os.path.join(d, "python.json")) for d in a.runs):
+        return cmd_table_python(a)
     groups = {}
     for d in a.runs:
         with open(os.path.join(d, "meta.json")) as f:
@@ -316,8 +397,12 @@ def main():
     for name in ("--stage", "--micro-batch", "--seq", "--steps"):
         s.add_argument(name, type=int, required=True)
     s = sub.add_parser("train")
-    for name in ("--config", "--init", "--result"):
+    for name in ("--config", "--result"):
         s.add_argument(name, required=True)
+    s.add_argument("--init", help="zerotrain's initial weights (the GPT presets; the transformers models are seeded)")
+    s.add_argument("--model", help=f"a transformers model instead of the configuration's GPT preset: {', '.join(HF_PRESETS)}")
+    s.add_argument("--front", choices=("deepspeed", "python"), default="deepspeed",
+                   help="python: zerotrain's Python package stands in for DeepSpeed (install_as_deepspeed)")
     s = sub.add_parser("table")
     s.add_argument("runs", nargs="+")
     a = p.parse_args()

@@ -7,8 +7,12 @@
 # otherwise), bf16 reported.
 #
 # Usage: bench/vs_deepspeed.sh [--preset gpt2-124m] [--stages "0 1 2 3"] [--precisions "fp32 bf16"]
-#          [--rounds 2] [--steps 6] [--warmup 2] [--micro-batch 4] [--seq 64]
+#          [--rounds 2] [--steps 6] [--warmup 2] [--micro-batch 4] [--seq 64] [--fronts "cli deepspeed"]
 #   --steps are the timed steps, after --warmup untimed ones.
+#   --fronts: which of zerotrain's command line (cli), zerotrain's Python package running DeepSpeed's
+#   script unchanged (python: bench/deepspeed_train.py with zerotrain standing in for DeepSpeed), and
+#   DeepSpeed run. --preset hf-llama-100m trains transformers' LlamaForCausalLM (~106M, seeded
+#   weights) by the same script under python and deepspeed (the command line has no Llama).
 #   ZEROTRAIN=path/to/zerotrain selects the binary (default build/bin/zerotrain).
 # DeepSpeed is installed on first use into $ZT_DEPS_DIR (bench/deepspeed_env.sh); its side is
 # bench/deepspeed_train.py, which takes zerotrain's initial weights (`zerotrain export --init`) and
@@ -16,18 +20,18 @@
 # bf16 runs only where /proc/cpuinfo has avx512_bf16 (else fp32 alone, said so on stderr).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-preset=gpt2-124m stages="0 1 2 3" precisions="fp32 bf16" rounds=2 steps=6 warmup=2 micro=4 seq=64
+preset=gpt2-124m stages="0 1 2 3" precisions="fp32 bf16" rounds=2 steps=6 warmup=2 micro=4 seq=64 fronts="cli deepspeed"
 world=2
 command_line="bench/vs_deepspeed.sh${1+$(printf " %q" "$@")}"
 die() { echo "vs_deepspeed: $*" >&2; exit 2; }
 while (($#)); do
   case $1 in
-    -h|--help) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21s/^# \{0,1\}//p' "$0"; exit 0 ;;
   esac
   (($# >= 2)) || die "$1 needs a value (see --help)"
   case $1 in
     --preset) preset=$2 ;; --stages) stages=$2 ;; --precisions) precisions=$2 ;; --rounds) rounds=$2 ;;
-    --steps) steps=$2 ;; --warmup) warmup=$2 ;; --micro-batch) micro=$2 ;; --seq) seq=$2 ;;
+    --steps) steps=$2 ;; --warmup) warmup=$2 ;; --micro-batch) micro=$2 ;; --seq) seq=$2 ;; --fronts) fronts=$2 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift 2
@@ -39,11 +43,21 @@ done
 for s in $stages; do [[ $s =~ ^[0-3]$ ]] || die "--stages: '$s' is not a ZeRO stage (0 1 2 3)"; done
 for p in $precisions; do [[ $p =~ ^(fp32|bf16)$ ]] || die "--precisions: '$p' is neither fp32 nor bf16"; done
 [ -n "${stages// /}" ] || die "--stages is empty"
+for f in $fronts; do [[ $f =~ ^(cli|python|deepspeed)$ ]] || die "--fronts: '$f' is not one of cli python deepspeed"; done
+[[ " $fronts " == *" deepspeed "* ]] || die "--fronts must include deepspeed (the table compares with it)"
+hf=0
+if [[ $preset == hf-* ]]; then
+  hf=1
+  [[ " $fronts " != *" cli "* ]] || die "--preset $preset is a transformers model: the command line cannot train it (--fronts \"python deepspeed\")"
+fi
 context=$(python3 - "$preset" <<'PY'
 import sys
 sys.path.insert(0, "bench")
 from offload_common import PRESETS
-print(PRESETS[sys.argv[1]][1] if sys.argv[1] in PRESETS else "unknown " + " ".join(PRESETS))
+if sys.argv[1] == "hf-llama-100m":
+    print(1024)
+else:
+    print(PRESETS[sys.argv[1]][1] if sys.argv[1] in PRESETS else "unknown hf-llama-100m " + " ".join(PRESETS))
 PY
 )
 [[ $context =~ ^[0-9]+$ ]] || die "unknown preset '$preset' (one of: ${context#unknown })"
@@ -85,13 +99,27 @@ if ! ds_install fused_adam >"$out/install.log" 2>&1; then
 fi
 ds_env
 
+if [[ " $fronts " == *" python "* ]]; then
+  [ -f build/python/zerotrain/__init__.py ] || die "the Python package is not built (build/python): cmake --build build"
+  python_path="$(pwd)/build/python"
+fi
+if ((hf)); then
+  hf_site=$(scripts/python_deps.sh | tail -n 1) || die "transformers could not be installed (scripts/python_deps.sh)"
+  export PYTHONPATH="$PYTHONPATH:$hf_site"
+fi
+
 python3 bench/deepspeed_train.py data --dir "$out/data"
-# The weights every run of both systems starts from: they depend on the preset and train.seed only.
+# The weights every run of both systems starts from: they depend on the preset and train.seed only
+# (the transformers models are built from a seed by the script itself).
 mkdir -p "$out/init"
 python3 bench/deepspeed_train.py config --out "$out/init/config.json" --data "$out/data" --stage 0 --precision fp32 \
   --preset "$preset" --micro-batch "$micro" --seq "$seq" --steps 1 --run-dir "$out/init"
-"$zerotrain" export --init "$out/init/config.json" --out "$out/init/weights.safetensors" >"$out/init/export.log" 2>&1 || {
-  echo "vs_deepspeed: zerotrain export --init failed:" >&2; tail -n 15 "$out/init/export.log" >&2; exit 1; }
+init_args=(--model "$preset")
+if ((!hf)); then
+  "$zerotrain" export --init "$out/init/config.json" --out "$out/init/weights.safetensors" >"$out/init/export.log" 2>&1 || {
+    echo "vs_deepspeed: zerotrain export --init failed:" >&2; tail -n 15 "$out/init/export.log" >&2; exit 1; }
+  init_args=(--init "$out/init/weights.safetensors")
+fi
 
 # A run that fails is tried once more, so that one stray failure on a shared machine does not
 # throw away an hour of rounds (seen once: a DeepSpeed rank aborted, and twelve reruns of the same
@@ -107,6 +135,7 @@ attempt() {  # system run_dir log command...
   shift 3
   case $system in
     zerotrain) stale=("$run/zerotrain.csv" "$run/summary.json") ;;
+    python) stale=("$run/python.json") ;;
     *) stale=("$run/deepspeed.json") ;;
   esac
   for try in 1 2; do
@@ -128,13 +157,14 @@ run_zerotrain() {  # run_dir
     "$zerotrain" train "$1/config.json" --nproc "$world" --device cpu --summary "$1/summary.json"
 }
 
-run_deepspeed() {  # run_dir
-  local port
+run_deepspeed() {  # run_dir [front]: DeepSpeed's script, under DeepSpeed or zerotrain's Python package
+  local port front=${2:-deepspeed} name=DeepSpeed result=deepspeed
+  [ "$front" = python ] && name=python result=python
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  attempt DeepSpeed "$1" "$1/deepspeed.log" \
+  PYTHONPATH="${python_path:+$python_path:}$PYTHONPATH" attempt "$name" "$1" "$1/$result.log" \
     python3 -m torch.distributed.run --nproc_per_node "$world" --master_addr 127.0.0.1 --master_port "$port" \
-    bench/deepspeed_train.py train --config "$1/config.json" --init "$out/init/weights.safetensors" \
-    --result "$1/deepspeed.json"
+    bench/deepspeed_train.py train --config "$1/config.json" "${init_args[@]}" --front "$front" \
+    --result "$1/$result.json"
 }
 
 runs=()
@@ -146,14 +176,19 @@ for stage in $stages; do
       python3 bench/deepspeed_train.py config --out "$run/config.json" --data "$out/data" --stage "$stage" \
         --precision "$precision" --preset "$preset" --micro-batch "$micro" --seq "$seq" --steps $((warmup + steps)) \
         --run-dir "$run"
-      printf '{"stage": %d, "precision": "%s", "round": %d, "warmup": %d, "world": %d, "micro_batch": %d, "seq": %d}\n' \
-        "$stage" "$precision" "$round" "$warmup" "$world" "$micro" "$seq" >"$run/meta.json"
-      t0=$SECONDS
-      run_zerotrain "$run"
-      t1=$SECONDS
-      run_deepspeed "$run"
-      echo "$(date +%T) stage $stage $precision round $round/$rounds: zerotrain $((t1 - t0)) s, DeepSpeed $((SECONDS - t1)) s" \
-        "(wall, start-up included)" >&2
+      printf '{"model": "%s", "stage": %d, "precision": "%s", "round": %d, "warmup": %d, "world": %d, "micro_batch": %d, "seq": %d}\n' \
+        "$preset" "$stage" "$precision" "$round" "$warmup" "$world" "$micro" "$seq" >"$run/meta.json"
+      times=""
+      for front in $fronts; do
+        t0=$SECONDS
+        case $front in
+          cli) run_zerotrain "$run" ;;
+          python) run_deepspeed "$run" python ;;
+          deepspeed) run_deepspeed "$run" ;;
+        esac
+        times+=" $front $((SECONDS - t0)) s"
+      done
+      echo "$(date +%T) stage $stage $precision round $round/$rounds:$times (wall, start-up included)" >&2
       runs+=("$run")
     done
   done
@@ -161,7 +196,7 @@ done
 
 echo "Command: \`$command_line\`"
 echo
-echo "CPU: $cpu; DeepSpeed $ds_version (CPU accelerator, Gloo);" \
+echo "CPU: $cpu; DeepSpeed $ds_version (CPU accelerator, Gloo); fronts: $fronts;" \
   "preset $preset, $world ranks × 1 thread, micro-batch $micro × $seq tokens, $warmup warm-up + $steps timed steps," \
   "medians of $rounds round(s); peak RSS: VmHWM, the largest rank"
 echo
