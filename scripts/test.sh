@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite that runs on every change (CI runs it through .ci/run), from a fresh machine:
-# installs what is missing, checks that every path and test name the docs cite exists, builds
+# installs what is missing, checks that every path and test name the docs cite exists and that
+# every #include follows the layers of docs/architecture.md, builds
 # (CPU), checks that the CUDA configuration compiles and links
 # when nvcc is present, runs every test with ctest, and fuzzes the configuration and checkpoint
 # readers for a bounded time. The ASan + UBSan build and longer fuzzing are in
@@ -14,6 +15,9 @@ source scripts/setup.sh
 
 stamp "documentation references (scripts/check_doc_refs.py)"
 python3 scripts/check_doc_refs.py
+
+stamp "include layers (scripts/check_layers.py)"
+python3 scripts/check_layers.py
 
 stamp "build (CPU)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$torch_prefix" >/dev/null
