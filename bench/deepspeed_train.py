@@ -203,7 +203,11 @@ def cmd_train(a):
     # Stage 3 builds the model already partitioned, as a DeepSpeed user whose model is large does
     # (and as zerotrain builds it at stage 3).
     build = (lambda: build_hf(preset, seed)) if hf else (lambda: GPT(preset))
-    if stage == 3:
+    # transformers' models initialise their weights after construction (post_init), which writes
+    # into parameters zero.Init has already sharded: DeepSpeed's partitioned parameters silently
+    # ignore those writes (without transformers' own DeepSpeed integration), zerotrain's raise an
+    # error. So they are built whole under both fronts and sharded by initialize.
+    if stage == 3 and not hf:
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = build()
     else:

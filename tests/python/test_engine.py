@@ -288,3 +288,47 @@ def test_register_external_parameter_gathers_the_owner_for_the_reader():
     assert stage3_external(register=True) == pytest.approx(want, rel=1e-5)
     with pytest.raises(RuntimeError, match="storage of size 0|not allocated"):  # released while the reader runs
         stage3_external(register=False)
+
+
+def test_fp16_skips_overflowing_steps_with_deepspeeds_loss_scaler():
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(
+        2, fp16={"enabled": True, "initial_scale_power": 40, "loss_scale_window": 2, "hysteresis": 1}))
+    assert engine.loss_scale == 2.0 ** 40
+    losses = train(engine, batches(12))
+    assert engine.skipped_steps > 0  # 2^40 overflows fp16 at once: halved on each skipped step
+    assert engine.loss_scale < 2.0 ** 40
+    assert engine.global_steps == 12
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert next(model.parameters()).dtype == torch.float16
+
+
+def test_offload_and_the_delayed_update_train_from_python(tmp_path):
+    model = tiny_model()
+    reference = copy.deepcopy(model)
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(
+        2, zero_optimization={"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path),
+                                                                "delayed_update": True, "delayed_update_after": 2}}))
+    ref_engine, _, _, _ = zerotrain.initialize(model=reference, config=config(2))
+    data = batches(6)
+    got, want = train(engine, data), train(ref_engine, data)
+    # The first two steps are ordinary; from then on each update lands one step late.
+    assert got[:3] == pytest.approx(want[:3], rel=1e-6)
+    assert got[3:] != pytest.approx(want[3:], rel=1e-6)
+    engine.destroy()  # completes the update still running
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_reporting_keys_as_deepspeed_honours_them(tmp_path, capsys):
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(
+        1, steps_per_print=2, wall_clock_breakdown=True,
+        csv_monitor={"enabled": True, "output_path": str(tmp_path), "job_name": "job"}))
+    train(engine, batches(4))
+    out = capsys.readouterr().out
+    assert "[Rank 0] step=2, skipped=0, lr=[0.01], mom=[(0.9, 0.999)]" in out
+    assert "[Rank 0] step=4," in out and "step=3," not in out
+    assert "time (ms) | forward:" in out
+    lr = (tmp_path / "job" / "Train_Samples_lr.csv").read_text().split()
+    assert lr == ["step,lr", "4,0.01", "8,0.01", "12,0.01", "16,0.01"]
+    assert (tmp_path / "job" / "Train_Samples_elapsed_time_ms_step.csv").read_text().count("\n") == 3

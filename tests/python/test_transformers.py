@@ -48,3 +48,20 @@ def test_llama_stage_3_on_nvme_with_checkpointing_equals_stage_0_in_memory(tmp_p
         offload_param={"device": "nvme", "nvme_path": swap})})
     assert got["losses"] == pytest.approx(reference["losses"], rel=1e-5)
     assert 0 < got["peak_gathered_bytes"] < got["trainable_bytes"] / 2
+
+
+def test_a_checkpoint_saved_from_python_exports_to_a_model_transformers_loads(tmp_path):
+    import torch
+
+    save = tmp_path / "ckpt"
+    launch(tmp_path, "save", {"model": "gpt2", "stage": 3, "zero": RELEASING, "save": str(save)})
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    subprocess.run([os.environ["ZT_BIN"], "export", str(save), "--out", str(hf / "model.safetensors")], check=True,
+                   capture_output=True)
+    (hf / "config.json").write_text((save / "config.json").read_text())
+    model = transformers.GPT2LMHeadModel.from_pretrained(str(hf)).eval()
+    with torch.no_grad():
+        logits = model(input_ids=torch.arange(16).reshape(1, 16) % 96).logits
+    want = torch.load(save / "logits.pt")
+    assert torch.allclose(logits, want, rtol=1e-5, atol=1e-5), (logits - want).abs().max()

@@ -64,6 +64,17 @@ def main():
         mean = torch.tensor([float(loss)])
         zerotrain.comm.all_reduce(mean)
         losses.append(float(mean) / zerotrain.comm.get_world_size())
+    if spec.get("save"):
+        # A checkpoint in the command line's format, and what the trained model computes on a fixed
+        # batch, for the test to compare with transformers loading the export.
+        engine.save_checkpoint(spec["save"], tag="final")
+        engine.eval()
+        with torch.no_grad():
+            ids = torch.arange(16).reshape(1, 16) % 96
+            logits = engine(input_ids=ids).logits
+        if rank == 0:
+            model.config.to_json_file(spec["save"] + "/config.json")
+            torch.save(logits, spec["save"] + "/logits.pt")
     if rank == 0:
         with open(sys.argv[2], "w") as f:
             json.dump({"losses": losses, "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
