@@ -118,7 +118,22 @@ def case_matrix():
                     # tensor, as zerotrain's at every stage. Stage 0 is the reference.
                     case["reference"] = f"s0-{precision}-lamb"
                 cases.append(case)
+    # Parameter groups, no weight decay on biases and norms (the usual recipe): the command line has
+    # no groups, so these run under DeepSpeed and under zerotrain's Python package only.
+    for stage in (0, 1, 3):
+        cases.append({"name": f"s{stage}-fp32-adamw-groups", "stage": stage, "precision": "fp32",
+                      "optimizer": "AdamW", "groups": "no_decay_bias_norm", "python_only": True})
     return cases
+
+
+def parameter_groups(model, kind):
+    """DeepSpeed's model_parameters for the case's groups."""
+    if kind != "no_decay_bias_norm":
+        raise ValueError(f"unknown parameter groups {kind!r}")
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if name.endswith("bias") or p.dim() == 1 else decay).append(p)
+    return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def write_config(d, case, paths):
@@ -363,7 +378,8 @@ def run_case(case, init_path, rank, world):
             ds_config["zero_allow_untested_optimizer"] = True
             optimizer = FusedLambReference(model.parameters(), **params)
             note = f"FusedLamb unavailable ({type(e).__name__}: {e}); its transcription as a client optimizer"
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), optimizer=optimizer,
+    model_parameters = parameter_groups(model, case["groups"]) if case.get("groups") else model.parameters()
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model_parameters, optimizer=optimizer,
                                            config=ds_config)
     masters_from, undone = "", False
     if os.environ.get("ZT_ORACLE_RAW") != "1":  # 1: DeepSpeed exactly as it runs by default
@@ -476,7 +492,7 @@ def cmd_compare(a):
     with open(os.path.join(a.dir, "cases.json")) as f:
         spec = json.load(f)
     by_name = {c["name"]: c for c in spec["cases"]}
-    cases = selected(spec, a.only)
+    cases = [c for c in selected(spec, a.only) if a.front == "python" or not c.get("python_only")]
     print(f"{'case':<14} {'DeepSpeed run (wrapper)':<44} {'loss':>8} {'weights':>8} {'L2':>8} "
           f"{'tolerances':>16} {'k-bias':>7} {'clipped':>7}  result")
     failed, rows = 0, []

@@ -43,6 +43,11 @@ fail() { echo "DeepSpeed oracle: FAILED: $*"; exit 1; }
 python3 "$oracle" prepare --dir "$out" >/dev/null || fail "could not write the cases"
 cases=$(python3 -c "import json,sys; print(' '.join(c['name'] for c in json.load(open(sys.argv[1]))['cases']))" "$out/cases.json")
 if [ -n "$only" ]; then cases=$(tr ',' ' ' <<<"$only"); fi
+# The cases the command line can run (parameter groups are the Python package's and DeepSpeed's).
+cli_cases=$(python3 -c "import json,sys
+only = set(sys.argv[2].split())
+print(' '.join(c['name'] for c in json.load(open(sys.argv[1]))['cases'] if c['name'] in only and not c.get('python_only')))" \
+  "$out/cases.json" "$cases")
 
 # The initial weights, written by zerotrain: the weights the configuration starts from, in the
 # Hugging Face GPT-2 layout (Conv1D weights transposed; the oracle maps the names back). Every case
@@ -53,7 +58,7 @@ init_dir="$out/init"
 echo "$init_dir/hf" >"$init_dir/weights"
 
 t0=$SECONDS
-for c in $cases; do
+for c in $cli_cases; do
   d="$out/$c"
   [ -f "$d/config.json" ] || fail "no case named $c"
   if ! "$zt" train "$d/config.json" --nproc 2 --steps 10 --summary "$d/summary.json" --save-dir "$d/ckpt" \
@@ -63,7 +68,7 @@ for c in $cases; do
   fi
   "$zt" export "$d/ckpt" --out "$d/final.safetensors" >"$d/export.log" 2>&1 || echo "zerotrain $c: export failed"
 done
-echo "DeepSpeed oracle: zerotrain ran $(wc -w <<<"$cases") cases in $((SECONDS - t0)) s"
+echo "DeepSpeed oracle: zerotrain ran $(wc -w <<<"$cli_cases") cases in $((SECONDS - t0)) s"
 
 t0=$SECONDS
 port=$((29500 + RANDOM % 2000))

@@ -41,21 +41,26 @@ def train(engine, data):
     return losses
 
 
+def train_torch(model, optimizer, data):
+    """The plain PyTorch loop the engine replaces."""
+    losses = []
+    for x, y in data:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_every_stage_trains_as_torch_adamw_does(stage):
     model = tiny_model()
     reference = copy.deepcopy(model)
     engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
-    opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0)
     data = batches(6)
     got = train(engine, data)
-    want = []
-    for x, y in data:
-        loss = torch.nn.functional.mse_loss(reference(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        want.append(loss.item())
+    want = train_torch(reference, torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0), data)
     assert got == pytest.approx(want, rel=1e-5)
     assert engine.global_steps == 6
     # The module's parameters are the engine's: what the module computes is what was trained.
@@ -94,16 +99,9 @@ def test_client_optimizers_map_onto_the_engine_and_others_are_refused():
     reference = copy.deepcopy(model)
     opt = zerotrain.ops.adam.FusedAdam(model.parameters(), lr=3e-3, weight_decay=0.1)
     engine, _, _, _ = zerotrain.initialize(model=model, optimizer=opt, config=config(0))
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1)
     data = batches(4)
     got = train(engine, data)
-    want = []
-    for x, y in data:
-        loss = torch.nn.functional.mse_loss(reference(x), y)
-        ref_opt.zero_grad()
-        loss.backward()
-        ref_opt.step()
-        want.append(loss.item())
+    want = train_torch(reference, torch.optim.AdamW(reference.parameters(), lr=3e-3, weight_decay=0.1), data)
     assert got == pytest.approx(want, rel=1e-5)
     with pytest.raises(RuntimeError, match="inside zerotrain's engine"):
         opt.step()
@@ -295,7 +293,12 @@ def test_fp16_skips_overflowing_steps_with_deepspeeds_loss_scaler():
     engine, _, _, _ = zerotrain.initialize(model=model, config=config(
         2, fp16={"enabled": True, "initial_scale_power": 40, "loss_scale_window": 2, "hysteresis": 1}))
     assert engine.loss_scale == 2.0 ** 40
-    losses = train(engine, batches(12))
+    losses = []
+    for x, y in batches(12):  # the module is fp16 now: so are its inputs, as under DeepSpeed
+        loss = torch.nn.functional.mse_loss(engine(x.half()).float(), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
     assert engine.skipped_steps > 0  # 2^40 overflows fp16 at once: halved on each skipped step
     assert engine.loss_scale < 2.0 ** 40
     assert engine.global_steps == 12

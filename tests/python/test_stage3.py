@@ -1,28 +1,12 @@
 """Stage 3 from Python on 2 ranks (zerotrain launch): a module's units are sharded, gathered per
 submodule and released, with the same losses as the unsharded run."""
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+import launching
 
 
 def launch(tmp_path, name, spec):
-    cli = os.environ.get("ZT_BIN")
-    if not cli:
-        pytest.fail("ZT_BIN (the zerotrain command line) must be set: the test command sets it")
-    out = tmp_path / f"{name}.json"
-    result = subprocess.run([cli, "launch", "--nproc", "2", "--log-dir", str(tmp_path / f"{name}-logs"), "--",
-                             sys.executable, os.path.join(HERE, "scripts", "units_run.py"), json.dumps(spec), str(out)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(tmp_path / f"{name}-logs" / "rank0.log") as f:
-        log = f.read()  # rank 0's notes
-    with open(out) as f:
-        return json.load(f), log
+    return launching.launch(tmp_path, "units_run.py", name, spec)
 
 
 def check_modified(got):

@@ -1,32 +1,20 @@
 """Hugging Face transformers models, unchanged, through the Python front end: tiny configurations
 with random weights (no hub access). Needs transformers (scripts/python_deps.sh); skipped, with the
 reason, when it could not be installed."""
-import json
 import os
 import subprocess
-import sys
 
 import pytest
 
+import launching
+
 transformers = pytest.importorskip("transformers", reason="transformers is not installed (scripts/python_deps.sh)")
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 RELEASING = {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 1000}  # see test_stage3.py
 
 
 def launch(tmp_path, name, spec):
-    cli = os.environ.get("ZT_BIN")
-    if not cli:
-        pytest.fail("ZT_BIN (the zerotrain command line) must be set: the test command sets it")
-    out = tmp_path / f"{name}.json"
-    result = subprocess.run([cli, "launch", "--nproc", "2", "--log-dir", str(tmp_path / f"{name}-logs"), "--",
-                             sys.executable, os.path.join(HERE, "scripts", "hf_run.py"), json.dumps(spec), str(out)],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    with open(tmp_path / f"{name}-logs" / "rank0.log") as f:
-        log = f.read()  # rank 0's notes
-    with open(out) as f:
-        return json.load(f), log
+    return launching.launch(tmp_path, "hf_run.py", name, spec)
 
 
 @pytest.mark.parametrize("model", ["gpt2", "bert"])
