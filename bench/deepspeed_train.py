@@ -174,7 +174,7 @@ def cmd_train(a):
     warnings.filterwarnings("ignore")
     import torch
 
-    if a.front == "python":
+    if a.front in ("python", "cpp"):
         # The same script on zerotrain's Python package: every `deepspeed` below is zerotrain.
         import zerotrain
 
@@ -203,22 +203,27 @@ def cmd_train(a):
     # Stage 3 builds the model already partitioned, as a DeepSpeed user whose model is large does
     # (and as zerotrain builds it at stage 3).
     build = (lambda: build_hf(preset, seed)) if hf else (lambda: GPT(preset))
+    if a.front == "cpp":
+        # The command line's own C++ GPT, built as it builds it (train.seed; sharded at stage 3):
+        # what differs from `zerotrain train` is the Python loop around the same engine.
+        build = lambda: deepspeed.models.GPT(config)
     # transformers' models initialise their weights after construction (post_init), which writes
     # into parameters zero.Init has already sharded: DeepSpeed's partitioned parameters silently
     # ignore those writes (without transformers' own DeepSpeed integration), zerotrain's raise an
     # error. So they are built whole under both fronts and sharded by initialize.
-    if stage == 3 and not hf:
+    if stage == 3 and not hf and a.front != "cpp":
         with deepspeed.zero.Init(config_dict_or_path=ds_config):
             model = build()
     else:
         model = build()
-    if not hf:
+    if not hf and a.front != "cpp":
         load_weights(model, weights, partitioned=stage == 3)
 
     # The peak counts what DeepSpeed holds, not what loading zerotrain's weights or the bf16
     # adjustments below cost: it is taken in two windows, deepspeed.initialize and training.
     windows = reset_peak()
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config if a.front == "cpp" else ds_config)
     peak_init = status_bytes("VmHWM")
     # bf16 only (no-ops in fp32): DeepSpeed's construction-time optimizer step at stage 0 and its
     # masters rounded to bf16 would otherwise make the two systems start from different states
@@ -234,6 +239,8 @@ def cmd_train(a):
     torch.distributed.barrier()
     t0 = time.perf_counter()
     for step in range(steps):
+        if a.front == "cpp":  # the command line's dropout seeds, so that its losses are reproduced bit for bit
+            torch.manual_seed(seed + 1000003 * (rank + 1) + 7919 * step)
         x, y = sampler.batch(step, 0)
         if hf:
             logits = engine(input_ids=x).logits
@@ -288,50 +295,74 @@ def json_run(d, name):
         return json.load(f)
 
 
-def cmd_table_python(a):
-    """The table with zerotrain's Python front end: the same script under DeepSpeed and under
-    zerotrain, and the command line beside them where it trains the same GPT."""
+SYSTEMS = {  # result file, column name
+    "cli": ("summary.json", "zerotrain CLI"),
+    "cpp": ("cpp.json", "zerotrain C++ GPT from Python"),
+    "python": ("python.json", "zerotrain (Python)"),
+    "deepspeed": ("deepspeed.json", "DeepSpeed"),
+}
+
+
+def cmd_table_fronts(a):
+    """The table with zerotrain's Python front end: DeepSpeed's script under DeepSpeed and under
+    zerotrain (python), the command line (cli), and the command line's C++ GPT driven from a Python
+    loop (cpp), whichever ran."""
     groups = {}
     for d in a.runs:
         meta = json_run(d, "meta.json")
         groups.setdefault((meta.get("model", "gpt"), meta["stage"], meta["precision"]), []).append((meta, d))
-    print("| model | stage | precision | zerotrain (Python) tok/s | DeepSpeed tok/s | ratio | zerotrain CLI tok/s "
-          "| Python / CLI | peak RSS/rank Python GiB | DeepSpeed GiB | CLI GiB | loss max rel diff (Python vs DeepSpeed) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    present = [k for k, (f, _) in SYSTEMS.items() if any(os.path.exists(os.path.join(d, f)) for d in a.runs)]
+    ratios = [(x, y) for x, y in (("python", "deepspeed"), ("cpp", "cli"), ("python", "cli")) if x in present and y in present]
+    head = ["model", "stage", "precision"] + [f"{SYSTEMS[k][1]} tok/s" for k in present] + \
+        [f"{SYSTEMS[x][1]} / {SYSTEMS[y][1]}" for x, y in ratios] + [f"peak RSS/rank {SYSTEMS[k][1]} GiB" for k in present]
+    if "python" in present and "deepspeed" in present:
+        head.append("loss max rel diff (Python vs DeepSpeed)")
+    if "cpp" in present and "cli" in present:
+        head.append("C++ GPT from Python: losses equal the CLI's")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
     failed = []
     for (model, stage, precision), runs in groups.items():
-        rates = {"python": [], "deepspeed": [], "cli": []}
-        mems = {"python": [], "deepspeed": [], "cli": []}
-        diff = 0.0
+        rates = {k: [] for k in present}
+        mems = {k: [] for k in present}
+        diff, same = 0.0, True
         for meta, d in runs:
             tokens = meta["world"] * meta["micro_batch"] * meta["seq"]
-            present = {"python": json_run(d, "python.json"), "deepspeed": json_run(d, "deepspeed.json")}
-            if os.path.exists(os.path.join(d, "summary.json")):
-                present["cli"] = zerotrain_run(d)
-            for name, run in present.items():
-                rates[name].append(rate(run, meta["warmup"], tokens)[0])
-                mems[name].append(max(int(b) for b in run["peak_rss_bytes"]))
-            pl, dl = present["python"]["losses"], present["deepspeed"]["losses"]
-            diff = max(diff, max(abs(x - y) / abs(y) for x, y in zip(pl, dl)) if len(pl) == len(dl) else math.inf)
-        med = {k: statistics.median(v) if v else None for k, v in rates.items()}
-        mem = {k: statistics.median(v) / GIB if v else None for k, v in mems.items()}
-        mark = ""
-        if precision == "fp32" and model == "gpt" and not diff <= FP32_LOSS_RTOL:
-            failed.append(f"{model} stage {stage} fp32: losses differ by {diff:.2e}")
-            mark = " **FAIL**"
-        cli = f"{med['cli']:.0f} | {med['python'] / med['cli']:.2f}" if med["cli"] else "— | —"
-        cli_mem = f"{mem['cli']:.2f}" if mem["cli"] else "—"
-        print(f"| {model} | {stage} | {precision} | {med['python']:.0f} | {med['deepspeed']:.0f} "
-              f"| {med['python'] / med['deepspeed']:.2f} | {cli} | {mem['python']:.2f} | {mem['deepspeed']:.2f} "
-              f"| {cli_mem} | {diff:.1e}{mark} |")
+            got = {}
+            for k in present:
+                if k == "cli":
+                    got[k] = zerotrain_run(d)
+                else:
+                    got[k] = json_run(d, SYSTEMS[k][0])
+                rates[k].append(rate(got[k], meta["warmup"], tokens)[0])
+                mems[k].append(max(int(b) for b in got[k]["peak_rss_bytes"]))
+            if "python" in got and "deepspeed" in got:
+                pl, dl = got["python"]["losses"], got["deepspeed"]["losses"]
+                diff = max(diff, max(abs(x - y) / abs(y) for x, y in zip(pl, dl)) if len(pl) == len(dl) else math.inf)
+            if "cpp" in got and "cli" in got:
+                same = same and got["cpp"]["losses"] == got["cli"]["losses"]
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        row = [model, str(stage), precision] + [f"{med[k]:.0f}" for k in present] + \
+            [f"{med[x] / med[y]:.2f}" for x, y in ratios] + [f"{statistics.median(mems[k]) / GIB:.2f}" for k in present]
+        if "python" in present and "deepspeed" in present:
+            mark = ""
+            if precision == "fp32" and model == "gpt2-124m" and not diff <= FP32_LOSS_RTOL:
+                failed.append(f"{model} stage {stage} fp32: losses differ by {diff:.2e}")
+                mark = " **FAIL**"
+            row.append(f"{diff:.1e}{mark}")
+        if "cpp" in present and "cli" in present:
+            row.append("yes" if same else "**no**")
+            if not same:
+                failed.append(f"{model} stage {stage} {precision}: the C++ GPT from Python lost bitwise equality with the CLI")
+        print("| " + " | ".join(row) + " |")
     for f in failed:
-        print(f"FAIL: {f}: the Python front end and DeepSpeed did not compute the same thing", file=sys.stderr)
+        print(f"FAIL: {f}", file=sys.stderr)
     return 1 if failed else 0
 
 
 def cmd_table(a):
-    if any(os.path.exists(os.path.join(d, "python.json")) for d in a.runs):
-        return cmd_table_python(a)
+    if any(os.path.exists(os.path.join(d, f)) for d in a.runs for f in ("python.json", "cpp.json")):
+        return cmd_table_fronts(a)
     groups = {}
     for d in a.runs:
         with open(os.path.join(d, "meta.json")) as f:
@@ -405,8 +436,9 @@ def main():
         s.add_argument(name, required=True)
     s.add_argument("--init", help="zerotrain's initial weights (the GPT presets; the transformers models are seeded)")
     s.add_argument("--model", help=f"a transformers model instead of the configuration's GPT preset: {', '.join(HF_PRESETS)}")
-    s.add_argument("--front", choices=("deepspeed", "python"), default="deepspeed",
-                   help="python: zerotrain's Python package stands in for DeepSpeed (install_as_deepspeed)")
+    s.add_argument("--front", choices=("deepspeed", "python", "cpp"), default="deepspeed",
+                   help="python: zerotrain's Python package stands in for DeepSpeed (install_as_deepspeed); cpp: "
+                        "the same, training zerotrain.models.GPT (the command line's C++ GPT)")
     s = sub.add_parser("table")
     s.add_argument("runs", nargs="+")
     a = p.parse_args()

@@ -10,8 +10,9 @@
 #          [--rounds 2] [--steps 6] [--warmup 2] [--micro-batch 4] [--seq 64] [--fronts "cli deepspeed"]
 #   --steps are the timed steps, after --warmup untimed ones.
 #   --fronts: which of zerotrain's command line (cli), zerotrain's Python package running DeepSpeed's
-#   script unchanged (python: bench/deepspeed_train.py with zerotrain standing in for DeepSpeed), and
-#   DeepSpeed run. --preset hf-llama-100m trains transformers' LlamaForCausalLM (~106M, seeded
+#   script unchanged (python: bench/deepspeed_train.py with zerotrain standing in for DeepSpeed), the
+#   same script training the command line's C++ GPT (cpp: zerotrain.models.GPT, whose losses must
+#   equal the command line's bit for bit), and DeepSpeed run. --preset hf-llama-100m trains transformers' LlamaForCausalLM (~106M, seeded
 #   weights) by the same script under python and deepspeed (the command line has no Llama).
 #   ZEROTRAIN=path/to/zerotrain selects the binary (default build/bin/zerotrain).
 # DeepSpeed is installed on first use into $ZT_DEPS_DIR (bench/deepspeed_env.sh); its side is
@@ -26,7 +27,7 @@ command_line="bench/vs_deepspeed.sh${1+$(printf " %q" "$@")}"
 die() { echo "vs_deepspeed: $*" >&2; exit 2; }
 while (($#)); do
   case $1 in
-    -h|--help) sed -n '2,21s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23s/^# \{0,1\}//p' "$0"; exit 0 ;;
   esac
   (($# >= 2)) || die "$1 needs a value (see --help)"
   case $1 in
@@ -43,8 +44,8 @@ done
 for s in $stages; do [[ $s =~ ^[0-3]$ ]] || die "--stages: '$s' is not a ZeRO stage (0 1 2 3)"; done
 for p in $precisions; do [[ $p =~ ^(fp32|bf16)$ ]] || die "--precisions: '$p' is neither fp32 nor bf16"; done
 [ -n "${stages// /}" ] || die "--stages is empty"
-for f in $fronts; do [[ $f =~ ^(cli|python|deepspeed)$ ]] || die "--fronts: '$f' is not one of cli python deepspeed"; done
-[[ " $fronts " == *" deepspeed "* ]] || die "--fronts must include deepspeed (the table compares with it)"
+for f in $fronts; do [[ $f =~ ^(cli|python|cpp|deepspeed)$ ]] || die "--fronts: '$f' is not one of cli python cpp deepspeed"; done
+(($(wc -w <<<"$fronts") >= 2)) || die "--fronts needs two or more to compare"
 hf=0
 if [[ $preset == hf-* ]]; then
   hf=1
@@ -99,7 +100,7 @@ if ! ds_install fused_adam >"$out/install.log" 2>&1; then
 fi
 ds_env
 
-if [[ " $fronts " == *" python "* ]]; then
+if [[ " $fronts " == *" python "* || " $fronts " == *" cpp "* ]]; then
   [ -f build/python/zerotrain/__init__.py ] || die "the Python package is not built (build/python): cmake --build build"
   python_path="$(pwd)/build/python"
 fi
@@ -136,6 +137,7 @@ attempt() {  # system run_dir log command...
   case $system in
     zerotrain) stale=("$run/zerotrain.csv" "$run/summary.json") ;;
     python) stale=("$run/python.json") ;;
+    cpp) stale=("$run/cpp.json") ;;
     *) stale=("$run/deepspeed.json") ;;
   esac
   for try in 1 2; do
@@ -159,7 +161,7 @@ run_zerotrain() {  # run_dir
 
 run_deepspeed() {  # run_dir [front]: DeepSpeed's script, under DeepSpeed or zerotrain's Python package
   local port front=${2:-deepspeed} name=DeepSpeed result=deepspeed
-  [ "$front" = python ] && name=python result=python
+  [ "$front" != deepspeed ] && name=$front result=$front
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   PYTHONPATH="${python_path:+$python_path:}$PYTHONPATH" attempt "$name" "$1" "$1/$result.log" \
     python3 -m torch.distributed.run --nproc_per_node "$world" --master_addr 127.0.0.1 --master_port "$port" \
@@ -184,6 +186,7 @@ for stage in $stages; do
         case $front in
           cli) run_zerotrain "$run" ;;
           python) run_deepspeed "$run" python ;;
+          cpp) run_deepspeed "$run" cpp ;;
           deepspeed) run_deepspeed "$run" ;;
         esac
         times+=" $front $((SECONDS - t0)) s"

@@ -16,7 +16,7 @@ import torch  # noqa: F401  (loads libtorch before the extension that links it)
 
 from . import _C
 from ._errors import CommError, ConfigError, DataError, EngineError  # noqa: F401
-from . import checkpointing, comm, ops, utils, zero  # noqa: F401
+from . import checkpointing, comm, models, ops, utils, zero  # noqa: F401
 from .comm import init_distributed
 from .engine import DeepSpeedEngine, ZeroEngine  # noqa: F401
 from .ops import adam, lamb  # noqa: F401

@@ -276,10 +276,12 @@ class ZeroEngine:
                                                "as in DeepSpeed")
             config["optimizer"] = _optimizer_from_client(optimizer)
             basic = optimizer
-        own = [k for k in ("model", "data", "train") if k in config]
+        own = [k for k in ("model", "data", "train") if k in config
+               and not (k == "model" and getattr(model, "cpp_module", None) is not None)]  # zerotrain.models read it
         if own:
             _note_once("own-blocks", f"the configuration's {', '.join(own)} block(s) are read by the zerotrain command "
-                                     "line only; from Python the script's own model and loop are used")
+                                     "line only (from Python, train.retain_freed_memory alone); the script's own model "
+                                     "and loop are used")
         reporting = [k for k in ("flops_profiler", "comms_logger", "tensorboard", "wandb", "comet")
                      if isinstance(config.get(k), dict) and config[k].get("enabled")]
         if reporting:
@@ -289,15 +291,23 @@ class ZeroEngine:
         self.module = model
         self.basic_optimizer = basic
         self._communicator = comm.communicator()
+        early = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
+        # The command line's heap policy (train.retain_freed_memory, default "bounded"): freed tensor
+        # blocks kept for reuse instead of page-faulted in again every step.
+        _C.apply_heap_policy(json.loads(early.get("train.retain_freed_memory", '"bounded"')),
+                             int(early.get("zero_optimization.stage", "0")) == 3)
+        cpp_module = getattr(model, "cpp_module", None)  # zerotrain.models: the C++ module itself
         buffers = list(model.named_buffers())
         modules = dict(model.named_modules())
         built_sharded = {path: _zero.pending_unit_shell(m) for path, m in modules.items()
                          if _zero.pending_unit_shell(m) is not None and _zero.pending_is_current(m)}
-        self._shell = _C.make_module_shell(self._named_parameters, buffers, built_sharded)
+        self._shell = cpp_module if cpp_module is not None else _C.make_module_shell(self._named_parameters, buffers,
+                                                                                       built_sharded)
         checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
         self._unit_forwards = None
         units = []
-        if int(checked.get("zero_optimization.stage", "0")) == 3:
+        threshold = 0
+        if int(checked.get("zero_optimization.stage", "0")) == 3 and cpp_module is None:
             threshold = int(checked.get("zero_optimization.stage3_param_persistence_threshold", "0"))
             external = {path: _zero.external_parameters(m) for path, m in modules.items() if _zero.external_parameters(m)}
             units, users = _units.choose_units(model, threshold, set(built_sharded), external)
@@ -309,10 +319,11 @@ class ZeroEngine:
             if self._unit_forwards is not None:
                 self._unit_forwards.restore()
             raise
+        _C.heap_setup_done()
         for path in built_sharded:  # adopted: the engine holds them now
             _zero.forget_pending(modules[path])
         resolved = self._engine.config_json
-        if int(resolved.get("zero_optimization.stage", "0")) == 3:
+        if int(resolved.get("zero_optimization.stage", "0")) == 3 and cpp_module is None:
             trainable = [p for _, p in self._named_parameters if p.requires_grad]
             total = sum(p.numel() for p in trainable)
             modules = dict(model.named_modules())

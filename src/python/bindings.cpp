@@ -27,8 +27,12 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "zerotrain/estimate.h"
 #include "zerotrain/layout.h"
+#include "zerotrain/models/gpt.h"
+#include "train/runtime.h"
 #include "zero/sharded_blocks.h"
+#include "zerotrain/cpu_block_cache.h"
 
 namespace py = pybind11;
 
@@ -212,6 +216,43 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                     py::arg("train_micro_batch_size_per_gpu") = config.train_micro_batch_size_per_gpu,
                     py::arg("gradient_accumulation_steps") = config.gradient_accumulation_steps,
                     py::arg("warnings") = config.warnings, py::arg("resolved") = config.resolved);
+  });
+
+  // The reference GPT (src/models/gpt.cpp), built as the command line builds it from a
+  // configuration: seeded with train.seed, sharded as it is built when the stage shards parameters.
+  m.def("build_gpt", [](const std::string& json_text, int rank, int world_size) {
+    zt::TrainConfig config = zt::parse_config(json_text, {}, world_size);
+    if (config.model.type != "gpt")
+      throw zt::ConfigError("zerotrain.models.GPT: expected model.type \"gpt\", found \"" + config.model.type + "\"");
+    torch::manual_seed(config.train.seed);
+    std::optional<zt::ShardedConstruction> sharded;
+    if (config.zero.shard_parameters) sharded.emplace(rank, world_size);
+    zt::GPT model(zt::gpt_config_of(config));
+    sharded.reset();
+    return std::static_pointer_cast<torch::nn::Module>(model.ptr());
+  }, py::arg("config_json"), py::arg("rank"), py::arg("world_size"));
+  m.def("gpt_loss", [](const std::shared_ptr<torch::nn::Module>& module, const at::Tensor& idx, const at::Tensor& targets) {
+    auto gpt = std::dynamic_pointer_cast<zt::GPTImpl>(module);
+    if (!gpt) throw zt::ConfigError("gpt_loss: expected a module made by build_gpt");
+    return gpt->loss(idx, targets);
+  });
+  m.def("module_named_parameters", [](const std::shared_ptr<torch::nn::Module>& module) {
+    NamedTensors out;
+    for (const auto& item : module->named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
+    return out;
+  });
+  m.def("module_train", [](const std::shared_ptr<torch::nn::Module>& module, bool on) { module->train(on); });
+
+  // train.retain_freed_memory as the command line applies it (docs/memory.md "The heap policy"):
+  // "bounded" installs the block cache as LibTorch's CPU allocator. Once per process.
+  m.def("apply_heap_policy", [](const std::string& retain_freed_memory, bool shard_parameters) {
+    static bool applied = false;
+    if (applied) return;
+    zt::apply_heap_policy(zt::heap_policy_of(retain_freed_memory, shard_parameters));
+    applied = true;
+  });
+  m.def("heap_setup_done", [] {
+    if (zt::CpuBlockCache* cache = zt::installed_cpu_block_cache()) cache->reset_high_water();
   });
 
   m.def("make_module_shell", &make_module_shell, py::arg("parameters"), py::arg("buffers"),

@@ -104,6 +104,11 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, H
   } catch (const c10::Error&) {
     // Already fixed by an earlier call in this process (tests run several ranks' code paths).
   }
+  apply_heap_policy(heap_policy);
+  return settings;
+}
+
+void apply_heap_policy(HeapPolicy heap_policy) {
   // Retained heap: keep freed memory in glibc's heap. Large temporaries are not page-faulted in
   // again every step, but the heap fragments: peaks ran 14-36% above the live tensors the
   // estimate counts (docs/benchmarks.md "memory estimate").
@@ -127,7 +132,6 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, H
   // often the run's, and its slack would be resident for nothing; the trainer gives the steps
   // their slack back once set-up is done.
   if (heap_policy == HeapPolicy::BoundedCache) install_cpu_block_cache().set_slack_fraction(0.0);
-  return settings;
 }
 
 namespace {

@@ -31,6 +31,11 @@ struct RuntimeSettings {
 // LibTorch's CPU allocator). Call once, before large allocations.
 RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, HeapPolicy heap_policy);
 
+// The heap policy alone (apply_runtime_settings' second half), for a process whose threads are its
+// own to set (the Python package). Call before the large allocations it should govern; with
+// BoundedCache, CpuBlockCache's reset_high_water() after set-up gives the steps their slack.
+void apply_heap_policy(HeapPolicy heap_policy);
+
 // Whether LibTorch multiplies matrices in `precision` at this CPU's hardware speed: fp32 always;
 // bf16 and fp16 when its oneDNN path supports the CPU (as torch.ops.mkldnn._is_mkldnn_bf16_supported
 // and _is_mkldnn_fp16_supported say: bf16 needs AVX-512 or AMX, fp16 AVX-512-FP16 or AMX-FP16).

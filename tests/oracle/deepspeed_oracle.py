@@ -8,6 +8,9 @@ Subcommands:
                         D/<case>/deepspeed.json (per-step losses, grad norms) and deepspeed_weights.pt
                         (final fp32 master weights by zerotrain's parameter names)
   compare --dir D       reads both sides, prints the table and exits 1 when a case is out of tolerance
+  cpp-python --dir D    (under torch.distributed.run, 2 ranks) the command line's cases again from a
+                        Python loop over zerotrain.models.GPT (the same C++ GPT) and the Python package
+  compare-cpp-python --dir D   exits 1 unless those losses equal the command line's bit for bit
 
 The same batches: zerotrain's DistributedSampler (src/data/sampler.cpp) reimplemented below, bit for
 bit; the same weights: the file `zerotrain export` wrote, loaded by name; the same configuration:
@@ -440,6 +443,75 @@ def cmd_deepspeed(a):
         torch.distributed.barrier()
 
 
+# ------------------------------------------------------------------------------------ C++ GPT from Python
+def cmd_cpp_python(a):
+    """The command line's training of each case again, from a Python loop: zerotrain.models.GPT (the
+    C++ GPT the command line trains) through zerotrain.initialize, on the same batches, with the
+    command line's per-step dropout seeds; D/<case>/cpp_python.json."""
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    import zerotrain
+
+    zerotrain.init_distributed()
+    rank, world = zerotrain.comm.get_rank(), zerotrain.comm.get_world_size()
+    with open(os.path.join(a.dir, "cases.json")) as f:
+        spec = json.load(f)
+    for case in selected(spec, a.only):
+        if case.get("python_only"):
+            continue
+        with open(case["config"]) as f:
+            config = json.load(f)
+        seq, seed = config["data"]["sequence_length"], config["train"]["seed"]
+        micro, accum = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
+        sampler = Sampler(read_tokens(config["data"]["path"]), seq, micro, world, rank, seed)
+        model = zerotrain.models.GPT(config)
+        engine, _, _, _ = zerotrain.initialize(model=model, config=config)
+        losses = []
+        for step in range(STEPS):
+            torch.manual_seed(seed + 1000003 * (rank + 1) + 7919 * step)  # the command line's dropout seeds
+            loss_sum = 0.0
+            for m in range(accum):
+                x, y = sampler.batch(step, m)
+                loss = engine(x, y)
+                loss_sum += float(loss.item())
+                engine.backward(loss)
+                engine.step()
+            mean = torch.tensor([loss_sum / accum], dtype=torch.float64)
+            zerotrain.comm.all_reduce(mean)
+            losses.append(float(mean.item()) / world)
+        if rank == 0:
+            with open(os.path.join(case["dir"], "cpp_python.json"), "w") as f:
+                json.dump({"losses": losses}, f)
+        engine.destroy()
+        torch.distributed.barrier()
+
+
+def cmd_compare_cpp_python(a):
+    """Bit for bit: the Python loop's losses against the command line's summary, every case."""
+    with open(os.path.join(a.dir, "cases.json")) as f:
+        spec = json.load(f)
+    failed, n = [], 0
+    for case in selected(spec, a.only):
+        if case.get("python_only"):
+            continue
+        n += 1
+        try:
+            with open(os.path.join(case["dir"], "summary.json")) as f:
+                cli = json.load(f)["losses"]
+            with open(os.path.join(case["dir"], "cpp_python.json")) as f:
+                py = json.load(f)["losses"]
+        except (OSError, ValueError, KeyError) as e:
+            failed.append(f"{case['name']}: missing output ({e})")
+            continue
+        if cli != py:
+            worst = max(abs(x - y) / abs(y) for x, y in zip(py, cli)) if len(cli) == len(py) else math.inf
+            failed.append(f"{case['name']}: losses differ (at most {worst:.2e} relative)")
+    for f in failed:
+        print(f"  FAIL {f}")
+    print(f"C++ GPT from Python against the command line: {n - len(failed)} of {n} cases with bitwise equal losses")
+    return 1 if failed else 0
+
+
 # ------------------------------------------------------------------------------------ compare
 def selected(spec, only):
     names = [n for n in only.split(",") if n] if only else None
@@ -572,7 +644,7 @@ def cmd_compare(a):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("prepare", "deepspeed", "compare"):
+    for name in ("prepare", "deepspeed", "compare", "cpp-python", "compare-cpp-python"):
         s = sub.add_parser(name)
         s.add_argument("--dir", required=True)
         if name != "prepare":
@@ -584,7 +656,8 @@ def main():
             s.add_argument("--front", choices=("cli", "python"), default="cli",
                            help="which zerotrain side to compare with DeepSpeed: the command line or the Python package")
     a = p.parse_args()
-    return {"prepare": cmd_prepare, "deepspeed": cmd_deepspeed, "compare": cmd_compare}[a.cmd](a) or 0
+    return {"prepare": cmd_prepare, "deepspeed": cmd_deepspeed, "compare": cmd_compare, "cpp-python": cmd_cpp_python,
+            "compare-cpp-python": cmd_compare_cpp_python}[a.cmd](a) or 0
 
 
 if __name__ == "__main__":

@@ -94,5 +94,13 @@ PYTHONPATH="$py_dir:$PYTHONPATH" python3 -m torch.distributed.run --nproc_per_no
   >"$out/python.log" 2>&1 || echo "DeepSpeed oracle: the runs of zerotrain from Python failed (see $out/python.log)"
 echo "DeepSpeed oracle: zerotrain from Python ran $(wc -w <<<"$cases") cases in $((SECONDS - t0)) s"
 python3 "$oracle" compare --front python --dir "$out" --only "$(tr ' ' ',' <<<"$cases")" || rc=1
+
+# The command line's own training once more, from a Python loop over zerotrain.models.GPT (the same
+# C++ GPT) through the Python package: the losses must equal the command line's bit for bit.
+port=$((29500 + RANDOM % 2000))
+PYTHONPATH="$py_dir:$PYTHONPATH" python3 -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 \
+  --master_port "$port" "$oracle" cpp-python --dir "$out" --only "$(tr ' ' ',' <<<"$cli_cases")" \
+  >"$out/cpp_python.log" 2>&1 || echo "DeepSpeed oracle: the C++ GPT's runs from Python failed (see $out/cpp_python.log)"
+python3 "$oracle" compare-cpp-python --dir "$out" --only "$(tr ' ' ',' <<<"$cli_cases")" || rc=1
 echo "DeepSpeed oracle: $((SECONDS - t_start)) s in all; details in $out"
 exit $rc
