@@ -353,6 +353,29 @@ FRONTS = {"deepspeed": ("deepspeed.json", "deepspeed_weights.pt"), "python": ("p
 FRONT = "deepspeed"
 
 
+def train_steps(engine, sampler, accum, world, before_step=None):
+    """STEPS optimizer steps of `accum` micro-steps through a DeepSpeed-style engine; the losses
+    as the command line reports them (the mean over micro-steps and ranks, in double) and the
+    gradient norms."""
+    losses, norms = [], []
+    for step in range(STEPS):
+        if before_step is not None:
+            before_step(step)
+        loss_sum = 0.0
+        for a in range(accum):
+            x, y = sampler.batch(step, a)
+            loss = engine(x, y)
+            loss_sum += float(loss.item())
+            engine.backward(loss)
+            engine.step()
+        mean = torch.tensor([loss_sum / accum], dtype=torch.float64)
+        torch.distributed.all_reduce(mean)
+        losses.append(float(mean.item()) / world)
+        norm = engine.get_global_grad_norm()
+        norms.append(float(norm) if norm is not None else None)
+    return losses, norms
+
+
 def run_case(case, init_path, rank, world):
     import deepspeed
 
@@ -389,21 +412,8 @@ def run_case(case, init_path, rank, world):
         undone = undo_construction_step(engine)
         if config.get("bf16", {}).get("enabled"):
             masters_from = set_fp32_masters(engine, model, initial)
-    losses, norms = [], []
     t0 = time.time()
-    for step in range(STEPS):
-        loss_sum = 0.0
-        for a in range(accum):
-            x, y = sampler.batch(step, a)
-            loss = engine(x, y)
-            loss_sum += float(loss.item())
-            engine.backward(loss)
-            engine.step()
-        mean = torch.tensor([loss_sum / accum], dtype=torch.float64)
-        torch.distributed.all_reduce(mean)
-        losses.append(float(mean.item()) / world)
-        norm = engine.get_global_grad_norm()
-        norms.append(float(norm) if norm is not None else None)
+    losses, norms = train_steps(engine, sampler, accum, world)
     seconds = time.time() - t0
     weights = fp32_masters(engine, model)
     if rank == 0:
@@ -466,19 +476,9 @@ def cmd_cpp_python(a):
         sampler = Sampler(read_tokens(config["data"]["path"]), seq, micro, world, rank, seed)
         model = zerotrain.models.GPT(config)
         engine, _, _, _ = zerotrain.initialize(model=model, config=config)
-        losses = []
-        for step in range(STEPS):
-            torch.manual_seed(seed + 1000003 * (rank + 1) + 7919 * step)  # the command line's dropout seeds
-            loss_sum = 0.0
-            for m in range(accum):
-                x, y = sampler.batch(step, m)
-                loss = engine(x, y)
-                loss_sum += float(loss.item())
-                engine.backward(loss)
-                engine.step()
-            mean = torch.tensor([loss_sum / accum], dtype=torch.float64)
-            zerotrain.comm.all_reduce(mean)
-            losses.append(float(mean.item()) / world)
+        # The command line's dropout seeds, set before each step.
+        losses, _ = train_steps(engine, sampler, accum, world,
+                                before_step=lambda step: torch.manual_seed(seed + 1000003 * (rank + 1) + 7919 * step))
         if rank == 0:
             with open(os.path.join(case["dir"], "cpp_python.json"), "w") as f:
                 json.dump({"losses": losses}, f)
