@@ -20,7 +20,9 @@ stamp "include layers (scripts/check_layers.py)"
 python3 scripts/check_layers.py
 
 stamp "build (CPU)"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$torch_prefix" >/dev/null
+# The Python package's extension is built for the python3 that runs its tests below.
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=$torch_prefix" \
+  "-DPython3_EXECUTABLE=$(python3 -c 'import sys; print(sys.executable)')" >/dev/null
 cmake --build build -j"$jobs"
 
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
