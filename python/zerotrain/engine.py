@@ -197,13 +197,16 @@ class _Reporter:
     wall_clock_breakdown timings and csv_monitor's files (Train/Samples/* events, one CSV per event,
     under output_path/job_name). Rank 0 reports."""
 
-    def __init__(self, resolved, rank):
+    def __init__(self, resolved, rank, given):
         value = lambda key, default: json.loads(resolved.get(key, json.dumps(default)))
         self.steps_per_print = int(value("steps_per_print", 10) or 0)
         self.wall_clock = bool(value("wall_clock_breakdown", False))
         self.rank = rank
         self.csv_dir = None
-        if value("csv_monitor.enabled", False) and rank == 0:
+        # DeepSpeed's default: off unless the configuration enables it (the command line's trainer
+        # writes its own CSV by default, which a script's configuration does not ask for).
+        csv_given = given.get("csv_monitor") if isinstance(given.get("csv_monitor"), dict) else {}
+        if csv_given.get("enabled", False) and rank == 0:
             self.csv_dir = os.path.join(value("csv_monitor.output_path", "") or "", value("csv_monitor.job_name", "zerotrain"))
             os.makedirs(self.csv_dir, exist_ok=True)
         self.started = set()
@@ -291,11 +294,11 @@ class ZeroEngine:
         self.module = model
         self.basic_optimizer = basic
         self._communicator = comm.communicator()
-        early = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
+        checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
         # The command line's heap policy (train.retain_freed_memory, default "bounded"): freed tensor
         # blocks kept for reuse instead of page-faulted in again every step.
-        _C.apply_heap_policy(json.loads(early.get("train.retain_freed_memory", '"bounded"')),
-                             int(early.get("zero_optimization.stage", "0")) == 3)
+        _C.apply_heap_policy(json.loads(checked.get("train.retain_freed_memory", '"bounded"')),
+                             int(checked.get("zero_optimization.stage", "0")) == 3)
         cpp_module = getattr(model, "cpp_module", None)  # zerotrain.models: the C++ module itself
         buffers = list(model.named_buffers())
         modules = dict(model.named_modules())
@@ -303,7 +306,6 @@ class ZeroEngine:
                          if _zero.pending_unit_shell(m) is not None and _zero.pending_is_current(m)}
         self._shell = cpp_module if cpp_module is not None else _C.make_module_shell(self._named_parameters, buffers,
                                                                                        built_sharded)
-        checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
         self._unit_forwards = None
         units = []
         threshold = 0
@@ -342,7 +344,7 @@ class ZeroEngine:
         self._fp16 = resolved.get("fp16.enabled", "false") == "true"
         self._betas = (json.loads(resolved.get("optimizer.params.betas", "[0.9, 0.999]"))
                        if resolved.get("optimizer.type", "").strip('"') != "SGD" else None)
-        self._reporter = _Reporter(resolved, self._communicator.rank)
+        self._reporter = _Reporter(resolved, self._communicator.rank, config)
         self._last = None
         self._backward_since_step = False
         self._micro_step = 0  # backward() calls into the current accumulation window

@@ -251,6 +251,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     zt::apply_heap_policy(zt::heap_policy_of(retain_freed_memory, shard_parameters));
     applied = true;
   });
+  m.def("block_cache_installed", [] { return zt::installed_cpu_block_cache() != nullptr; });
   m.def("heap_setup_done", [] {
     if (zt::CpuBlockCache* cache = zt::installed_cpu_block_cache()) cache->reset_high_water();
   });

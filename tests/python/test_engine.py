@@ -335,3 +335,21 @@ def test_reporting_keys_as_deepspeed_honours_them(tmp_path, capsys):
     lr = (tmp_path / "job" / "Train_Samples_lr.csv").read_text().split()
     assert lr == ["step,lr", "4,0.01", "8,0.01", "12,0.01", "16,0.01"]
     assert (tmp_path / "job" / "Train_Samples_elapsed_time_ms_step.csv").read_text().count("\n") == 3
+
+
+def _fresh_process(code, cwd):
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=cwd).stdout
+
+
+@pytest.mark.parametrize("retain, installed", [(None, True), ("never", False)])
+def test_train_retain_freed_memory_sets_the_heap_policy_and_nothing_is_written_unasked(tmp_path, retain, installed):
+    extra = "" if retain is None else f", 'train': {{'retain_freed_memory': '{retain}'}}"
+    code = ("import torch, zerotrain\n"
+            "m = torch.nn.Linear(4, 2)\n"
+            "e, _, _, _ = zerotrain.initialize(model=m, config={'train_micro_batch_size_per_gpu': 1, "
+            f"'optimizer': {{'type': 'SGD', 'params': {{'lr': 0.1}}}}{extra}}})\n"
+            "for _ in range(2):\n"
+            "    e.backward(m(torch.ones(1, 4)).sum()); e.step()\n"
+            "print(zerotrain._C.block_cache_installed())\n")
+    assert _fresh_process(code, tmp_path).split()[-1] == str(installed)
+    assert list(tmp_path.iterdir()) == []  # csv_monitor is off unless the configuration enables it
