@@ -113,11 +113,11 @@ cited_tests = 0
 for doc in docs:
     text = doc.read_text(errors="replace")
     seen = set()
-    # Backticked spans, a line break inside one joined (`Suite.Long\n  Name`).
-    for m in re.finditer(r"`([^`]+)`", text):
+    # Backticked spans outside fenced code blocks (blanked, keeping the line numbers), a line
+    # break inside one joined (`Suite.Long\n  Name`).
+    prose = re.sub(r"^[ \t]*```.*?^[ \t]*```", lambda f: "\n" * f.group(0).count("\n"), text, flags=re.M | re.S)
+    for m in re.finditer(r"`([^`\n]+(?:\n[^`\n]+)?)`", prose):
         span = m.group(1)
-        if "\n\n" in span:
-            continue
         joined = re.sub(r"\s*\n\s*", "", span.strip())
         t = re.fullmatch(GTEST, joined)
         if t:
@@ -136,8 +136,10 @@ for doc in docs:
                 report(doc, text, m.start(), f"cites the pytest test {name}, which no tests/**/*.py defines")
     # Prose: Suite.Name of a suite that exists (a renamed or mistyped test of a known suite).
     for m in re.finditer(r"(?<![\w/.`])([A-Z]\w*)\.([A-Z]\w*)\b(?![\w`(])", text):
-        if m.group(1) in suites and not gtest_matches(m.group(1), m.group(2)):
-            cited_tests += 1
+        if m.group(1) not in suites:
+            continue
+        cited_tests += 1
+        if not gtest_matches(m.group(1), m.group(2)):
             report(doc, text, m.start(), f"cites the test {m.group(0)}, which no tests/ file or add_test declares")
     # path::test_name in prose.
     for m in re.finditer(r"(?<![\w/.-])((?:tests/)[\w/.-]+\.py)::(test_\w+)", text):
