@@ -5,7 +5,7 @@
 # (CPU), checks that the CUDA configuration compiles and links
 # when nvcc is present, runs every test with ctest, and fuzzes the configuration and checkpoint
 # readers for a bounded time. The ASan + UBSan build and longer fuzzing are in
-# scripts/nightly.sh: with them a change would take over 40 minutes on a 2-core machine
+# scripts/nightly.sh: with them a change would take over 40 minutes on 2 cores
 # (docs/benchmarks.md "Test suite").
 #   ZT_SKIP_FUZZ=1 leaves fuzzing out (for a quick local run); ZT_FUZZ_SECONDS sets its length.
 #   ZT_SKIP_ORACLE=1 leaves out the DeepSpeed oracle (tests/oracle/run.sh).

@@ -178,6 +178,13 @@ class Communicator {
   // communicator's connections. Throws zt::CommError when the group cannot be formed; the
   // default, for a communicator that cannot split, throws zt::Error.
   virtual std::shared_ptr<Communicator> split(int color, std::string_view name);
+
+  // The logger every collective issued from now on is recorded in (comms_logger), shared with the
+  // groups split from this communicator afterwards; null: none. The engine attaches one when its
+  // configuration enables comms_logger and the communicator has none. The default, for a
+  // communicator that cannot record, throws zt::Error.
+  virtual std::shared_ptr<CommsLogger> comms_logger() const { return nullptr; }
+  virtual void set_comms_logger(std::shared_ptr<CommsLogger> logger);
 };
 
 // The job's node structure, for the collectives that follow it (hierarchical reductions, the

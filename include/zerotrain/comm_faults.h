@@ -57,6 +57,9 @@ class FaultInjectingCommunicator final : public Communicator {
   // The inner communicator's; a group split from it carries no faults.
   NodePlacement placement() const override;
   std::shared_ptr<Communicator> split(int color, std::string_view name) override;
+  // The inner communicator's.
+  std::shared_ptr<CommsLogger> comms_logger() const override;
+  void set_comms_logger(std::shared_ptr<CommsLogger> logger) override;
 
  private:
   // Applies the fault (if any) for the collective about to be issued; throws on Fail.

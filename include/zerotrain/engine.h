@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "zerotrain/memory.h"
+#include "zerotrain/reporting.h"
 
 namespace at {
 class Tensor;
@@ -67,6 +68,8 @@ class Module;
 namespace zt {
 
 class Communicator;
+class CommsLogger;
+class StepMonitor;
 struct NodeGroups;
 struct TrainConfig;
 struct FlatLayout;
@@ -231,10 +234,37 @@ class Engine {
   const NodeGroups& node_groups() const;
   const TrainConfig& config() const;
 
+  // Reporting (zerotrain/reporting.h, docs/config.md "Reporting"): the engine honours
+  // steps_per_print ("[Rank 0] step=N, skipped=S, lr=[...], mom=[...]"), wall_clock_breakdown (the
+  // per-phase times with that line), csv_monitor (DeepSpeed's files, one per event, under
+  // output_path/job_name; only when the configuration sets csv_monitor.enabled, DeepSpeed's
+  // default being off), flops_profiler (LibTorch's profiler over the optimizer step profile_step,
+  // printed or written to output_file) and comms_logger (a logger attached to the communicator at
+  // construction when it has none; comms_summary()). Rank 0 prints and writes.
+  // The forward's bounds, when the caller knows them (the Python engine's engine(...) does);
+  // otherwise the forward is timed as the gap before backward() (zerotrain/reporting.h).
+  void note_forward_start();
+  void note_forward_end();
+  // Where the engine's lines go (rank 0): standard output unless set; an empty function silences
+  // them. disable_reports(): no lines, no csv_monitor files, no flops profile, for a caller that
+  // reports itself (the command line's trainer); wall-clock times and the comms logger still count.
+  void set_report_sink(std::function<void(const std::string&)> sink);
+  void disable_reports();
+  // Per-phase times since the last steps_per_print line (or construction).
+  PhaseTimes phase_times() const;
+  // The flops profiler's measurement once the profiled step has ended; null before, or when the
+  // profiler is off.
+  const FlopsReport* flops_report() const;
+  // The communicator's logger (comms_logger), null when none; comms_summary() is its table, as
+  // DeepSpeed's comm.log_summary() prints it ("" without a logger).
+  std::shared_ptr<CommsLogger> comms_logger() const;
+  std::string comms_summary() const;
+
   struct Impl;  // public so that the engine's autograd functions can reach it; not an API
 
  private:
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<StepMonitor> monitor_;
 };
 
 }  // namespace zt

@@ -110,3 +110,15 @@ def all_gather(tensor_list, tensor, group=None, async_op=False):
 
 
 ReduceOp = dist.ReduceOp
+
+
+def log_summary(show_straggler=False):
+    """comms_logger's table on rank 0, as DeepSpeed's comm.log_summary(): the engine's collectives
+    (counted once comms_logger is enabled in an engine's configuration). The script's own
+    torch.distributed calls through this module are not counted."""
+    if show_straggler:
+        raise ValueError("zerotrain.comm.log_summary(show_straggler=True) is not supported: the table gives each "
+                         "operation's count, sizes, latency and bandwidths on this rank")
+    table = communicator().comms_summary()
+    if get_rank() == 0 and table:
+        print(table, end="" if table.endswith("\n") else "\n", flush=True)

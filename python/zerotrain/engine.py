@@ -6,11 +6,9 @@ forward runs in Python; backward, the gradient reduction, the optimizer step and
 C++ (docs/python.md).
 """
 import contextlib
-import csv
 import json
 import os
 import sys
-import time
 
 import torch
 
@@ -192,70 +190,6 @@ class EngineLRScheduler:
         raise RuntimeError("the learning-rate schedule runs inside zerotrain's engine (it steps with engine.step())")
 
 
-class _Reporter:
-    """DeepSpeed's reporting keys as its engine honours them: steps_per_print progress lines,
-    wall_clock_breakdown timings and csv_monitor's files (Train/Samples/* events, one CSV per event,
-    under output_path/job_name). Rank 0 reports."""
-
-    def __init__(self, resolved, rank, given):
-        value = lambda key, default: json.loads(resolved.get(key, json.dumps(default)))
-        self.steps_per_print = int(value("steps_per_print", 10) or 0)
-        self.wall_clock = bool(value("wall_clock_breakdown", False))
-        self.rank = rank
-        self.csv_dir = None
-        # DeepSpeed's default: off unless the configuration enables it (the command line's trainer
-        # writes its own CSV by default, which a script's configuration does not ask for).
-        csv_given = given.get("csv_monitor") if isinstance(given.get("csv_monitor"), dict) else {}
-        if csv_given.get("enabled", False) and rank == 0:
-            self.csv_dir = os.path.join(value("csv_monitor.output_path", "") or "", value("csv_monitor.job_name", "zerotrain"))
-            os.makedirs(self.csv_dir, exist_ok=True)
-        self.started = set()
-        self.ms = {"forward": 0.0, "backward": 0.0, "step": 0.0}
-
-    @contextlib.contextmanager
-    def timed(self, phase):
-        if not self.wall_clock:
-            yield
-            return
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.ms[phase] += (time.perf_counter() - t0) * 1e3
-
-    def event(self, name, value, samples):
-        if self.csv_dir is None:
-            return
-        path = os.path.join(self.csv_dir, name.replace("/", "_").replace(" ", "_") + ".csv")
-        with open(path, "a", newline="") as f:
-            w = csv.writer(f)
-            if path not in self.started:
-                self.started.add(path)
-                w.writerow(["step", name.split("/")[-1]])
-            w.writerow([samples, value])
-
-    def after_step(self, engine, result):
-        if not result.boundary:
-            return
-        samples = engine.global_steps * engine.train_batch_size()
-        if self.rank == 0:
-            self.event("Train/Samples/lr", result.lr, samples)
-            if engine._fp16:
-                self.event("Train/Samples/loss_scale", result.loss_scale, samples)
-        if self.steps_per_print <= 0 or engine.global_steps % self.steps_per_print != 0:
-            return
-        if self.rank == 0:
-            print(f"[Rank 0] step={engine.global_steps}, skipped={engine.skipped_steps}, lr={engine.get_lr()}, "
-                  f"mom={engine._momentum()}", flush=True)
-            if self.wall_clock:
-                n = self.steps_per_print
-                print(f"[Rank 0] time (ms) | forward: {self.ms['forward'] / n:.2f} | backward: {self.ms['backward'] / n:.2f} "
-                      f"| step: {self.ms['step'] / n:.2f} (per optimizer step, over the last {n})", flush=True)
-                for phase in ("forward", "backward", "step"):
-                    self.event(f"Train/Samples/elapsed_time_ms_{phase}", self.ms[phase] / n, samples)
-        self.ms = {k: 0.0 for k in self.ms}
-
-
 class ZeroEngine:
     """DeepSpeed's engine interface: engine(*inputs), backward(loss), step(). Not thread-safe; every
     rank calls backward/step/save/load the same number of times in the same order (collectives)."""
@@ -285,11 +219,10 @@ class ZeroEngine:
             _note_once("own-blocks", f"the configuration's {', '.join(own)} block(s) are read by the zerotrain command "
                                      "line only (from Python, train.retain_freed_memory alone); the script's own model "
                                      "and loop are used")
-        reporting = [k for k in ("flops_profiler", "comms_logger", "tensorboard", "wandb", "comet")
+        reporting = [k for k in ("tensorboard", "wandb", "comet")
                      if isinstance(config.get(k), dict) and config[k].get("enabled")]
         if reporting:
-            _note_once("reporting", f"{', '.join(reporting)}: reported by the zerotrain command line's trainer; from "
-                                    "Python they are ignored")
+            _note_once("reporting", f"{', '.join(reporting)}: DeepSpeed reports zerotrain does not produce; ignored")
         self._named_parameters, groups = _parameter_groups(model, model_parameters, optimizer)
         self.module = model
         self.basic_optimizer = basic
@@ -344,7 +277,10 @@ class ZeroEngine:
         self._fp16 = resolved.get("fp16.enabled", "false") == "true"
         self._betas = (json.loads(resolved.get("optimizer.params.betas", "[0.9, 0.999]"))
                        if resolved.get("optimizer.type", "").strip('"') != "SGD" else None)
-        self._reporter = _Reporter(resolved, self._communicator.rank, config)
+        # DeepSpeed's reporting keys (steps_per_print, wall_clock_breakdown, csv_monitor,
+        # flops_profiler, comms_logger) are honoured by the C++ engine itself; its lines come back
+        # here to be printed through sys.stdout.
+        self._report_lines = self._engine.collect_report_lines()
         self._last = None
         self._backward_since_step = False
         self._micro_step = 0  # backward() calls into the current accumulation window
@@ -352,8 +288,12 @@ class ZeroEngine:
 
     # ------------------------------------------------------------------ the loop
     def __call__(self, *inputs, **kwargs):
-        with self._reporter.timed("forward"):
+        engine = self._live()._engine
+        engine.note_forward_start()
+        try:
             return self.module(*inputs, **kwargs)
+        finally:
+            engine.note_forward_end()
 
     forward = __call__
 
@@ -365,8 +305,10 @@ class ZeroEngine:
             raise ValueError("engine.backward(retain_graph=True) is not supported")
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("engine.backward: expected a scalar loss tensor")
-        with self._reporter.timed("backward"):
+        try:
             self._live()._engine.backward(loss)
+        finally:
+            self._print_reports()
         self._backward_since_step = True
         self._micro_step = (self._micro_step + 1) % self._engine.gradient_accumulation_steps
         return loss
@@ -376,11 +318,21 @@ class ZeroEngine:
             raise ValueError("engine.step(lr_kwargs=...) is not supported: the schedule comes from the configuration")
         if not self._backward_since_step:
             raise _C.EngineError("engine.step() called without a backward() since the last step")
-        with self._reporter.timed("step"):
+        try:
             self._last = self._live()._engine.step()
+        finally:
+            self._print_reports()
         self._backward_since_step = False
-        self._reporter.after_step(self, self._last)
         return None
+
+    def _print_reports(self):
+        for line in self._report_lines.take():
+            print(line, flush=True)
+
+    def flops_report(self):
+        """The flops profiler's measurement of flops_profiler.profile_step (a dict: FLOPs and seconds
+        per phase, achieved and peak FLOP/s, FLOPs per operator, the printed text), or None."""
+        return self._live()._engine.flops_report
 
     def zero_grad(self):
         """Gradients are zeroed by every optimizer step; between steps there is nothing to zero."""

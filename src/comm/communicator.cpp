@@ -637,6 +637,8 @@ class ProcessGroupCommunicator final : public Communicator {
 
   NodePlacement placement() const override { return {info_.node_rank, info_.local_rank, info_.local_world_size}; }
   std::shared_ptr<Communicator> split(int color, std::string_view name) override;
+  std::shared_ptr<CommsLogger> comms_logger() const override { return options_.comms_logger; }
+  void set_comms_logger(std::shared_ptr<CommsLogger> logger) override { options_.comms_logger = std::move(logger); }
 
   void barrier(std::string_view label) override {
     auto state = begin("barrier", label, "", 0, 0);
@@ -834,6 +836,11 @@ std::shared_ptr<Communicator> ProcessGroupCommunicator::split(int color, std::st
 std::shared_ptr<Communicator> Communicator::split(int color, std::string_view name) {
   (void)color;
   throw Error(fmt::format("rank {}/{}: this communicator cannot split into groups ('{}')", rank(), world_size(), name));
+}
+
+void Communicator::set_comms_logger(std::shared_ptr<CommsLogger>) {
+  throw Error(fmt::format("rank {}/{}: this communicator cannot record its collectives (comms_logger)", rank(),
+                          world_size()));
 }
 
 NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world) {

@@ -79,4 +79,9 @@ std::shared_ptr<Communicator> FaultInjectingCommunicator::split(int color, std::
   return inner_->split(color, name);
 }
 
+std::shared_ptr<CommsLogger> FaultInjectingCommunicator::comms_logger() const { return inner_->comms_logger(); }
+void FaultInjectingCommunicator::set_comms_logger(std::shared_ptr<CommsLogger> logger) {
+  inner_->set_comms_logger(std::move(logger));
+}
+
 }  // namespace zt

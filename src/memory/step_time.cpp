@@ -102,7 +102,7 @@ const std::vector<ClusterPreset>& cluster_presets() {
                          DeviceKind::Cuda, 80, 2048, 30000, r));
     }
     {
-      // Measured on this project's 2-core machines (AMD EPYC, AVX-512 + AVX512-BF16), 2 ranks of
+      // Measured on 2-core, 24 GiB machines (AMD EPYC, AVX-512 + AVX512-BF16), 2 ranks of
       // one thread each, by bench/step_time.sh (docs/step_time.md "Calibration").
       ClusterRates r;
       r.device_flops_fp32 = 78e9;
@@ -115,7 +115,7 @@ const std::vector<ClusterPreset>& cluster_presets() {
       r.nvme_read_bandwidth = 0.9e9;
       r.nvme_write_bandwidth = 0.7e9;
       r.overlap = 0.0;  // the ranks own both cores: Gloo's copies and sums take compute time
-      p.push_back(preset("cpu-box", "2 CPU ranks of one thread on a 2-core, 24 GiB machine (this project's CI)", 2,
+      p.push_back(preset("cpu-box", "2 CPU ranks of one thread on a 2-core, 24 GiB machine (AMD EPYC with AVX512-BF16)", 2,
                          DeviceKind::Cpu, 0, 23, 0, r));
     }
     return p;

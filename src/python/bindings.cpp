@@ -15,6 +15,7 @@
 #include <torch/extension.h>
 
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@
 
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
+#include "zerotrain/comms_logger.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
@@ -145,6 +147,12 @@ at::Tensor checkpoint_python(py::function fn, const std::vector<at::Tensor>& inp
   return zt::checkpoint(std::move(run), inputs, {}, parameters);
 }
 
+// Lines the engine reported (Engine::set_report_sink), until Python takes them.
+struct ReportLines {
+  std::mutex mutex;
+  std::vector<std::string> pending;
+};
+
 struct PyStepResult {
   bool boundary, stepped, skipped, delayed;
   double grad_norm, lr, loss_scale;
@@ -175,6 +183,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   py::class_<zt::Communicator, std::shared_ptr<zt::Communicator>>(m, "Communicator")
       .def_property_readonly("rank", &zt::Communicator::rank)
+      // comms_logger's table of this communicator's collectives so far ("" without a logger).
+      .def("comms_summary", [](const zt::Communicator& c) {
+        const auto logger = c.comms_logger();
+        return logger ? logger->table() : std::string();
+      })
       .def_property_readonly("world_size", &zt::Communicator::world_size)
       .def("barrier", [](zt::Communicator& c, const std::string& label) {
         py::gil_scoped_release release;
@@ -273,6 +286,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mark_units", &mark_units, py::arg("shell"), py::arg("paths"));
   m.def("run_unit", &run_unit, py::arg("unit"), py::arg("function"));
 
+  py::class_<ReportLines, std::shared_ptr<ReportLines>>(m, "ReportLines")
+      .def("take", [](ReportLines& r) {
+        std::lock_guard<std::mutex> lock(r.mutex);
+        std::vector<std::string> lines;
+        lines.swap(r.pending);
+        return lines;
+      });
   py::class_<PyStepResult>(m, "StepResult")
       .def_readonly("boundary", &PyStepResult::boundary)
       .def_readonly("stepped", &PyStepResult::stepped)
@@ -311,6 +331,39 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         e.apply_pending_update();
       })
       .def_property_readonly("next_backward_is_boundary", &zt::Engine::next_backward_is_boundary)
+      .def("note_forward_start", &zt::Engine::note_forward_start)
+      .def("note_forward_end", &zt::Engine::note_forward_end)
+      // The engine's report lines are kept for Python to print after each call (through sys.stdout,
+      // so that they interleave with the script's own output), never printed from C++.
+      .def("collect_report_lines", [](zt::Engine& e) {
+        auto lines = std::make_shared<ReportLines>();
+        e.set_report_sink([lines](const std::string& line) {
+          std::lock_guard<std::mutex> lock(lines->mutex);
+          lines->pending.push_back(line);
+        });
+        return lines;
+      })
+      .def("comms_summary", &zt::Engine::comms_summary)
+      .def_property_readonly("flops_report", [](const zt::Engine& e) -> py::object {
+        const zt::FlopsReport* r = e.flops_report();
+        if (r == nullptr) return py::none();
+        py::dict d;
+        d["step"] = r->step;
+        d["forward_flops"] = r->forward_flops;
+        d["backward_flops"] = r->backward_flops;
+        d["step_flops"] = r->step_flops;
+        d["forward_seconds"] = r->forward_seconds;
+        d["backward_seconds"] = r->backward_seconds;
+        d["step_seconds"] = r->step_seconds;
+        d["total_seconds"] = r->total_seconds;
+        d["peak_flops_per_second"] = r->peak_flops_per_second;
+        d["peak_source"] = r->peak_source;
+        d["achieved_flops_per_second"] = r->achieved_flops_per_second;
+        d["mfu"] = r->mfu;
+        d["operators"] = r->operators;
+        d["text"] = r->text;
+        return d;
+      })
       .def_property_readonly("global_step", &zt::Engine::global_step)
       .def_property_readonly("skipped_steps", &zt::Engine::skipped_steps)
       .def_property_readonly("learning_rate", &zt::Engine::learning_rate)

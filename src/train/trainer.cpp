@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "memory/estimate_report.h"
 #include "train/runtime.h"
+#include "zero/step_monitor.h"
 #include "zerotrain/cpu_block_cache.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"
@@ -208,46 +209,6 @@ int64_t max_over_ranks(Communicator& comm, int64_t value, const char* label) {
   return t.item<int64_t>();
 }
 
-// The sustained rate of a square matrix product in `dtype` on this rank's intra-op threads (or
-// its GPU) for about `seconds`: the flops profiler's peak, measured, as no datasheet figure
-// applies to a CPU and a GPU's clocks and power limit vary. The size grows until one product
-// takes a few milliseconds (up to 2048 on a CPU, 8192 on a GPU), so that call overhead does not
-// count.
-double measure_matmul_peak(at::ScalarType dtype, double seconds, const RankDevice& device, std::string& how) {
-  torch::NoGradGuard no_grad;
-  using clock = std::chrono::steady_clock;
-  const int64_t largest = device.cuda() ? 8192 : 2048;
-  int64_t n = 256;
-  torch::Tensor a, b, c;
-  double one = 0;
-  for (;;) {
-    a = torch::randn({n, n}).to(device.device, dtype);
-    b = torch::randn({n, n}).to(device.device, dtype);
-    c = torch::empty({n, n}, a.options());
-    at::mm_out(c, a, b);  // warm-up: packing buffers, thread pool (cuBLAS handle and workspace)
-    synchronize(device);
-    const auto t0 = clock::now();
-    at::mm_out(c, a, b);
-    synchronize(device);
-    one = std::chrono::duration<double>(clock::now() - t0).count();
-    if (one >= 0.01 || n >= largest) break;
-    n *= 2;
-  }
-  int64_t products = 0;
-  const auto start = clock::now();
-  double elapsed = 0;
-  do {
-    at::mm_out(c, a, b);
-    synchronize(device);
-    ++products;
-    elapsed = std::chrono::duration<double>(clock::now() - start).count();
-  } while (elapsed < seconds);
-  const std::string where = device.cuda() ? fmt::format("{} ({})", device.device.str(), device.name)
-                                          : fmt::format("{} thread(s)", at::get_num_threads());
-  how = fmt::format("measured matmul peak: {} {}x{} for {:.2f} s on {}", c10::toString(dtype), n, n, elapsed, where);
-  return 2.0 * double(n) * double(n) * double(n) * double(products) / elapsed;
-}
-
 at::ScalarType working_dtype_of(Precision precision) {
   switch (precision) {
     case Precision::BF16: return at::kBFloat16;
@@ -255,20 +216,6 @@ at::ScalarType working_dtype_of(Precision precision) {
     case Precision::FP32: break;
   }
   return at::kFloat;
-}
-
-// Rank 0 writes `text` to `path` ("" : standard output).
-void emit_report(const std::string& text, const std::string& path, const char* key) {
-  if (path.empty()) {
-    fmt::print("{}", text);
-    std::fflush(stdout);
-    return;
-  }
-  const auto p = std::filesystem::path(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  std::ofstream out(p, std::ios::trunc);
-  if (!out) throw DataError(fmt::format("{}: cannot write '{}'", key, path));
-  out << text;
 }
 
 }  // namespace
@@ -481,6 +428,8 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
     }
   }
   Engine engine(module, config, comm);
+  // This trainer prints its own progress line, CSV log and analytic flops profile.
+  engine.disable_reports();
   // Resuming: the checkpoint holds the engine's state; the sampler position is the step (batches
   // are a function of seed, step and micro-step) and so are the dropout masks (reseeded every step
   // below), so nothing else is needed for an exact continuation.
@@ -731,7 +680,7 @@ int run_training_rank(const TrainConfig& config_in, const TrainRunOptions& optio
       // Every rank measures its peak at once, as it shares the machine while training; the step
       // counts as long as its slowest rank took.
       std::string how;
-      const double peak = mean_over_ranks(*comm, measure_matmul_peak(working_dtype_of(config.precision), 0.2, device, how),
+      const double peak = mean_over_ranks(*comm, measure_matmul_peak(working_dtype_of(config.precision), 0.2, device.device, how),
                                           "flops.peak");
       auto slowest = torch::full({1}, step_seconds, torch::kFloat64);
       comm->all_reduce(slowest, ReduceOp::Max, "flops.step_time").wait();

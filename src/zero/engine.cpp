@@ -1,5 +1,6 @@
 #include "zerotrain/engine.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
@@ -27,8 +28,10 @@
 #include "zero/parameter_tier.h"
 #include "zero/partition_store.h"
 #include "zero/sharded_blocks.h"
+#include "zero/step_monitor.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
+#include "zerotrain/comms_logger.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/layout.h"
@@ -1234,15 +1237,61 @@ struct Engine::Impl {
   }
 };
 
+namespace {
+// What the monitor reads of the engine between steps.
+EngineStepState monitor_state_of(const Engine::Impl& impl) {
+  return {impl.global_step, impl.skipped, impl.layout.parameter_numel};
+}
+// Where the model computes: its first parameter's or buffer's device (the CPU for an empty model).
+c10::Device device_of(const torch::nn::Module& model) {
+  for (const auto& p : model.parameters()) return p.device();
+  for (const auto& b : model.buffers()) return b.device();
+  return c10::Device(c10::kCPU);
+}
+}  // namespace
+
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
                std::shared_ptr<Communicator> comm)
     : Engine(std::move(model), config, std::move(comm), {}) {}
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config, std::shared_ptr<Communicator> comm,
                std::vector<ParameterGroup> groups)
-    : impl_(std::make_unique<Impl>(std::move(model), config, std::move(comm), std::move(groups))) {}
+    // The monitor first: the comms logger it may attach counts the engine's own collectives.
+    : monitor_(std::make_unique<StepMonitor>(config, *comm, device_of(*model))) {
+  impl_ = std::make_unique<Impl>(std::move(model), config, std::move(comm), std::move(groups));
+  monitor_->arm(monitor_state_of(*impl_));
+}
 Engine::~Engine() = default;
-void Engine::backward(const at::Tensor& loss) { impl_->backward(loss); }
-StepResult Engine::step() { return impl_->step(); }
+void Engine::backward(const at::Tensor& loss) {
+  // The loss's value only when a report needs it: reading it waits for the device.
+  monitor_->before_backward(monitor_->wants_loss() ? loss.detach().item<double>() : std::nan(""));
+  {
+    RECORD_USER_SCOPE("zerotrain::backward");
+    impl_->backward(loss);
+  }
+  monitor_->after_backward();
+}
+StepResult Engine::step() {
+  monitor_->before_step();
+  StepResult result;
+  {
+    RECORD_USER_SCOPE("zerotrain::step");
+    result = impl_->step();
+  }
+  monitor_->after_step(result, monitor_state_of(*impl_));
+  if (result.boundary) monitor_->arm(monitor_state_of(*impl_));
+  return result;
+}
+void Engine::note_forward_start() { monitor_->forward_started(); }
+void Engine::note_forward_end() { monitor_->forward_ended(); }
+void Engine::set_report_sink(std::function<void(const std::string&)> sink) { monitor_->set_sink(std::move(sink)); }
+void Engine::disable_reports() { monitor_->disable(); }
+PhaseTimes Engine::phase_times() const { return monitor_->phase_times(); }
+const FlopsReport* Engine::flops_report() const { return monitor_->flops_report(); }
+std::shared_ptr<CommsLogger> Engine::comms_logger() const { return impl_->comm->comms_logger(); }
+std::string Engine::comms_summary() const {
+  const auto logger = comms_logger();
+  return logger ? logger->table() : std::string();
+}
 void Engine::apply_pending_update() { impl_->apply_pending_update(); }
 bool Engine::next_backward_is_boundary() const { return impl_->boundary_next(); }
 int64_t Engine::global_step() const { return impl_->global_step; }
@@ -1254,11 +1303,13 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
   impl_->save_checkpoint(dir, tag, client_state, keep_last);
 }
 std::map<std::string, std::string> Engine::load_checkpoint(const std::string& dir, const std::string& tag) {
-  return impl_->load_checkpoint(dir, tag, LoadOptions{});
+  return load_checkpoint(dir, tag, LoadOptions{});
 }
 std::map<std::string, std::string> Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                                            const LoadOptions& options) {
-  return impl_->load_checkpoint(dir, tag, options);
+  auto client = impl_->load_checkpoint(dir, tag, options);
+  monitor_->arm(monitor_state_of(*impl_));  // the step count changed: the profiled step may be next
+  return client;
 }
 void Engine::load_weights(WeightReader& reader) { impl_->load_weights(reader); }
 at::Tensor Engine::master_parameter(const std::string& name) { return impl_->master_parameter(name); }

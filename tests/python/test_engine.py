@@ -337,6 +337,36 @@ def test_reporting_keys_as_deepspeed_honours_them(tmp_path, capsys):
     assert (tmp_path / "job" / "Train_Samples_elapsed_time_ms_step.csv").read_text().count("\n") == 3
 
 
+def test_flops_profiler_measures_the_profiled_step_of_any_module(capsys):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.Linear(16, 1, bias=False))
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(
+        steps_per_print=100, flops_profiler={"enabled": True, "profile_step": 2}))
+    data = batches(3)
+    train(engine, data[:1])
+    assert engine.flops_report() is None
+    train(engine, data[1:])
+    report = engine.flops_report()
+    assert report["step"] == 2
+    # The forward's matrix products, batch 4: 2·4·8·16 + 2·4·16·1, marked by engine(...).
+    forward_mm = 2 * 4 * 8 * 16 + 2 * 4 * 16 * 1
+    assert dict(report["operators"])["aten::mm"] >= forward_mm
+    assert report["forward_flops"] >= forward_mm and report["backward_flops"] > 0
+    assert 0 < report["mfu"]
+    assert "flops profiler: optimizer step 2 on rank 0" in capsys.readouterr().out
+
+
+def test_comms_logger_counts_the_engines_collectives_for_log_summary(capsys):
+    model = tiny_model()
+    engine, _, _, _ = zerotrain.initialize(model=model, config=config(comms_logger={"enabled": True}))
+    train(engine, batches(2))
+    capsys.readouterr()
+    zerotrain.comm.log_summary()
+    assert "broadcast" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="show_straggler"):
+        zerotrain.comm.log_summary(show_straggler=True)
+
+
 def _fresh_process(code, cwd):
     return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=cwd).stdout
 
