@@ -65,6 +65,8 @@ SIGNATURE_END = re.compile(
     r"\)\s*(?:const\b|override\b|final\b|noexcept\b(?:\s*\([^()]*\))?|mutable\b|&&?|\s)*"
     r"(?:->\s*[\w:<>,\s*&]+)?$")
 INITIALIZER_LIST = re.compile(r"\)\s*(?:noexcept\s*)?:\s*[\w:]+\s*[({].*[)}]$", re.S)
+# A brace initializer of a member in a constructor's initializer list: part of the head.
+MEMBER_BRACE_INIT = re.compile(r"\)\s*(?:noexcept\s*)?:\s*(?:[\w:]+\s*(?:\([^()]*\)|\{[^{}]*\})\s*,\s*)*[\w:]+\s*$", re.S)
 NAME = re.compile(r"((?:[\w]+::)*~?[\w]+|operator\s*\S+?)\s*\(")
 
 
@@ -122,6 +124,9 @@ def functions(text):
             statement_start = i + 1
         elif c == "{":
             is_function = False
+            if inside == 0 and MEMBER_BRACE_INIT.search(" ".join(code[statement_start:i].split())):
+                stack.append("init")
+                continue
             if inside == 0:
                 head = code[statement_start:i]
                 # Drop preprocessor lines, access specifiers and attributes from the head.
@@ -141,6 +146,9 @@ def functions(text):
             stack.append(is_function)
             statement_start = i + 1
         elif c == "}":
+            if stack and stack[-1] == "init":
+                stack.pop()
+                continue
             if stack:
                 if stack.pop():
                     inside -= 1
