@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite that runs on every change (CI runs it through .ci/run), from a fresh machine:
-# installs what is missing, checks that every path and test name the docs cite exists and that
-# every #include follows the layers of docs/architecture.md, builds
+# installs what is missing, checks that every path and test name the docs cite exists, that
+# every #include follows the layers of docs/architecture.md and that files and functions stay
+# within their sizes, builds
 # (CPU), checks that the CUDA configuration compiles and links
 # when nvcc is present, runs every test with ctest, and fuzzes the configuration and checkpoint
 # readers for a bounded time. The ASan + UBSan build and longer fuzzing are in
@@ -18,6 +19,9 @@ python3 scripts/check_doc_refs.py
 
 stamp "include layers (scripts/check_layers.py)"
 python3 scripts/check_layers.py
+
+stamp "file and function sizes (scripts/check_sizes.py)"
+python3 scripts/check_sizes.py
 
 stamp "build (CPU)"
 # The Python package's extension is built for the python3 that runs its tests below.
