@@ -1,0 +1,272 @@
+// The training run's set-up phase (train/training_run.h): the communicator and device, the data,
+// the model, the engine over it and the weights it starts from.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <optional>
+
+#include "checkpoint/hf.h"
+#include "memory/estimate_report.h"
+#include "train/training_run.h"
+#include "zerotrain/blocks.h"
+#include "zerotrain/comms_logger.h"
+#include "zerotrain/error.h"
+#include "zerotrain/estimate.h"
+
+namespace zt::training {
+namespace {
+
+// The rendezvous, the process's runtime settings, the communicator and the device; the precision
+// this device trains in. Fills the first block of `run`.
+void open_communicator(TrainingRun& run, const TrainConfig& config_in, const TrainRunOptions& options) {
+  run.rendezvous = rendezvous_from_environment();
+  const RendezvousInfo& rendezvous = run.rendezvous;
+  run.runtime = apply_runtime_settings(config_in.train.threads, rendezvous.local_world_size,
+                                       heap_policy_of(config_in.train.retain_freed_memory,
+                                                      config_in.zero.shard_parameters));
+  run.config = config_in;
+  TrainConfig& config = run.config;
+  if (config.world_size != rendezvous.world_size)
+    throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks but this run has {} "
+                                  "(WORLD_SIZE from {})",
+                                  config.world_size, rendezvous.world_size, rendezvous.source));
+  // The configured timeout wins only when someone set it; else ZT_COMM_TIMEOUT_SECONDS, else 5 min.
+  std::optional<double> timeout;
+  if (auto it = config.sources.find("comm.timeout_seconds"); it != config.sources.end() && it->second != ValueSource::Default)
+    timeout = config.comm.timeout_seconds;
+  CommOptions comm_options = comm_options_from_environment(timeout);
+  // comms_logger: made before the communicator so that the first collective is counted too.
+  if (config.comms_logger.enabled)
+    run.comms_logger = std::make_shared<CommsLogger>(config.comms_logger, rendezvous.rank, rendezvous.world_size);
+  comm_options.comms_logger = run.comms_logger;
+  // The GPU first: NCCL's communicator and the caching allocator use the current device.
+  run.device = select_device(options.device, rendezvous.local_rank);
+  // bf16/fp16 on a CPU without 16-bit units: fp32, unless train.cpu_half_precision says otherwise.
+  // Decided before anything reads the precision (the estimate, the engine, the flops profiler).
+  run.configured_precision = config.precision;
+  std::string precision_note;
+  if (!run.device.cuda()) {
+    PrecisionChoice choice = cpu_training_precision(config.precision, config.train.cpu_half_precision);
+    config.precision = choice.precision;
+    precision_note = std::move(choice.note);
+  }
+  run.comm = make_communicator(rendezvous, comm_options);
+  run.rank = run.comm->rank();
+  run.world = run.comm->world_size();
+  run.leader = run.rank == 0 && !options.quiet;
+  if (run.leader) {
+    fmt::print("zerotrain: {} rank(s), {} intra-op thread(s) per rank, rendezvous from {}\n", run.world,
+               run.runtime.intra_op_threads, rendezvous.source);
+    const RankDevice& device = run.device;
+    if (device.cuda())
+      fmt::print("device: {} ({}, {:.1f} GiB); {} GPU(s) visible, rank r on cuda:(LOCAL_RANK % {})\n", device.device.str(),
+                 device.name, device.total_memory / 1073741824.0, device.visible, device.visible);
+    else
+      fmt::print("device: cpu\n");
+    if (!precision_note.empty()) fmt::print("{}\n", precision_note);
+  }
+}
+
+// The model's shape, the sequence length and the data.
+void read_model_and_data(TrainingRun& run) {
+  const TrainConfig& config = run.config;
+  run.is_bert = config.model.type == "bert";
+  if (run.is_bert) {
+    run.bert_config = bert_config_of(config);
+    run.bert_specials = BertSpecialTokens{run.bert_config.vocab_size - 4};
+  } else {
+    run.gpt_config = gpt_config_of(config);
+  }
+  const int64_t context = run.is_bert ? run.bert_config.max_positions : run.gpt_config.context_length;
+  run.seq_len = check_sequence_length(config.data.sequence_length, context);
+  run.data = load_data(config, run.is_bert ? run.bert_specials.content_vocab : run.gpt_config.vocab_size);
+  run.n_layer = run.is_bert ? run.bert_config.n_layer : run.gpt_config.n_layer;
+  run.n_params = run.is_bert ? bert_parameter_count(run.bert_config) : gpt_parameter_count(run.gpt_config);
+}
+
+// activation_checkpointing.policy "auto": the cheapest recomputation whose estimated peak fits
+// this machine's memory shared by its ranks (docs/activation_checkpointing.md). Returns the note
+// that says what was chosen ("" when the policy is not "auto").
+std::string choose_recomputation(TrainingRun& run) {
+  TrainConfig& config = run.config;
+  if (config.activation_checkpointing.policy != "auto" || run.is_bert) return "";
+  const RendezvousInfo& rendezvous = run.rendezvous;
+  const RankDevice& device = run.device;
+  ClusterSpec machine;
+  machine.device = DeviceKind::Cpu;
+  machine.devices_per_node = rendezvous.local_world_size;
+  machine.nodes = run.world / std::max(1, rendezvous.local_world_size);
+  machine.device_memory = physical_memory_bytes() / std::max(1, rendezvous.local_world_size);
+  if (device.cuda()) {
+    // Each GPU's memory, shared by the local ranks placed on it; the host's memory per node.
+    const int per_gpu = (rendezvous.local_world_size + device.visible - 1) / std::max(1, device.visible);
+    machine.device = DeviceKind::Cuda;
+    machine.device_memory = device.total_memory / std::max(1, per_gpu);
+    machine.host_memory = physical_memory_bytes();
+  }
+  const ModelFigures figures =
+      gpt_model_figures(run.gpt_config, run.seq_len, config.zero.stage3_param_persistence_threshold);
+  Recompute chosen = Recompute::Full;
+  int64_t need = 0;
+  for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+    EstimateOptions o;
+    o.recompute = r;
+    const MemoryEstimate e = estimate_memory(figures, machine, config, o);
+    need = e.per_device.total();
+    chosen = r;
+    if (e.fits_device) break;
+  }
+  config.activation_checkpointing.policy = to_string(chosen);
+  return fmt::format("activation_checkpointing.policy \"auto\" chose \"{}\": estimated peak {} per rank of {} "
+                     "({} over {} local rank(s), keeping {:.0f}% free){}",
+                     to_string(chosen), human_bytes(need), human_bytes(machine.device_memory),
+                     device.cuda() ? "the GPUs' memory" : "this machine's memory", rendezvous.local_world_size,
+                     100 * machine.headroom,
+                     need > int64_t(double(machine.device_memory) * (1 - machine.headroom))
+                         ? "; even full recomputation does not fit, the run may run out of memory"
+                         : "");
+}
+
+// The model, built sharded when parameters are sharded (no rank ever holds all of it), on the
+// device; activation checkpointing set on it.
+void build_model(TrainingRun& run, const std::string& policy_note) {
+  const TrainConfig& config = run.config;
+  torch::manual_seed(config.train.seed);
+  // On a GPU the model is built whole on the CPU and moved before the engine takes it (sharded
+  // construction is CPU-only).
+  std::optional<ShardedConstruction> sharded;
+  if (config.zero.shard_parameters && !run.device.cuda()) sharded.emplace(run.rank, run.world);
+  if (run.is_bert) {
+    run.bert = Bert(run.bert_config);
+    run.module = run.bert.ptr();
+  } else {
+    run.model = GPT(run.gpt_config);
+    run.module = run.model.ptr();
+  }
+  sharded.reset();
+  if (run.device.cuda()) {
+    if (run.leader && config.zero.shard_parameters)
+      fmt::print("note: on {} each rank builds the whole model on the CPU and moves it to its GPU; sharded "
+                 "construction is CPU-only\n",
+                 run.device.device.str());
+    run.module->to(run.device.device);
+  }
+  const ActivationCheckpointingConfig& ac = config.activation_checkpointing;
+  CheckpointingSettings settings;
+  settings.recompute = recompute_of(config);
+  settings.number_checkpoints = ac.number_checkpoints;
+  settings.keep_inputs_on_host = ac.cpu_checkpointing;
+  settings.contiguous_memory = ac.contiguous_memory_optimization;
+  settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
+  settings.profile = ac.profile;
+  if (run.is_bert) run.bert->set_checkpointing(settings);
+  else run.model->set_checkpointing(settings);
+  if (run.leader && !policy_note.empty()) fmt::print("{}\n", policy_note);
+  if (run.leader && settings.recompute != Recompute::None) {
+    int64_t checkpointed = 0;
+    for (int64_t i = 0; i < run.n_layer; ++i) checkpointed += run.is_checkpointed(i) ? 1 : 0;
+    fmt::print("activation checkpointing: {} recomputation in {} of {} blocks{}{}\n", to_string(settings.recompute),
+               checkpointed, run.n_layer, ac.contiguous_memory_optimization ? ", inputs in one contiguous buffer" : "",
+               ac.profile ? ", profiled (summary: activation_checkpointing.blocks)" : "");
+    if (ac.cpu_checkpointing || ac.synchronize_checkpoint_boundary)
+      fmt::print("note: activation_checkpointing.cpu_checkpointing and synchronize_checkpoint_boundary act on CUDA "
+                 "devices; on the CPU the kept inputs are in host memory already and every kernel is synchronous\n");
+  }
+}
+
+// model.init_from: the Hugging Face weights replace the constructor's before the first step; each
+// rank reads only what it keeps (docs/checkpoint.md "model.init_from"). With --resume the
+// checkpoint's weights win and the directory is not read.
+void load_init_from(TrainingRun& run, const TrainRunOptions& options) {
+  const TrainConfig& config = run.config;
+  if (config.model.init_from.empty()) return;
+  if (!options.resume_dir.empty()) {
+    if (run.leader)
+      fmt::print("note: model.init_from '{}' is not read: --resume loads the checkpoint's weights\n",
+                 config.model.init_from);
+    return;
+  }
+  const auto init_start = std::chrono::steady_clock::now();
+  HfModelReader reader(config.model.init_from, run.gpt_config);
+  run.engine->load_weights(reader);
+  // Every rank's bytes read, for the summary: what sharding saved.
+  torch::Tensor mine = torch::zeros({run.world}, torch::kLong);
+  mine[run.rank] = reader.bytes_read();
+  run.comm->all_reduce(mine, ReduceOp::Sum, "init_from.bytes").wait();
+  std::vector<int64_t> per_rank(mine.data_ptr<int64_t>(), mine.data_ptr<int64_t>() + run.world);
+  run.init_from_summary = {{"path", config.model.init_from},
+                           {"bytes_read_per_rank", per_rank},
+                           {"tensor_bytes", reader.data_bytes()}};
+  if (run.leader)
+    fmt::print("model.init_from: loaded '{}' in {:.2f} s; bytes read per rank {} of {} in its files\n",
+               config.model.init_from,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count(),
+               fmt::join(per_rank, "/"), reader.data_bytes());
+}
+
+// Resuming: the checkpoint holds the engine's state; the sampler position is the step (batches
+// are a function of seed, step and micro-step) and so are the dropout masks (reseeded every step),
+// so nothing else is needed for an exact continuation.
+void resume(TrainingRun& run, const TrainRunOptions& options) {
+  if (options.resume_dir.empty()) return;
+  const auto load_start = std::chrono::steady_clock::now();
+  LoadOptions load_options;
+  load_options.reset_optimizer = options.reset_optimizer;
+  load_options.log = [](const std::string& line) { fmt::print("checkpoint: {} (changed since the checkpoint)\n", line); };
+  const auto client = run.engine->load_checkpoint(options.resume_dir, "", load_options);
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  const uint64_t seed = run.config.train.seed;
+  if (auto it = client.find("seed"); it != client.end() && it->second != std::to_string(seed) && run.leader)
+    fmt::print("note: the checkpoint was saved with train.seed {}; this run uses {}\n", it->second, seed);
+  run.first_step = run.engine->global_step();
+  if (run.leader)
+    fmt::print("resumed from {}: the latest checkpoint, at step {}, loaded in {:.2f} s{}\n", options.resume_dir,
+               run.first_step, load_seconds, options.reset_optimizer ? " (weights only: optimizer moments reset)" : "");
+}
+
+void print_model_line(const TrainingRun& run) {
+  if (!run.leader) return;
+  const TrainConfig& config = run.config;
+  if (run.is_bert) {
+    const BertConfig& b = run.bert_config;
+    fmt::print("model: bert preset '{}' ({} layers, {} heads, hidden {}, intermediate {}, vocab {} with 4 specials, "
+               "{} positions, {}, {}), {:.2f}M parameters; data: {} train / {} held-out tokens; global batch {} x {} "
+               "tokens, {:.0f}% of the content positions predicted{}\n",
+               config.model.preset, b.n_layer, b.n_head, b.hidden, b.intermediate, b.vocab_size, b.max_positions,
+               b.pre_layer_norm ? "pre-LN" : "post-LN", b.next_sentence ? "MLM + NSP loss" : "MLM loss",
+               run.n_params / 1e6, run.data.train.size(), run.data.val.size(), config.train_batch_size, run.seq_len,
+               100 * config.data.mlm_probability,
+               config.data.max_predictions > 0 ? fmt::format(" (at most {} per sequence)", config.data.max_predictions)
+                                               : "");
+    return;
+  }
+  const GPTConfig& g = run.gpt_config;
+  fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
+             "data: {} train / {} held-out tokens; global batch {} x {} tokens\n",
+             config.model.preset, g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.context_length, run.n_params / 1e6,
+             run.data.train.size(), run.data.val.size(), config.train_batch_size, run.seq_len);
+}
+
+}  // namespace
+
+std::unique_ptr<TrainingRun> set_up_run(const TrainConfig& config, const TrainRunOptions& options) {
+  auto run = std::make_unique<TrainingRun>();
+  open_communicator(*run, config, options);
+  read_model_and_data(*run);
+  const std::string policy_note = choose_recomputation(*run);
+  if (run->leader) fmt::print("resolved configuration:\n{}", describe(run->config));
+  // What the process holds before the model exists (LibTorch, communicator, data): the memory
+  // estimate (zerotrain/estimate.h) is compared with the peak above it.
+  run->baseline_rss = current_rss_bytes();
+  build_model(*run, policy_note);
+  run->engine = std::make_unique<Engine>(run->module, run->config, run->comm);
+  // This trainer prints its own progress line, CSV log and analytic flops profile.
+  run->engine->disable_reports();
+  load_init_from(*run, options);
+  resume(*run, options);
+  print_model_line(*run);
+  return run;
+}
+
+}  // namespace zt::training
