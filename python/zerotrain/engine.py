@@ -364,6 +364,7 @@ class ZeroEngine:
         self._last = None
         self._backward_since_step = False
         self._micro_step = 0  # backward() calls into the current accumulation window
+        self._inside_no_sync = False
         _registry.register(self, self._named_parameters)
 
     # ------------------------------------------------------------------ the loop
@@ -381,6 +382,12 @@ class ZeroEngine:
             raise ValueError("engine.backward(retain_graph=True) is not supported")
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("engine.backward: expected a scalar loss tensor")
+        if self._inside_no_sync and self._live()._engine.next_backward_is_boundary:
+            raise _C.EngineError(
+                "engine.backward() inside engine.no_sync() on the last micro-step of an accumulation window "
+                f"(gradient_accumulation_steps {self._engine.gradient_accumulation_steps}): the optimizer step that "
+                "follows needs this window's gradients reduced over the ranks; run the window's last backward "
+                "outside no_sync")
         with self._reporter.timed("backward"):
             self._live()._engine.backward(loss)
         self._backward_since_step = True
@@ -390,6 +397,9 @@ class ZeroEngine:
     def step(self, lr_kwargs=None):
         if lr_kwargs:
             raise ValueError("engine.step(lr_kwargs=...) is not supported: the schedule comes from the configuration")
+        if self._inside_no_sync:
+            raise _C.EngineError("engine.step() inside engine.no_sync(): call it after the with block, as DeepSpeed "
+                                 "requires")
         if not self._backward_since_step:
             raise _C.EngineError("engine.step() called without a backward() since the last step")
         with self._reporter.timed("step"):
@@ -397,6 +407,27 @@ class ZeroEngine:
         self._backward_since_step = False
         self._reporter.after_step(self, self._last)
         return None
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeed's no_sync: the backward passes inside the block do not reduce gradients over the
+        ranks; they accumulate locally until a backward outside it. At stages 0 and 1 the engine
+        reduces a window's gradients once, on its last micro-step, so micro-steps before it run
+        inside no_sync exactly as outside; the last one must run outside (its reduction feeds the
+        optimizer step). Stages 2 and 3 reduce every micro-step to partition the gradients, so
+        no_sync is refused there, as DeepSpeed refuses it."""
+        stage = self.zero_optimization_stage()
+        if stage >= 2:
+            raise _C.EngineError(f"engine.no_sync() at ZeRO stage {stage}: stages 2 and 3 partition the gradients by "
+                                 "reducing them on every micro-step, so the reduction cannot be skipped (DeepSpeed "
+                                 "refuses it too); use it at stage 0 or 1")
+        if self._inside_no_sync:
+            raise _C.EngineError("engine.no_sync() entered inside engine.no_sync(): reentry is not supported")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
 
     def zero_grad(self):
         """Gradients are zeroed by every optimizer step; between steps there is nothing to zero."""

@@ -355,6 +355,30 @@ def test_train_retain_freed_memory_sets_the_heap_policy_and_nothing_is_written_u
     assert list(tmp_path.iterdir()) == []  # csv_monitor is off unless the configuration enables it
 
 
+def test_no_sync_refusals_as_deepspeed_has_them():
+    for stage in (2, 3):
+        engine, _, _, _ = zerotrain.initialize(model=tiny_model(), config=config(stage))
+        with pytest.raises(zerotrain.EngineError, match=f"no_sync\\(\\) at ZeRO stage {stage}: .*partition the gradients"):
+            with engine.no_sync():
+                pass
+    engine, _, _, _ = zerotrain.initialize(model=tiny_model(), config=config(1, accumulation=2, train_batch_size=8))
+    (x, y), (x2, y2) = batches(2)
+    with engine.no_sync():
+        with pytest.raises(zerotrain.EngineError, match="reentry"):
+            with engine.no_sync():
+                pass
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        with pytest.raises(zerotrain.EngineError, match=r"step\(\) inside engine.no_sync"):
+            engine.step()
+        # The window's last micro-step: its reduction feeds the step, so it is refused before it runs.
+        with pytest.raises(zerotrain.EngineError, match="last micro-step of an accumulation window"):
+            engine.backward(torch.nn.functional.mse_loss(engine(x2), y2))
+    assert engine.is_gradient_accumulation_boundary()  # the refused backward did not count
+    engine.backward(torch.nn.functional.mse_loss(engine(x2), y2))
+    engine.step()
+    assert engine.global_steps == 1
+
+
 class _Expert(torch.nn.Module):
     def __init__(self):
         super().__init__()
