@@ -233,21 +233,38 @@ class ZeroEngine:
         _C.apply_heap_policy(json.loads(checked.get("train.retain_freed_memory", '"bounded"')),
                              int(checked.get("zero_optimization.stage", "0")) == 3)
         cpp_module = getattr(model, "cpp_module", None)  # zerotrain.models: the C++ module itself
+        stage = int(checked.get("zero_optimization.stage", "0"))
         buffers = list(model.named_buffers())
         modules = dict(model.named_modules())
         built_sharded = {path: _zero.pending_unit_shell(m) for path, m in modules.items()
                          if _zero.pending_unit_shell(m) is not None and _zero.pending_is_current(m)}
-        self._shell = cpp_module if cpp_module is not None else _C.make_module_shell(self._named_parameters, buffers,
-                                                                                       built_sharded)
         self._unit_forwards = None
-        units = []
+        self._unit_members = {}
+        choice = None
         threshold = 0
-        if int(checked.get("zero_optimization.stage", "0")) == 3 and cpp_module is None:
+        if cpp_module is None:
+            # DeepSpeed flags the configuration's leaf modules at every stage; they matter at stage 3.
+            _, leaf_notes = _units.apply_leaf_config(model, config.get("zero_optimization"))
+            for text in leaf_notes:
+                _note_once("leaf:" + text, text)
+        if stage == 3 and cpp_module is None:
             threshold = int(checked.get("zero_optimization.stage3_param_persistence_threshold", "0"))
             external = {path: _zero.external_parameters(m) for path, m in modules.items() if _zero.external_parameters(m)}
-            units, users = _units.choose_units(model, threshold, set(built_sharded), external)
-            _C.mark_units(self._shell, [u for u in units if u not in built_sharded])
-            self._unit_forwards = _units.UnitForwards(model, self._shell, users)
+            choice = _units.choose_units(model, threshold, set(built_sharded), external)
+            for path in choice.absorbed:
+                # Built sharded as a unit of its own; its leaf is its unit now, sharded by the engine
+                # from whole values: this unit is whole on every rank until then.
+                _C.gather_pending(built_sharded.pop(path), self._communicator)
+                _zero.forget_pending(modules[path])
+        self._shell = cpp_module if cpp_module is not None else _C.make_module_shell(self._named_parameters, buffers,
+                                                                                       built_sharded)
+        if choice is not None:
+            fresh = [u for u in choice.units if u not in built_sharded]
+            if "" in fresh:  # the whole model is one leaf
+                _C.mark_block(self._shell)
+            _C.mark_units(self._shell, [u for u in fresh if u != ""])
+            self._unit_forwards = _units.UnitForwards(model, self._shell, choice.users)
+            self._unit_members = choice.members
         try:
             self._engine = _C.Engine(self._shell, json.dumps(config), [], self._communicator, groups)
         except BaseException:
@@ -258,12 +275,11 @@ class ZeroEngine:
         for path in built_sharded:  # adopted: the engine holds them now
             _zero.forget_pending(modules[path])
         resolved = self._engine.config_json
-        if int(resolved.get("zero_optimization.stage", "0")) == 3 and cpp_module is None:
+        if choice is not None:
+            units = choice.units
             trainable = [p for _, p in self._named_parameters if p.requires_grad]
             total = sum(p.numel() for p in trainable)
-            modules = dict(model.named_modules())
-            sharded = sum(p.numel() for u in units for p in modules[u]._parameters.values()
-                          if p is not None and p.requires_grad)
+            sharded = sum(p.numel() for u in units for p in choice.members[u] if p.requires_grad)
             if not units:
                 _note_once("stage3-units", "stage 3: no submodule qualifies as a unit to shard (stage3_param_persistence_"
                                            f"threshold {threshold}): every rank keeps all {total} parameters whole; "
@@ -284,6 +300,7 @@ class ZeroEngine:
         self._last = None
         self._backward_since_step = False
         self._micro_step = 0  # backward() calls into the current accumulation window
+        self._inside_no_sync = False
         _registry.register(self, self._named_parameters)
 
     # ------------------------------------------------------------------ the loop
@@ -305,6 +322,12 @@ class ZeroEngine:
             raise ValueError("engine.backward(retain_graph=True) is not supported")
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("engine.backward: expected a scalar loss tensor")
+        if self._inside_no_sync and self._live()._engine.next_backward_is_boundary:
+            raise _C.EngineError(
+                "engine.backward() inside engine.no_sync() on the last micro-step of an accumulation window "
+                f"(gradient_accumulation_steps {self._engine.gradient_accumulation_steps}): the optimizer step that "
+                "follows needs this window's gradients reduced over the ranks; run the window's last backward "
+                "outside no_sync")
         try:
             self._live()._engine.backward(loss)
         finally:
@@ -316,6 +339,9 @@ class ZeroEngine:
     def step(self, lr_kwargs=None):
         if lr_kwargs:
             raise ValueError("engine.step(lr_kwargs=...) is not supported: the schedule comes from the configuration")
+        if self._inside_no_sync:
+            raise _C.EngineError("engine.step() inside engine.no_sync(): call it after the with block, as DeepSpeed "
+                                 "requires")
         if not self._backward_since_step:
             raise _C.EngineError("engine.step() called without a backward() since the last step")
         try:
@@ -333,6 +359,27 @@ class ZeroEngine:
         """The flops profiler's measurement of flops_profiler.profile_step (a dict: FLOPs and seconds
         per phase, achieved and peak FLOP/s, FLOPs per operator, the printed text), or None."""
         return self._live()._engine.flops_report
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeed's no_sync: the backward passes inside the block do not reduce gradients over the
+        ranks; they accumulate locally until a backward outside it. At stages 0 and 1 the engine
+        reduces a window's gradients once, on its last micro-step, so micro-steps before it run
+        inside no_sync exactly as outside; the last one must run outside (its reduction feeds the
+        optimizer step). Stages 2 and 3 reduce every micro-step to partition the gradients, so
+        no_sync is refused there, as DeepSpeed refuses it."""
+        stage = self.zero_optimization_stage()
+        if stage >= 2:
+            raise _C.EngineError(f"engine.no_sync() at ZeRO stage {stage}: stages 2 and 3 partition the gradients by "
+                                 "reducing them on every micro-step, so the reduction cannot be skipped (DeepSpeed "
+                                 "refuses it too); use it at stage 0 or 1")
+        if self._inside_no_sync:
+            raise _C.EngineError("engine.no_sync() entered inside engine.no_sync(): reentry is not supported")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
 
     def zero_grad(self):
         """Gradients are zeroed by every optimizer step; between steps there is nothing to zero."""
@@ -446,11 +493,9 @@ class ZeroEngine:
         names = {id(p): n for n, p in self._named_parameters}
         shells = self._unit_forwards.shells if self._unit_forwards is not None else {}
         units = {}
-        if shells:
-            modules = dict(self.module.named_modules())
-            for path, shell in shells.items():
-                if any(q is p for q in modules[path]._parameters.values() if q is not None for p in params):
-                    units[path] = shell
+        for path, shell in shells.items():
+            if any(q is p for q in self._unit_members.get(path, []) for p in params):
+                units[path] = shell
         engine.hold_blocks(list(units.values()))
         values = {}
         try:

@@ -8,10 +8,13 @@ their storage is freed, so no rank ever holds the whole model. The parameters ke
 reading one before the engine adopts it raises torch's "data is not allocated" error, never a
 silent zero. zerotrain.initialize adopts the shards (each unit gathered once, at construction) at
 any stage. A module must initialise its parameters in its own constructor: values written to a
-sharded parameter later need GatheredParameters(..., modifier_rank=r).
+sharded parameter later need GatheredParameters(..., modifier_rank=r). transformers' models are
+the exception made for them: their post_init writes the weights after the units are sharded, and
+inside Init it runs on each module with that module's units (and its children's) gathered.
 """
 import contextlib
 import json
+import sys
 import weakref
 
 import torch
@@ -26,6 +29,9 @@ _pending = weakref.WeakKeyDictionary()
 _pending_params = weakref.WeakKeyDictionary()  # module -> the parameters its shell holds
 # register_external_parameter: module -> the parameters its forward reads that another module owns.
 _external = weakref.WeakKeyDictionary()
+# Pending unit shells gathered now: id(shell) -> how many GatheredParameters blocks hold it (an inner
+# block over a unit already whole must neither refill it from the shards nor free it on leaving).
+_gathered_depth = {}
 
 
 def pending_unit_shell(module):
@@ -97,6 +103,7 @@ class Init:
                                           zero.get("param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD)))
         self._construction = None
         self._patched = []
+        self._attributes = []  # (class, name, original) replaced while the block runs
         self._depth = {}
 
     def __enter__(self):
@@ -109,6 +116,7 @@ class Init:
         self._construction = _C.ShardedConstruction(c.rank, c.world_size)
         Init._active = self
         self._patch(torch.nn.Module)
+        self._patch_transformers()
         return self
 
     def __exit__(self, *exc):
@@ -117,6 +125,9 @@ class Init:
         for cls, original in reversed(self._patched):
             _restore_patch(cls, original)
         self._patched = []
+        for cls, name, original in reversed(self._attributes):
+            setattr(cls, name, original)
+        self._attributes = []
         Init._active = None
         self._construction = None  # the shards outlive it until an engine adopts them
         return False
@@ -152,6 +163,7 @@ class Init:
         init = self
 
         def __init__(module, *args, **kwargs):
+            init._patch_transformers()  # transformers may be imported inside the block
             key = id(module)
             init._depth[key] = init._depth.get(key, 0) + 1
             try:
@@ -166,6 +178,33 @@ class Init:
 
         __init__.__wrapped__ = original
         return __init__
+
+    # transformers' models initialise their weights in post_init, at the end of their constructor,
+    # after the units inside have been sharded: PreTrainedModel._initialize_weights(module) runs on
+    # one module at a time, in the order that the model built outside Init uses, and writes that
+    # module's parameters and its direct children's (an attention's output projection, say). Run it
+    # with those units whole, keeping rank 0's values: every rank draws the same random numbers as
+    # it would outside Init, so the weights are those of the model built without it.
+    def _patch_transformers(self):
+        if any(name == "_initialize_weights" for _, name, _ in self._attributes):
+            return
+        modeling = sys.modules.get("transformers.modeling_utils")
+        base = getattr(modeling, "PreTrainedModel", None)
+        original = base.__dict__.get("_initialize_weights") if isinstance(base, type) else None
+        if original is None:
+            return
+
+        def _initialize_weights(model, module, *args, **kwargs):
+            if getattr(module, "_is_hf_initialized", False):
+                return original(model, module, *args, **kwargs)
+            shells = [(_pending[m], _pending_params[m]) for m in (module, *module.children())
+                      if m in _pending and pending_is_current(m)]
+            with _gathered_pending(shells, modifier_rank=0):
+                return original(model, module, *args, **kwargs)
+
+        _initialize_weights.__wrapped__ = original
+        base._initialize_weights = _initialize_weights
+        self._attributes.append((base, "_initialize_weights", original))
 
     def _shard(self, module):
         params = _direct_parameters(module)
@@ -224,22 +263,38 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
             yield
         return
     # Before an engine: units built sharded under Init.
-    shells = []
-    for p in params:
-        for module, shell in list(_pending.items()):
-            if any(q is p for q in _direct_parameters(module)) and shell not in shells:
-                shells.append(shell)
-    c = comm.communicator() if (shells or modifier_rank is not None) else None
-    for shell in shells:
-        _C.gather_pending(shell, c)
-    try:
+    wanted = {id(p) for p in params}
+    shells = [(shell, _pending_params.get(module, [])) for module, shell in list(_pending.items())
+              if any(id(q) in wanted for q in _direct_parameters(module))]
+    with _gathered_pending(shells, modifier_rank, params):
         yield
-    finally:
+
+
+@contextlib.contextmanager
+def _gathered_pending(shells, modifier_rank, params=None):
+    """Units built sharded, whole for the body: [(shell, its parameters)]. With modifier_rank, what
+    that rank holds on leaving (in those parameters and in `params`) is broadcast and kept."""
+    params = list(params or [])
+    for _, held in shells:
+        params += [p for p in held if not any(p is q for q in params)]
+    c = comm.communicator() if (shells or modifier_rank is not None) else None
+    entered = []
+    try:
+        for shell, _ in shells:
+            if _gathered_depth.get(id(shell), 0) == 0:
+                _C.gather_pending(shell, c)
+            _gathered_depth[id(shell)] = _gathered_depth.get(id(shell), 0) + 1
+            entered.append(shell)
+        yield
         if modifier_rank is not None and c is not None and c.world_size > 1:
             for p in params:
                 torch.distributed.broadcast(p.data, modifier_rank)
-        for shell in shells:
-            _C.reshard_pending(shell)
+    finally:
+        for shell in entered:
+            _gathered_depth[id(shell)] -= 1
+            if _gathered_depth[id(shell)] == 0:
+                del _gathered_depth[id(shell)]
+                _C.reshard_pending(shell)
 
 
 def register_external_parameter(module, parameter):

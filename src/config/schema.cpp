@@ -399,8 +399,8 @@ std::vector<Leaf> build_table() {
   t.push_back(inert(boolean(Z + "save_muon_momentum_buffer_in_memory", false, none),
                     "it applies to the Muon optimizer, which zerotrain refuses"));
   t.push_back(inert(block(Z + "leaf_module", non_empty),
-                    "it marks model classes (MoE blocks) that DeepSpeed's stage-3 hooks treat whole; zerotrain "
-                    "gathers whole blocks of its GPT"));
+                    "the command line's models have fixed stage-3 blocks, each gathered whole (from Python, "
+                    "zerotrain.initialize honours it: docs/python.md \"Stage 3: units\")"));
   // DeepSpeed deprecates this and ignores it (it sets no other key); so does zerotrain.
   t.push_back(inert(nullable(boolean(Z + "cpu_offload_use_pin_memory", false, none)),
                     "DeepSpeed ignores it too (offload_optimizer.pin_memory and offload_param.pin_memory are the "

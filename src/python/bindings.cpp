@@ -370,6 +370,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("loss_scale", &zt::Engine::loss_scale)
       .def_property_readonly("trainable_parameters", &zt::Engine::trainable_parameters)
       .def_property_readonly("peak_gathered_parameter_bytes", &zt::Engine::peak_gathered_parameter_bytes)
+      .def_property_readonly("block_gathers", &zt::Engine::block_gathers)
+      .def_property_readonly("prefetched_blocks", &zt::Engine::prefetched_blocks)
       .def_property_readonly("config_json", [](const zt::Engine& e) { return e.config().resolved; })
       .def_property_readonly("gradient_accumulation_steps",
                              [](const zt::Engine& e) { return e.config().gradient_accumulation_steps; })

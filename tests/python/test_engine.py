@@ -383,3 +383,93 @@ def test_train_retain_freed_memory_sets_the_heap_policy_and_nothing_is_written_u
             "print(zerotrain._C.block_cache_installed())\n")
     assert _fresh_process(code, tmp_path).split()[-1] == str(installed)
     assert list(tmp_path.iterdir()) == []  # csv_monitor is off unless the configuration enables it
+
+
+def test_no_sync_refusals_as_deepspeed_has_them():
+    for stage in (2, 3):
+        engine, _, _, _ = zerotrain.initialize(model=tiny_model(), config=config(stage))
+        with pytest.raises(zerotrain.EngineError, match=f"no_sync\\(\\) at ZeRO stage {stage}: .*partition the gradients"):
+            with engine.no_sync():
+                pass
+    engine, _, _, _ = zerotrain.initialize(model=tiny_model(), config=config(1, accumulation=2, train_batch_size=8))
+    (x, y), (x2, y2) = batches(2)
+    with engine.no_sync():
+        with pytest.raises(zerotrain.EngineError, match="reentry"):
+            with engine.no_sync():
+                pass
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        with pytest.raises(zerotrain.EngineError, match=r"step\(\) inside engine.no_sync"):
+            engine.step()
+        # The window's last micro-step: its reduction feeds the step, so it is refused before it runs.
+        with pytest.raises(zerotrain.EngineError, match="last micro-step of an accumulation window"):
+            engine.backward(torch.nn.functional.mse_loss(engine(x2), y2))
+    assert engine.is_gradient_accumulation_boundary()  # the refused backward did not count
+    engine.backward(torch.nn.functional.mse_loss(engine(x2), y2))
+    engine.step()
+    assert engine.global_steps == 1
+
+
+class _Expert(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16)
+        self.down = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Moe(torch.nn.Module):
+    """Experts picked by the data: the order of their use changes from batch to batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts = torch.nn.ModuleList(_Expert() for _ in range(3))
+
+    def forward(self, x):
+        choice = int(x.detach().abs().sum() * 1000) % 3
+        return x + self.experts[choice](x) + 0.5 * self.experts[(choice + 1) % 3](x)
+
+
+class _MoeNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 8)
+        self.moe = _Moe()
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.out(self.moe(self.inp(x)))
+
+
+def test_leaf_modules_from_the_configuration_and_from_utils():
+    torch.manual_seed(0)
+    plain = _MoeNet()
+    flagged = copy.deepcopy(plain)
+    by_utils = copy.deepcopy(plain)
+    engine, _, _, _ = zerotrain.initialize(model=plain, config=config(0))
+    want = train(engine, batches(4))
+    stage3 = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    engine, _, _, _ = zerotrain.initialize(model=flagged, config=config(
+        3, zero_optimization=dict(stage3, leaf_module={"classes": "_Moe"})))
+    assert train(engine, batches(4)) == pytest.approx(want, rel=1e-5)
+    assert zerotrain.utils.get_z3_leaf_modules(flagged) == [flagged.moe]
+    # The leaf is one unit with its experts' parameters, where they would make 6 units of their own.
+    assert list(engine._unit_members) == ["inp", "moe", "out"]
+    assert len(engine._unit_members["moe"]) == 12
+    assert zerotrain.utils.set_z3_leaf_modules(by_utils, [_Moe]) == [by_utils.moe]
+    engine, _, _, _ = zerotrain.initialize(model=by_utils, config=config(3, zero_optimization=stage3))
+    assert train(engine, batches(4)) == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ValueError, match=r"set_z3_leaf_modules: expected a module of class Nothing in the model"):
+        zerotrain.utils.set_z3_leaf_modules(by_utils, ["Nothing"])
+
+
+def test_bad_leaf_modules_are_one_clear_exception():
+    stage3 = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    with pytest.raises(ValueError, match=r"leaf_module: expected the keys classes, names and name_suffixes, found 'nmes'"):
+        zerotrain.initialize(model=_MoeNet(), config=config(3, zero_optimization=dict(stage3, leaf_module={"nmes": ["x"]})))
+    with pytest.raises(ValueError, match=r"leaf_module.classes: expected a string or a list of strings, found 3"):
+        zerotrain.initialize(model=_MoeNet(), config=config(3, zero_optimization=dict(stage3, leaf_module={"classes": 3})))
+    with pytest.raises(ValueError, match="leaf 'moe.experts' is a ModuleList, whose forward never runs"):
+        zerotrain.initialize(model=_MoeNet(), config=config(
+            3, zero_optimization=dict(stage3, leaf_module={"names": ["moe.experts"]})))

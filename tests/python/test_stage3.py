@@ -62,3 +62,34 @@ def test_stage3_says_so_when_no_unit_qualifies(tmp_path, stage0):
     assert "no submodule qualifies as a unit" in stderr
     assert got["losses"] == pytest.approx(stage0["losses"], rel=1e-5)
     assert got["peak_gathered_bytes"] == 0
+
+
+@pytest.fixture(scope="module")
+def stage3_releasing(tmp_path_factory):
+    return launch(tmp_path_factory.mktemp("s3"), "s3", {"stage": 3, "zero": RELEASING})[0]
+
+
+# Block gathers of one optimizer step (two micro-steps) with RELEASING, from the unit calls of one
+# forward: the embedding (twice: the tied head reads it), each block's norm, up and down (a leaf
+# block: one unit), the final norm. Each call gathers its unit for the forward and again for the
+# backward, except the last one, still gathered when its backward comes right after (nothing is
+# used in between: a reuse distance of 0).
+def gathers_per_step(units_in_forward, accumulation=2):
+    return (2 * units_in_forward - 1) * accumulation
+
+
+@pytest.mark.parametrize("variant, forward_units", [
+    ({"zero": dict(RELEASING, leaf_module={"classes": ["Block"]})}, 1 + 3 + 1 + 1),
+    ({"leaf_classes": ["Block"], "zero": RELEASING}, 1 + 3 + 1 + 1),
+    ({"zero": dict(RELEASING, leaf_module={"names": ["blocks.1"]})}, 1 + 3 + 1 + 3 + 1 + 1),
+    ({"zero": dict(RELEASING, leaf_module={"name_suffixes": ["s.0", "s.2"]})}, 1 + 1 + 3 + 1 + 1 + 1),
+    ({"zero_init": True, "zero": dict(RELEASING, leaf_module={"classes": ["Block"]})}, 1 + 3 + 1 + 1),
+])
+def test_leaf_modules_are_one_unit_each(tmp_path, stage0, stage3_releasing, variant, forward_units):
+    plain = stage3_releasing
+    got, _ = launch(tmp_path, "leaf", dict(variant, stage=3))
+    check_modified(got)
+    assert got["losses"] == pytest.approx(stage0["losses"], rel=1e-5)
+    assert got["head_norm"] == pytest.approx(stage0["head_norm"], rel=1e-5)
+    assert got["block_gathers"] == [gathers_per_step(forward_units)] * 4
+    assert plain["block_gathers"] == [gathers_per_step(1 + 9 + 1 + 1)] * 4

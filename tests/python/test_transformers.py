@@ -26,6 +26,16 @@ def test_models_train_at_stage_3_as_at_stage_0(tmp_path, model):
     assert "units sharded" in stderr
 
 
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_models_built_under_zero_init_get_their_own_weights_and_train_as_built_outside(tmp_path, model):
+    reference, _ = launch(tmp_path, "outside", {"model": model, "stage": 3, "zero": RELEASING})
+    got, _ = launch(tmp_path, "init", {"model": model, "stage": 3, "zero": RELEASING, "zero_init": True})
+    assert got["init"]["sharded"] > 0  # built sharded
+    # post_init's weights, bit for bit those of the model built without Init under the same seed.
+    assert got["init"]["differ"] == []
+    assert got["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+
+
 def test_llama_stage_3_on_nvme_with_checkpointing_equals_stage_0_in_memory(tmp_path):
     reference, _ = launch(tmp_path, "s0", {"model": "llama", "stage": 0})
     swap = tmp_path / "swap"

@@ -41,17 +41,36 @@ def loss_of(kind, engine, ids):
     return out.loss
 
 
+def build_under_init(kind, config):
+    """The model built under zerotrain.zero.Init, and the names of the parameters whose values differ
+    from those of the same model built without it (same seed): its own initialisation must apply."""
+    reference = build(kind)
+    with zerotrain.zero.Init(config_dict_or_path=config):
+        model = build(kind)
+    sharded = [n for n, p in model.named_parameters() if p.numel() > 0 and p.untyped_storage().nbytes() == 0]
+    differ = []
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        with zerotrain.zero.GatheredParameters([p]):
+            if not torch.equal(p.detach(), q.detach()):
+                differ.append(name)
+    return model, {"sharded": len(sharded), "differ": differ}
+
+
 def main():
     spec = json.loads(sys.argv[1])
     kind = spec["model"]
-    model = build(kind)
-    if spec.get("checkpointing"):
-        model._set_gradient_checkpointing(True, zerotrain.checkpointing.checkpoint)
-        model.train()
     config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01}},
               "zero_optimization": dict({"stage": spec["stage"], "stage3_param_persistence_threshold": 0},
                                         **spec.get("zero", {}))}
+    init = None
+    if spec.get("zero_init"):
+        model, init = build_under_init(kind, config)
+    else:
+        model = build(kind)
+    if spec.get("checkpointing"):
+        model._set_gradient_checkpointing(True, zerotrain.checkpointing.checkpoint)
+        model.train()
     engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config)
     rank = zerotrain.comm.get_rank()
     g = torch.Generator().manual_seed(10 + rank)
@@ -77,7 +96,7 @@ def main():
             torch.save(logits, spec["save"] + "/logits.pt")
     if rank == 0:
         with open(sys.argv[2], "w") as f:
-            json.dump({"losses": losses, "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
+            json.dump({"losses": losses, "init": init, "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
                        "trainable_bytes": 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)}, f)
 
 

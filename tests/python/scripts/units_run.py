@@ -56,6 +56,8 @@ def main():
             model = Net()
     else:
         model = Net()
+    if spec.get("leaf_classes"):  # DeepSpeed's utility, the other way to name leaves
+        zerotrain.utils.set_z3_leaf_modules(model, [{"Block": Block}[c] for c in spec["leaf_classes"]])
     model.checkpointing = spec.get("checkpointing", False)
     zerotrain.comm.init_distributed()
     rank = zerotrain.comm.get_rank()
@@ -64,7 +66,7 @@ def main():
         model.blocks[0].up.weight.mul_(0.5 if rank == 0 else -7.0)
     engine, _, _, _ = zerotrain.initialize(model=model, model_parameters=model.parameters(), config=config)
     g = torch.Generator().manual_seed(100 + rank)
-    losses = []
+    losses, gathers = [], []
     for step in range(4):
         if step == 2:  # set by rank 0 between steps, at any stage
             with zerotrain.zero.GatheredParameters([model.blocks[1].down.bias, model.norm.weight], modifier_rank=0), \
@@ -76,6 +78,7 @@ def main():
                                  float(zerotrain.utils.safe_get_full_fp32_param(model.blocks[0].up.weight).sum())])
             every_rank = [torch.zeros(3) for _ in range(zerotrain.comm.get_world_size())]
             torch.distributed.all_gather(every_rank, seen)
+        before = engine._engine.block_gathers
         total = 0.0
         for micro in range(2):
             ids = torch.randint(0, 64, (2, 12), generator=g)
@@ -83,6 +86,7 @@ def main():
             engine.backward(loss)
             engine.step()
             total += float(loss)
+        gathers.append(engine._engine.block_gathers - before)  # the step's forward and backward passes
         mean = torch.tensor([total / 2])
         zerotrain.comm.all_reduce(mean)
         losses.append(float(mean) / zerotrain.comm.get_world_size())
@@ -93,6 +97,7 @@ def main():
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"modified": [t.tolist() for t in every_rank], "losses": losses, "eval_loss": eval_loss, "head_norm": float(head.norm()),
+                       "block_gathers": gathers,
                        "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
                        "trainable_bytes": 4 * sum(p.numel() for p in model.parameters())}, f)
 
