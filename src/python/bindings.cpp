@@ -247,6 +247,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gpt_loss", [](const std::shared_ptr<torch::nn::Module>& module, const at::Tensor& idx, const at::Tensor& targets) {
     auto gpt = std::dynamic_pointer_cast<zt::GPTImpl>(module);
     if (!gpt) throw zt::ConfigError("gpt_loss: expected a module made by build_gpt");
+    // The forward is all C++: the script's other threads (a data loader) run beside it.
+    py::gil_scoped_release release;
     return gpt->loss(idx, targets);
   });
   m.def("module_named_parameters", [](const std::shared_ptr<torch::nn::Module>& module) {
