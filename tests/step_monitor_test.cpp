@@ -13,6 +13,8 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 
+#include <torch/csrc/autograd/profiler_kineto.h>
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -166,6 +168,27 @@ TEST(StepMonitor, FlopsProfilerCountsTheProfiledStepsMatrixProductsByPhase) {
   ASSERT_GE(lines.size(), 2u);
   EXPECT_NE(lines[0].find("note: flops_profiler.top_modules"), std::string::npos) << lines[0];
   EXPECT_TRUE(contains(lines, "flops profiler: optimizer step 2 on rank 0")) << ::testing::PrintToString(lines);
+}
+
+TEST(StepMonitor, FlopsProfilerStepsAsideWhenTheUsersProfilerRuns) {
+  namespace profiler = torch::autograd::profiler;
+  const torch::profiler::impl::ProfilerConfig mine(torch::profiler::impl::ProfilerState::KINETO);
+  profiler::prepareProfiler(mine, {torch::profiler::impl::ActivityType::CPU});
+  profiler::enableProfiler(mine, {torch::profiler::impl::ActivityType::CPU});
+  auto config = zt::parse_config(config_json(R"("flops_profiler": {"enabled": true, "profile_step": 1})"), {}, 1);
+  auto net = std::make_shared<Net>();
+  std::vector<std::string> lines;
+  {
+    zt::Engine engine(net, config, single_rank());
+    engine.set_report_sink([&](const std::string& line) { lines.push_back(line); });
+    train(engine, *net, 2, /*quiet=*/true);
+    EXPECT_EQ(engine.flops_report(), nullptr);
+  }
+  ASSERT_EQ(lines.size(), 1u) << ::testing::PrintToString(lines);
+  EXPECT_NE(lines[0].find("note: flops_profiler: step 1 is not profiled"), std::string::npos) << lines[0];
+  auto result = profiler::disableProfiler();  // the user's profile is intact
+  ASSERT_NE(result, nullptr);
+  EXPECT_FALSE(result->events().empty());
 }
 
 TEST(StepMonitor, CommsLoggerIsAttachedToTheCommunicatorAndCountsTheEnginesCollectives) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -58,11 +59,9 @@ ProfilerConfig flops_profiler_config() {
                         /*with_stack=*/false, /*with_flops=*/true, /*with_modules=*/false);
 }
 
-std::set<ActivityType> profiled_activities(c10::Device device) {
-  std::set<ActivityType> activities{ActivityType::CPU};
-  if (device.is_cuda()) activities.insert(ActivityType::CUDA);
-  return activities;
-}
+// The CPU's operator records carry the FLOPs (computed from the input shapes) on a GPU too, so
+// the device's own activity, which needs CUPTI, is not traced.
+std::set<ActivityType> profiled_activities() { return {ActivityType::CPU}; }
 
 }  // namespace
 
@@ -205,9 +204,23 @@ void StepMonitor::arm(const EngineStepState& state) {
   // Kineto reports a missing GPU driver as an error line on CPU-only machines; quiet unless the
   // user asked for its logging.
   ::setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
-  const auto activities = profiled_activities(device_);
-  profiler::prepareProfiler(flops_profiler_config(), activities);
-  profiler::enableProfiler(flops_profiler_config(), activities);
+  const auto activities = profiled_activities();
+  try {
+    // Enabling a second profiler would silently replace the user's own (torch.profiler) and end
+    // it with ours: theirs wins.
+    if (torch::profiler::impl::profilerEnabled())
+      throw Error("another profiler (torch.profiler or LibTorch's) is running on this thread");
+    profiler::prepareProfiler(flops_profiler_config(), activities);
+    profiler::enableProfiler(flops_profiler_config(), activities);
+  } catch (const std::exception& e) {
+    // The user's own profiler (torch.profiler) may already run on this thread: their run goes on.
+    profile_done_ = true;
+    const std::string why = e.what();
+    if (rank_ == 0)
+      notes_.push_back(fmt::format("note: flops_profiler: step {} is not profiled: {}",
+                                   fp.profile_step, why.substr(0, why.find('\n'))));
+    return;
+  }
   profiling_ = true;
   profile_start_ = Clock::now();
   profile_times_ = {};

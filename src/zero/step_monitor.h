@@ -57,7 +57,7 @@ class StepMonitor {
   PhaseTimes phase_times() const { return times_; }
   const FlopsReport* flops_report() const { return flops_ ? &*flops_ : nullptr; }
   // Whether before_backward needs the loss's value (csv_monitor writes it).
-  bool wants_loss() const { return csv_enabled_ && enabled_; }
+  bool wants_loss() const { return csv_enabled_ && enabled_ && rank_ == 0; }
 
  private:
   using Clock = std::chrono::steady_clock;
