@@ -54,16 +54,21 @@ zt::TrainConfig load_init_config(const ExportArgs& args) {
   }
 }
 
-}  // namespace
-
-// `zerotrain export`: a checkpoint's weights (streamed from its rank files) or, with --init, the
-// weights a training configuration starts from (built in memory as the trainer builds them).
-int run_export(const ExportArgs& args) {
+// One source of weights: a checkpoint or --init CONFIG, with the flags that apply to it.
+void check_export_source(const ExportArgs& args) {
   if (args.checkpoint.empty() == args.init_config.empty())
     throw zt::ConfigError("export: expected a checkpoint directory or --init CONFIG (one of them)");
   if (!args.overrides.empty() && args.init_config.empty())
     throw zt::ConfigError("export: --set applies to --init CONFIG only");
   if (!args.tag.empty() && !args.init_config.empty()) throw zt::ConfigError("export: --tag applies to a checkpoint only");
+}
+
+}  // namespace
+
+// `zerotrain export`: a checkpoint's weights (streamed from its rank files) or, with --init, the
+// weights a training configuration starts from (built in memory as the trainer builds them).
+int run_export(const ExportArgs& args) {
+  check_export_source(args);
   const bool hf = args.format == "hf";
   if (!args.max_shard_size.empty() && !hf) throw zt::ConfigError("--max-shard-size: applies to --format hf only");
   const int64_t max_shard = args.max_shard_size.empty() ? zt::hf_default_max_shard_bytes()
