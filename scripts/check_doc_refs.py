@@ -16,7 +16,8 @@ Reads README.md, CHANGELOG.md and docs/*.md (the documents) and checks:
 - pytest names: `test_name`, `file.py::test_name` and `file.py::test_name[param]` must be a
   `def test_...` of a tests/**/*.py (in that file, when one is named); a bare `test_x` may also
   be the module tests/python/test_x.py.
-- Command-line flags: every --flag that docs/cli.md shows must be declared in src/cli/main.cpp
+- Command-line flags: every --flag that docs/cli.md shows must be declared in src/cli/ (main.cpp
+  and one source per subcommand)
   (or be one of the few flags of other programs it quotes, listed below).
 - Sections: docs/<name>.md (or README) followed by a quoted name, as in `docs/zero.md "Stage 3"`,
   in the documents and in the source, test, benchmark and build files (where a cited docs/*.md
@@ -71,7 +72,7 @@ for source in sorted((root / "tests").rglob("*.py")):
     for name in re.findall(r"^\s*def (test_\w+)\s*\(", source.read_text(errors="replace"), re.M):
         pytests.setdefault(name, set()).add(str(source.relative_to(root)))
 
-cli_source = (root / "src" / "cli" / "main.cpp").read_text(errors="replace") if (root / "src/cli/main.cpp").exists() else ""
+cli_source = "\n".join(p.read_text(errors="replace") for p in sorted((root / "src" / "cli").glob("*.cpp")))
 cli_flags = set(re.findall(r'"(--[a-z][\w-]*)', cli_source)) | set(re.findall(r",(--[a-z][\w-]*)", cli_source))
 cli_flags |= {"--help", "--version"}  # CLI11's own
 # Flags of other programs that docs/cli.md quotes beside zerotrain's.
@@ -155,7 +156,7 @@ if cli_doc.exists() and cli_source:
     for m in re.finditer(r"(?<![\w-])(--[a-z][\w-]*)", text):
         flag = m.group(1)
         if flag not in cli_flags and flag not in OTHER_PROGRAMS:
-            report(cli_doc, text, m.start(), f"shows the flag {flag}, which src/cli/main.cpp does not declare")
+            report(cli_doc, text, m.start(), f"shows the flag {flag}, which src/cli/ does not declare")
 
 
 # ---- sections ----------------------------------------------------------------------------------
