@@ -28,11 +28,12 @@
 #include <mutex>
 #include <thread>
 
+#include "comm/collective_paths.h"
+#include "comm/flight_recorder.h"
 #include "comm/shared_memory.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/error.h"
-#include "zerotrain/flight_recorder.h"
 
 namespace zt {
 namespace {
@@ -95,7 +96,7 @@ struct BackendCaps {
 // Gloo in LibTorch 2.11 (checked with a probe on 2 ranks): allreduce SUM/AVG/MAX,
 // _reduce_scatter_base (also AVG), _allgather_base and broadcast, for float, double, bfloat16
 // and float16. Older Gloo (LibTorch 1.13) had no AVG, no bf16 and no reduce-scatter, which is
-// why the emulations exist and can be forced with CommOptions.
+// why the emulations exist and can be forced with CollectivePaths.
 constexpr BackendCaps kGlooCaps{true, true, true};
 
 // The failure that made the communicator unusable, followed by what led to it, in the rank's log.
@@ -424,13 +425,11 @@ c10::intrusive_ptr<c10d::Backend> connect_gloo(const c10::intrusive_ptr<c10d::St
 }
 
 // The shared-memory path of `info`'s ranks, or null where some rank cannot map the segment (another
-// machine) or the options ask for Gloo's own paths (the emulations and native_gloo_* measure and
-// test those).
+// machine) or the paths are Gloo's own (the emulations and native_gloo_* measure and test those).
 std::shared_ptr<SharedMemoryTransport> connect_shared_memory(c10d::Store& store, const RendezvousInfo& info,
-                                                             const CommOptions& options, const std::string& who) {
-  const bool gloo_paths = options.emulate_avg || options.emulate_low_precision || options.emulate_reduce_scatter ||
-                          options.native_gloo_all_gather || options.native_gloo_reduce_scatter;
-  if (!options.shared_memory || gloo_paths || info.world_size < 2) return nullptr;
+                                                             const CommOptions& options, const CollectivePaths& paths,
+                                                             const std::string& who) {
+  if (!options.shared_memory || paths.any() || info.world_size < 2) return nullptr;
   try {
     return SharedMemoryTransport::connect(store, info.rank, info.world_size, options.timeout, who);
   } catch (const std::exception& e) {
@@ -441,8 +440,8 @@ std::shared_ptr<SharedMemoryTransport> connect_shared_memory(c10d::Store& store,
 
 class ProcessGroupCommunicator final : public Communicator {
  public:
-  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options)
-      : info_(info), options_(options), who_(fmt::format("rank {}/{}", info.rank, info.world_size)),
+  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, const CollectivePaths& paths)
+      : info_(info), options_(options), paths_(paths), who_(fmt::format("rank {}/{}", info.rank, info.world_size)),
         job_rank_(info.rank),
         failure_(std::make_shared<FailureState>()) {
     if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size) {
@@ -452,13 +451,13 @@ class ProcessGroupCommunicator final : public Communicator {
     recorder_ = make_recorder(info);
     if (info.world_size == 1) return;  // nothing to meet; collectives are local copies
     caps_ = kGlooCaps;
-    caps_.avg = caps_.avg && !options.emulate_avg;
-    caps_.low_precision_reduce = caps_.low_precision_reduce && !options.emulate_low_precision;
-    caps_.reduce_scatter = caps_.reduce_scatter && !options.emulate_reduce_scatter;
+    caps_.avg = caps_.avg && !paths.emulate_avg;
+    caps_.low_precision_reduce = caps_.low_precision_reduce && !paths.emulate_low_precision;
+    caps_.reduce_scatter = caps_.reduce_scatter && !paths.emulate_reduce_scatter;
 
     store_ = rendezvous(info, options.timeout);
     gloo_ = connect_gloo(store_, info, options, who_);
-    shm_ = connect_shared_memory(*store_, info, options, who_);
+    shm_ = connect_shared_memory(*store_, info, options, paths, who_);
   }
 
   // A group of a split: `store` is the group's own prefix of the job's store (null for a group of
@@ -471,8 +470,9 @@ class ProcessGroupCommunicator final : public Communicator {
     std::shared_ptr<SharedMemoryTransport> shm;  // null: Gloo alone
     BackendCaps caps;
   };
-  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, Group group)
-      : info_(info), options_(options),
+  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, const CollectivePaths& paths,
+                           Group group)
+      : info_(info), options_(options), paths_(paths),
         who_(fmt::format("rank {}/{} of group '{}' (rank {} of the job)", info.rank, info.world_size, group.name,
                          group.job_rank)),
         group_name_(std::move(group.name)), job_rank_(group.job_rank), caps_(group.caps),
@@ -538,7 +538,7 @@ class ProcessGroupCommunicator final : public Communicator {
     bool divide = op == ReduceOp::Avg && !caps_.avg;
     at::Tensor in = widen ? input.to(at::kFloat) : input;
     const bool all_reduce_in_place =
-        input_use == InputUse::Scratch && !widen && input.device().is_cpu() && !options_.native_gloo_reduce_scatter;
+        input_use == InputUse::Scratch && !widen && input.device().is_cpu() && !paths_.native_gloo_reduce_scatter;
     if (!caps_.reduce_scatter || all_reduce_in_place) {
       // All-reduce the whole buffer and keep our block. As an emulation (no reduce-scatter in
       // the backend) it works on a copy so that `input` stays unchanged and costs about twice the
@@ -590,7 +590,7 @@ class ProcessGroupCommunicator final : public Communicator {
       issue(*state, [&] { return shm_->all_gather(input, output); });
       return CollectiveHandle(state);
     }
-    if (input.device().is_cpu() && !options_.native_gloo_all_gather) {
+    if (input.device().is_cpu() && !paths_.native_gloo_all_gather) {
       // Gloo's _allgather_base is 1.9-2.7x slower than one broadcast per rank into views of
       // the output for buffers of 16 MiB and more (bench/comm_bench.cpp, docs/benchmarks.md).
       int64_t n = input.numel();
@@ -779,6 +779,7 @@ class ProcessGroupCommunicator final : public Communicator {
 
   RendezvousInfo info_;
   CommOptions options_;
+  CollectivePaths paths_;
   std::string who_;         // how messages name this rank
   std::string group_name_;  // empty for the job's own communicator
   int job_rank_ = 0;
@@ -826,9 +827,9 @@ std::shared_ptr<Communicator> ProcessGroupCommunicator::split(int color, std::st
     const bool everyone = members.size() == size_t(world);
     const std::string who = fmt::format("rank {} of the job, group '{}'", job_rank_, g.name);
     g.gloo = everyone ? gloo_ : connect_gloo(g.store, group, options_, who);
-    g.shm = everyone ? shm_ : connect_shared_memory(*g.store, group, options_, who);
+    g.shm = everyone ? shm_ : connect_shared_memory(*g.store, group, options_, paths_, who);
   }
-  return std::make_shared<ProcessGroupCommunicator>(group, options_, std::move(g));
+  return std::make_shared<ProcessGroupCommunicator>(group, options_, paths_, std::move(g));
 }
 
 }  // namespace
@@ -854,6 +855,11 @@ NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world) {
 }
 
 std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options) {
+  return make_communicator(info, options, CollectivePaths{});
+}
+
+std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options,
+                                                const CollectivePaths& paths) {
   // A write to a peer that has died raises SIGPIPE, whose default action ends this rank before
   // the failed collective can say what happened (and makes the launcher blame this rank). With
   // SIGPIPE ignored the write fails with EPIPE and becomes a CommError naming the collective. A
@@ -862,7 +868,7 @@ std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, cons
     struct sigaction current {};
     if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   }
-  return std::make_shared<ProcessGroupCommunicator>(info, options);
+  return std::make_shared<ProcessGroupCommunicator>(info, options, paths);
 }
 
 }  // namespace zt
