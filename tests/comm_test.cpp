@@ -14,6 +14,7 @@
 
 #include "comm/collective_paths.h"
 #include "comm/faults.h"
+#include "comm/node_groups.h"
 #include "support/multirank.h"
 #include "support/process.h"
 #include "zerotrain/comm.h"

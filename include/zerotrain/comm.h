@@ -180,15 +180,12 @@ class Communicator {
 };
 
 // The job's node structure, for the collectives that follow it (hierarchical reductions, the
-// stage-3 secondary partition; docs/comm.md "Node groups").
+// stage-3 secondary partition; docs/comm.md "Node groups"): Engine::node_groups() gives the
+// engine's, made at its construction.
 struct NodeGroups {
   std::shared_ptr<Communicator> within_node;   // the ranks of this node
   std::shared_ptr<Communicator> across_nodes;  // the ranks of this local rank, one per node
 };
-// On one node (placement().local_world_size == world_size()) `within_node` is `world` itself and
-// `across_nodes` a world of one, and nothing is sent. On several it splits `world` twice (by
-// node_rank, then by local_rank): a collective of `world`, at the same point on every rank.
-NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world);
 
 // Meets the other ranks (TCP store on rank 0 at master_addr:master_port; a master on the
 // loopback address binds only to loopback) and builds the backend(s). A world of one needs no

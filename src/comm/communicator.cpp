@@ -30,6 +30,7 @@
 
 #include "comm/collective_paths.h"
 #include "comm/flight_recorder.h"
+#include "comm/node_groups.h"
 #include "comm/shared_memory.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"

@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 
+#include "comm/node_groups.h"
 #include "common/check.h"
 #include "zero/engine_impl.h"
 #include "zero/step_monitor.h"
