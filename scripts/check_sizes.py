@@ -31,7 +31,6 @@ FILE_ALLOWED = {
     "src/cli/main.cpp": "known: one function per subcommand beside their option tables; to be split by subcommand",
     "src/checkpoint/hf.cpp": "known: the Hugging Face import and export of two model families; to be split by family",
     "src/launch/launcher.cpp": "known: the launcher's hosts, ssh/pdsh commands and local processes; to be split",
-    "src/comm/communicator.cpp": "known: the gloo, NCCL and single-process communicators; to be split by backend",
     "src/config/schema.cpp": "known: the configuration's schema, one table of keys; to be split by section",
     "src/io/aio.cpp": "known: the I/O engine's backends (io_uring, libaio, threads); to be split by backend",
 }
