@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective_paths.h"
 #include "zerotrain/comm.h"
 
 namespace {
@@ -80,12 +81,12 @@ int main(int argc, char** argv) {
   auto native = zt::make_communicator(info, native_options);
   // A second communicator, on the next port, with every emulation forced on and Gloo's own
   // allgather instead of the default broadcast per rank.
-  zt::CommOptions emulated_options;
-  emulated_options.emulate_avg = emulated_options.emulate_low_precision = emulated_options.emulate_reduce_scatter = true;
-  emulated_options.native_gloo_all_gather = true;
+  zt::CollectivePaths emulated_paths;
+  emulated_paths.emulate_avg = emulated_paths.emulate_low_precision = emulated_paths.emulate_reduce_scatter = true;
+  emulated_paths.native_gloo_all_gather = true;
   auto emulated_info = info;
   emulated_info.master_port += 1;
-  auto emulated = zt::make_communicator(emulated_info, emulated_options);
+  auto emulated = zt::make_communicator(emulated_info, zt::CommOptions{}, emulated_paths);
   // The default: ranks on one machine meet in shared memory.
   auto shared_info = info;
   shared_info.master_port += 2;

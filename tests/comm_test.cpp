@@ -12,10 +12,12 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/collective_paths.h"
+#include "comm/faults.h"
+#include "comm/node_groups.h"
 #include "support/multirank.h"
 #include "support/process.h"
 #include "zerotrain/comm.h"
-#include "zerotrain/comm_faults.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -294,13 +296,13 @@ TEST(CommSingle, RejectsMisuseWithLabelledErrors) {
 namespace {
 
 std::shared_ptr<Communicator> rank_communicator() {
-  auto options = comm_options_from_environment();
+  CollectivePaths paths;
   if (std::getenv("ZT_TEST_COMM_EMULATE") != nullptr) {
-    options.emulate_avg = options.emulate_low_precision = options.emulate_reduce_scatter = true;
-    options.native_gloo_all_gather = true;      // the other all_gather path
-    options.native_gloo_reduce_scatter = true;  // scratch inputs take the general path too
+    paths.emulate_avg = paths.emulate_low_precision = paths.emulate_reduce_scatter = true;
+    paths.native_gloo_all_gather = true;      // the other all_gather path
+    paths.native_gloo_reduce_scatter = true;  // scratch inputs take the general path too
   }
-  return make_communicator(rendezvous_from_environment(), options);
+  return make_communicator(rendezvous_from_environment(), comm_options_from_environment(), paths);
 }
 
 // Small integers (-5..5): exact in bf16, and sums over a few ranks stay exact.

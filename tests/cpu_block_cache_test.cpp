@@ -1,4 +1,4 @@
-#include "zerotrain/cpu_block_cache.h"
+#include "memory/cpu_block_cache.h"
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>

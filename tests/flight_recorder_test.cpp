@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "comm/flight_recorder.h"
 #include "support/multirank.h"
 #include "support/process.h"
 #include "zerotrain/blocks.h"
@@ -21,7 +22,6 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
-#include "zerotrain/flight_recorder.h"
 
 using namespace zt;
 using namespace zt::testing;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "comm/collective_paths.h"
 #include "comm/shared_memory.h"
 #include "support/multirank.h"
 #include "zerotrain/comm.h"
@@ -193,9 +194,9 @@ TEST(SharedMemory, TurnedOffByTheEnvironmentAndByGlooPathOptions) {
       EXPECT_TRUE(torch::equal(t, torch::full({10}, float(comm->world_size()))));
     }
     EXPECT_FALSE(maps_a_segment()) << "the segment is unmapped with its communicator";
-    CommOptions native;
+    CollectivePaths native;
     native.native_gloo_all_gather = true;
-    auto comm = make_communicator(rendezvous_from_environment(), native);
+    auto comm = make_communicator(rendezvous_from_environment(), CommOptions{}, native);
     EXPECT_FALSE(maps_a_segment()) << "options that select Gloo's own paths leave shared memory out";
     comm->barrier("end");
     return;

@@ -74,23 +74,6 @@ at::Tensor run_block(torch::nn::Module& module, const at::Tensor& x, const Block
 using BlockOutputsFunction = std::function<std::vector<at::Tensor>()>;
 std::vector<at::Tensor> run_block_outputs(torch::nn::Module& module, const BlockOutputsFunction& fn);
 
-// What run_block calls when a stage-3 engine owns a module; implemented by the engine. Several
-// engines may be alive in one process, each owning the blocks of its own model.
-class BlockRunner {
- public:
-  virtual ~BlockRunner() = default;
-  virtual at::Tensor run(int block, const at::Tensor& x, const BlockFunction& fn) = 0;
-  virtual std::vector<at::Tensor> run_outputs(int block, const BlockOutputsFunction& fn) = 0;
-};
-// Makes `runner` run `modules` (modules[i] is its block i); throws zt::Error when one of them
-// belongs to another installed runner.
-void install_block_runner(BlockRunner* runner, const std::vector<std::shared_ptr<torch::nn::Module>>& modules);
-// Forgets `runner`. Its modules keep no parameter data (the engine held it): run_block on one of
-// them throws zt::Error from then on instead of reading freed memory.
-void remove_block_runner(BlockRunner* runner);
-// True when an installed runner owns `module`.
-bool has_block_runner(const torch::nn::Module& module);
-
 // ---- Activation checkpointing (docs/activation_checkpointing.md) -----------------------------
 //
 // A checkpointed function keeps only its inputs from forward; backward runs it again (with the

@@ -15,6 +15,11 @@
 //   After a failure the communicator is unusable: later collectives throw at once.
 // - Backends: Gloo for CPU tensors; NCCL for CUDA tensors when built with ZT_CUDA. Where a
 //   backend lacks a primitive or a dtype, the communicator emulates it (see docs/comm.md).
+// - Flight recorder: a communicator keeps its last 64 collectives (sequence, kind, label, bytes,
+//   times, state) and writes them to stderr at its first failure. When ZT_FLIGHT_RECORDER_FILE
+//   names a file (zerotrain's launcher sets one per rank) the ring lives in that file, which keeps
+//   the last records after the process dies; the launcher then names the rank whose collectives
+//   diverged (docs/comm.md "Flight recorder").
 #pragma once
 #include <ATen/core/Tensor.h>
 
@@ -84,24 +89,11 @@ const char* to_string(ReduceOp op);
 struct CommOptions {
   // How long a rank waits in one collective (or for its peers at rendezvous) before failing.
   std::chrono::milliseconds timeout{300000};
-  // Force the emulated path even where the backend has the primitive (tests and benchmarks
-  // use these to cover and measure the emulations; production code leaves them off).
-  bool emulate_avg = false;             // Avg as Sum then divide by the world size
-  bool emulate_low_precision = false;   // bf16/fp16 reductions through an fp32 temporary
-  bool emulate_reduce_scatter = false;  // reduce_scatter as all_reduce of a copy + slice
-  // CPU all_gather runs as one broadcast per rank into views of the output, which measured
-  // 1.9-2.7x faster than Gloo's own allgather at >= 16 MiB (docs/benchmarks.md
-  // "Collectives: 2 local ranks"); true uses Gloo's.
-  bool native_gloo_all_gather = false;
-  // CPU reduce_scatter with InputUse::Scratch runs as an in-place all_reduce of the input, which
-  // measured 1.3-1.8x faster than Gloo's reduce-scatter at 16-64 MiB; true uses Gloo's.
-  bool native_gloo_reduce_scatter = false;
   // CPU collectives among ranks that can all map one shared-memory segment (ranks on one machine)
   // are copied through it by a worker thread instead of going through Gloo over loopback: 2-4x
   // faster at the sizes training moves (docs/comm.md "Shared memory"). Where a rank cannot map it
   // (ranks on several machines, no /dev/shm) every rank uses Gloo. ZT_COMM_SHARED_MEMORY=0 turns it
-  // off (comm_options_from_environment); so does any of the emulate_* / native_gloo_* options
-  // above, which select Gloo's own paths.
+  // off (comm_options_from_environment).
   bool shared_memory = true;
   // When set, every collective the logger wants is timed from issue to completion and recorded
   // there (comms_logger, zerotrain/comms_logger.h). Unset: no timing at all.
@@ -188,15 +180,12 @@ class Communicator {
 };
 
 // The job's node structure, for the collectives that follow it (hierarchical reductions, the
-// stage-3 secondary partition; docs/comm.md "Node groups").
+// stage-3 secondary partition; docs/comm.md "Node groups"): Engine::node_groups() gives the
+// engine's, made at its construction.
 struct NodeGroups {
   std::shared_ptr<Communicator> within_node;   // the ranks of this node
   std::shared_ptr<Communicator> across_nodes;  // the ranks of this local rank, one per node
 };
-// On one node (placement().local_world_size == world_size()) `within_node` is `world` itself and
-// `across_nodes` a world of one, and nothing is sent. On several it splits `world` twice (by
-// node_rank, then by local_rank): a collective of `world`, at the same point on every rank.
-NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world);
 
 // Meets the other ranks (TCP store on rank 0 at master_addr:master_port; a master on the
 // loopback address binds only to loopback) and builds the backend(s). A world of one needs no

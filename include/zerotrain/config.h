@@ -14,7 +14,7 @@
 
 namespace zt {
 
-struct BertConfig;  // zerotrain/models/bert.h
+struct BertConfig;  // zerotrain/models/bert_config.h
 
 // Auto: the file said "auto" (the Hugging Face convention) and a rule of docs/config.md chose the value.
 enum class ValueSource { Default, File, CommandLine, Derived, Auto };

@@ -260,9 +260,8 @@ class Engine {
   std::shared_ptr<CommsLogger> comms_logger() const;
   std::string comms_summary() const;
 
-  struct Impl;  // public so that the engine's autograd functions can reach it; not an API
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<StepMonitor> monitor_;
 };

@@ -1,56 +1,41 @@
-// Communicator over c10d process groups: Gloo for CPU tensors, NCCL for CUDA tensors (ZT_CUDA).
-// Adds what c10d leaves to the caller: a sequence number and label on every collective, a
-// bounded wait with a message that says who waited for what, emulations where a backend lacks
-// a primitive, and a loopback-only rendezvous for local runs.
+// Communicator over c10d process groups: Gloo for CPU tensors, NCCL for CUDA tensors (ZT_CUDA),
+// CPU collectives of ranks on one machine through shared memory. Adds what c10d leaves to the
+// caller: a sequence number and label on every collective, emulations where a backend lacks a
+// primitive, and groups split from the job's ranks. The bounded wait of each collective is in
+// collective_handle.cpp, the rendezvous in store_rendezvous.cpp.
 #include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef ZT_CUDA
 #ifndef USE_C10D_NCCL
 #define USE_C10D_NCCL 1  // the header's contents are guarded by it; the CUDA wheel is built with NCCL
 #endif
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <cstring>
-#include <map>
 #include <mutex>
-#include <thread>
 
+#include "comm/collective_paths.h"
+#include "comm/flight_recorder.h"
+#include "comm/process_group.h"
 #include "comm/shared_memory.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/error.h"
-#include "zerotrain/flight_recorder.h"
 
 namespace zt {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds(std::chrono::milliseconds ms) { return double(ms.count()) / 1000.0; }
-
-// c10 errors carry a C++ backtrace and Gloo prefixes a source location; keep the sentence.
-std::string first_line(const char* what) {
-  std::string s = what;
-  s = s.substr(0, s.find('\n'));
-  if (!s.empty() && s.front() == '[') {
-    size_t close = s.find("] ");
-    if (close != std::string::npos) s = s.substr(close + 2);
-  }
-  return s;
-}
+using comm_detail::Clock;
+using comm_detail::dump_flight_recorder;
+using comm_detail::FailureState;
+using comm_detail::first_line;
+using comm_detail::is_loopback;
+using comm_detail::rendezvous;
+using comm_detail::seconds;
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
@@ -66,25 +51,6 @@ std::string dtype_name(at::ScalarType t) {
 }
 
 bool is_low_precision(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf; }
-
-// The first failure makes the communicator unusable: a timed-out Gloo context may still have
-// operations in flight, and later collectives would pair with the wrong peers' messages.
-struct FailureState {
-  std::mutex mutex;
-  std::string first_error;
-  // True for the first failure only (the one that dumps the flight recorder).
-  bool record(const std::string& error) {
-    std::lock_guard lock(mutex);
-    if (!first_error.empty()) return false;
-    first_error = error;
-    return true;
-  }
-  std::string get() {
-    std::lock_guard lock(mutex);
-    return first_error;
-  }
-};
-
 // What each backend can do natively. Anything false is emulated (docs/comm.md).
 struct BackendCaps {
   bool avg = true;
@@ -95,293 +61,8 @@ struct BackendCaps {
 // Gloo in LibTorch 2.11 (checked with a probe on 2 ranks): allreduce SUM/AVG/MAX,
 // _reduce_scatter_base (also AVG), _allgather_base and broadcast, for float, double, bfloat16
 // and float16. Older Gloo (LibTorch 1.13) had no AVG, no bf16 and no reduce-scatter, which is
-// why the emulations exist and can be forced with CommOptions.
+// why the emulations exist and can be forced with CollectivePaths.
 constexpr BackendCaps kGlooCaps{true, true, true};
-
-// The failure that made the communicator unusable, followed by what led to it, in the rank's log.
-void dump_flight_recorder(const FlightRecorder& recorder, const std::string& error) {
-  std::string text = "zerotrain comm: " + error + "\n" + recorder.dump();
-  std::fwrite(text.data(), 1, text.size(), stderr);
-  std::fflush(stderr);
-}
-
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
-
-}  // namespace
-
-struct CollectiveHandle::State {
-  std::string kind;
-  std::string label;
-  std::uint64_t sequence = 0;
-  std::string size_text;  // "1000 float elements", "from rank 0", ...
-  std::string who;  // "rank 1/2", or "rank 1/2 of group 'node' (rank 3 of the job)"
-  std::chrono::milliseconds timeout{0};
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;  // empty when nothing was sent (world of one)
-  // NCCL (device tensors): wait() orders the caller's current stream after the collective instead
-  // of blocking the host; NCCL's watchdog enforces the timeout (docs/comm.md "CUDA").
-  bool stream_ordered = false;
-  std::vector<at::Tensor> keep_alive;   // the caller's tensors and our temporaries
-  std::function<void()> finalize;       // emulation steps after the transfer
-  std::shared_ptr<FailureState> failure;
-  std::shared_ptr<FlightRecorder> recorder;
-  // Set only for collectives the comms logger records; then issued_at is the issue time.
-  std::shared_ptr<CommsLogger> logger;
-  Clock::time_point issued_at;
-  std::uint64_t message_bytes = 0;  // as the comms logger counts them
-
-  std::mutex mutex;
-  bool done = false;
-  std::string error;
-
-  std::string describe() const {
-    return fmt::format("{} '{}' (seq {}{}{})", kind, label, sequence, size_text.empty() ? "" : ", ", size_text);
-  }
-
-  void wait() {
-    std::lock_guard lock(mutex);
-    if (done) {
-      if (!error.empty()) throw CommError(error);
-      return;
-    }
-    if (!works.empty()) {
-      auto start = Clock::now();
-      try {
-        // One deadline for the whole collective, however many backend operations it took.
-        for (auto& work : works) {
-          if (stream_ordered) {
-            work->wait();
-            continue;
-          }
-          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(start + timeout - Clock::now());
-          work->wait(std::max(left, std::chrono::milliseconds(1)));
-        }
-      } catch (const std::exception& e) {
-        double waited = std::chrono::duration<double>(Clock::now() - start).count();
-        std::string reason = first_line(e.what());
-        bool timed_out = waited >= 0.9 * seconds(timeout) || reason.find("imed out") != std::string::npos;
-        if (timed_out) {
-          error = fmt::format(
-              "{} timed out after {:.1f} s in {}: waiting for the other ranks to enter the same collective "
-              "(a rank that skipped it, issued collectives in another order, or is stuck elsewhere)",
-              who, seconds(timeout), describe());
-        } else {
-          error = fmt::format("{} failed in {} after {:.1f} s: {} (another rank may have exited or failed)", who,
-                              describe(), waited, reason);
-        }
-        recorder->finished(sequence, timed_out ? CollectiveState::TimedOut : CollectiveState::Failed);
-        if (failure->record(error)) dump_flight_recorder(*recorder, error);
-        done = true;
-        throw CommError(error);
-      }
-    }
-    if (finalize) {
-      at::NoGradGuard no_grad;
-      finalize();
-    }
-    finalize = nullptr;
-    keep_alive.clear();
-    done = true;
-    recorder->finished(sequence, CollectiveState::Completed);
-    log_completion();
-  }
-
-  void log_completion() {
-    if (logger)
-      logger->record(kind, label, message_bytes,
-                     std::chrono::duration<double, std::milli>(Clock::now() - issued_at).count());
-  }
-
-  bool is_completed() {
-    std::lock_guard lock(mutex);
-    if (done) return true;
-    for (auto& work : works) {
-      if (!work->isCompleted()) return false;
-    }
-    return true;
-  }
-};
-
-CollectiveHandle::CollectiveHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
-
-void CollectiveHandle::wait() {
-  if (state_) state_->wait();
-}
-
-bool CollectiveHandle::is_completed() const { return !state_ || state_->is_completed(); }
-
-const std::string& CollectiveHandle::label() const {
-  static const std::string empty;
-  return state_ ? state_->label : empty;
-}
-
-std::uint64_t CollectiveHandle::sequence() const { return state_ ? state_->sequence : 0; }
-
-std::string_view CollectiveHandle::kind() const { return state_ ? std::string_view(state_->kind) : std::string_view(); }
-
-namespace {
-
-// Listening socket on the loopback address for rank 0's store: a local run must not be
-// reachable from the network (TCPStore on its own binds every interface).
-int listen_on_loopback(const RendezvousInfo& info) {
-  bool v6 = info.master_addr == "::1";
-  int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw CommError(fmt::format("rank 0/{}: socket() failed: {}", info.world_size, std::strerror(errno)));
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  int rc;
-  if (v6) {
-    sockaddr_in6 addr{};
-    addr.sin6_family = AF_INET6;
-    addr.sin6_addr = in6addr_loopback;
-    addr.sin6_port = htons(uint16_t(info.master_port));
-    rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  } else {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(uint16_t(info.master_port));
-    rc = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  }
-  if (rc != 0 || listen(fd, 128) != 0) {
-    int err = errno;
-    close(fd);
-    throw CommError(fmt::format("rank 0/{}: cannot listen on {}:{} for the rendezvous: {} (is another job using "
-                                "MASTER_PORT={}?)",
-                                info.world_size, info.master_addr, info.master_port, std::strerror(err),
-                                info.master_port));
-  }
-  return fd;
-}
-
-// The launcher's socket is one per process: the first store takes it (and owns it from then
-// on); a later communicator in the same process binds the port itself as without a launcher.
-bool take_handed_down_socket() {
-  static std::atomic<bool> taken{false};
-  return !taken.exchange(true);
-}
-
-// The socket the launcher handed down must be what it claims: listening, on MASTER_PORT.
-int checked_handed_down_socket(const RendezvousInfo& info) {
-  const int fd = info.listen_fd;
-  int listening = 0;
-  socklen_t len = sizeof(listening);
-  sockaddr_storage addr{};
-  socklen_t addr_len = sizeof(addr);
-  int port = -1;
-  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &addr_len) == 0) {
-    if (addr.ss_family == AF_INET) port = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
-    if (addr.ss_family == AF_INET6) port = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
-  }
-  if (!listening || port != info.master_port)
-    throw CommError(fmt::format("rank 0/{}: ZT_RENDEZVOUS_LISTEN_FD={}: expected a socket listening on MASTER_PORT={}, "
-                                "found {}",
-                                info.world_size, fd, info.master_port,
-                                port < 0 ? std::string("no socket")
-                                         : fmt::format("{} on port {}", listening ? "a listening socket" : "a socket not listening", port)));
-  // Not passed on to whatever this rank starts.
-  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  return fd;
-}
-
-// This process's count of rendezvous at host:port, this one included.
-int next_generation(const std::string& host, int port) {
-  static std::mutex mu;
-  static std::map<std::string, int> counts;
-  std::lock_guard lock(mu);
-  return ++counts[host + ":" + std::to_string(port)];
-}
-
-c10::intrusive_ptr<c10d::Store> rendezvous(const RendezvousInfo& info, std::chrono::milliseconds timeout) {
-  bool local = is_loopback(info.master_addr);
-  std::string host = info.master_addr == "localhost" ? "127.0.0.1" : info.master_addr;
-  std::string where = fmt::format("{}:{} ({} rendezvous)", host, info.master_port, info.source);
-  c10d::TCPStoreOptions so;
-  so.port = uint16_t(info.master_port);
-  so.isServer = info.rank == 0 && !info.agent_store;
-  so.numWorkers = size_t(info.world_size);
-  so.waitWorkers = false;  // we wait ourselves below, with a message that counts arrivals
-  so.timeout = timeout;
-  if (so.isServer && info.listen_fd >= 0 && take_handed_down_socket()) {
-    so.masterListenFd = checked_handed_down_socket(info);  // the store takes the socket
-  } else if (so.isServer && local) {
-    so.masterListenFd = listen_on_loopback(info);
-  }
-
-  // A process that makes several communicators on one port (one after another) meets its peers
-  // at each in turn: the n-th store of rank 0 is stamped with generation n, and a rank making its
-  // n-th communicator that reaches a store of an earlier one (rank 0 has not closed it yet) lets
-  // go and connects again. Without this a rank running ahead joined the old store, counted as
-  // arrived there and hung in the new group (docs/comm.md "Rendezvous").
-  const int generation = next_generation(host, info.master_port);
-  const std::string generation_key = "zt/rendezvous/generation";
-  const auto deadline = Clock::now() + timeout;
-  c10::intrusive_ptr<c10d::Store> store;
-  std::string last_failure;
-  while (true) {
-    try {
-      // A later attempt waits only for what is left of the timeout.
-      so.timeout = std::max(std::chrono::milliseconds(1),
-                            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
-      store = c10::make_intrusive<c10d::TCPStore>(host, so);
-      if (info.agent_store) break;  // torchrun's store: this process's n-th communicator uses its own prefix (below)
-      if (so.isServer) {
-        store->set(generation_key, std::to_string(generation));
-        break;
-      }
-      const std::vector<uint8_t> value = store->get(generation_key);
-      const int found = std::atoi(std::string(value.begin(), value.end()).c_str());
-      if (found == generation) break;
-      if (found > generation)
-        throw CommError(fmt::format("rank {}/{}: the rendezvous store at {} serves rank 0's communicator number {}, "
-                                    "this is this rank's number {} (do all ranks create their communicators in the "
-                                    "same order?)",
-                                    info.rank, info.world_size, where, found, generation));
-      last_failure = fmt::format("reached rank 0's communicator number {}, expected {}", found, generation);
-    } catch (const CommError&) {
-      throw;
-    } catch (const std::exception& e) {
-      if (so.isServer)
-        throw CommError(fmt::format("rank {}/{}: could not {} rendezvous store at {} within {:.1f} s: {}", info.rank,
-                                    info.world_size, so.isServer ? "start the" : "reach rank 0's", where,
-                                    seconds(timeout), first_line(e.what())));
-      last_failure = first_line(e.what());
-    }
-    store.reset();
-    if (Clock::now() > deadline)
-      throw CommError(fmt::format("rank {}/{}: could not reach rank 0's rendezvous store at {} within {:.1f} s: {}",
-                                  info.rank, info.world_size, where, seconds(timeout), last_failure));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  store->setTimeout(timeout);  // what later waits on the store (the group's set-up) may use
-  // One store serves every communicator of the job (and torchrun's own keys): each generation
-  // meets under its own prefix, so that arrivals and Gloo's keys of an earlier one do not count.
-  if (info.agent_store)
-    store = c10::make_intrusive<c10d::PrefixStore>("zt/communicator" + std::to_string(generation), store);
-
-  const std::string key = "zt/rendezvous/arrived";
-  try {
-    int64_t arrived = store->add(key, 1);
-    while (arrived < info.world_size) {
-      if (Clock::now() > deadline) {
-        throw CommError(fmt::format(
-            "rank {}/{} timed out after {:.1f} s at the rendezvous at {}: {} of {} ranks arrived; waiting for the "
-            "others (are all ranks started, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)",
-            info.rank, info.world_size, seconds(timeout), where, arrived, info.world_size));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      arrived = store->add(key, 0);
-    }
-  } catch (const CommError&) {
-    throw;
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("rank {}/{}: rendezvous at {} failed: {}", info.rank, info.world_size, where,
-                                first_line(e.what())));
-  }
-  return store;
-}
 
 // In the file the launcher named (it survives the rank's death), else in memory. A file that
 // cannot be created costs the post-mortem, not the run: say so and keep the ring in memory. A
@@ -424,13 +105,11 @@ c10::intrusive_ptr<c10d::Backend> connect_gloo(const c10::intrusive_ptr<c10d::St
 }
 
 // The shared-memory path of `info`'s ranks, or null where some rank cannot map the segment (another
-// machine) or the options ask for Gloo's own paths (the emulations and native_gloo_* measure and
-// test those).
+// machine) or the paths are Gloo's own (the emulations and native_gloo_* measure and test those).
 std::shared_ptr<SharedMemoryTransport> connect_shared_memory(c10d::Store& store, const RendezvousInfo& info,
-                                                             const CommOptions& options, const std::string& who) {
-  const bool gloo_paths = options.emulate_avg || options.emulate_low_precision || options.emulate_reduce_scatter ||
-                          options.native_gloo_all_gather || options.native_gloo_reduce_scatter;
-  if (!options.shared_memory || gloo_paths || info.world_size < 2) return nullptr;
+                                                             const CommOptions& options, const CollectivePaths& paths,
+                                                             const std::string& who) {
+  if (!options.shared_memory || paths.any() || info.world_size < 2) return nullptr;
   try {
     return SharedMemoryTransport::connect(store, info.rank, info.world_size, options.timeout, who);
   } catch (const std::exception& e) {
@@ -441,8 +120,8 @@ std::shared_ptr<SharedMemoryTransport> connect_shared_memory(c10d::Store& store,
 
 class ProcessGroupCommunicator final : public Communicator {
  public:
-  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options)
-      : info_(info), options_(options), who_(fmt::format("rank {}/{}", info.rank, info.world_size)),
+  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, const CollectivePaths& paths)
+      : info_(info), options_(options), paths_(paths), who_(fmt::format("rank {}/{}", info.rank, info.world_size)),
         job_rank_(info.rank),
         failure_(std::make_shared<FailureState>()) {
     if (info.world_size < 1 || info.rank < 0 || info.rank >= info.world_size) {
@@ -452,13 +131,13 @@ class ProcessGroupCommunicator final : public Communicator {
     recorder_ = make_recorder(info);
     if (info.world_size == 1) return;  // nothing to meet; collectives are local copies
     caps_ = kGlooCaps;
-    caps_.avg = caps_.avg && !options.emulate_avg;
-    caps_.low_precision_reduce = caps_.low_precision_reduce && !options.emulate_low_precision;
-    caps_.reduce_scatter = caps_.reduce_scatter && !options.emulate_reduce_scatter;
+    caps_.avg = caps_.avg && !paths.emulate_avg;
+    caps_.low_precision_reduce = caps_.low_precision_reduce && !paths.emulate_low_precision;
+    caps_.reduce_scatter = caps_.reduce_scatter && !paths.emulate_reduce_scatter;
 
     store_ = rendezvous(info, options.timeout);
     gloo_ = connect_gloo(store_, info, options, who_);
-    shm_ = connect_shared_memory(*store_, info, options, who_);
+    shm_ = connect_shared_memory(*store_, info, options, paths, who_);
   }
 
   // A group of a split: `store` is the group's own prefix of the job's store (null for a group of
@@ -471,8 +150,9 @@ class ProcessGroupCommunicator final : public Communicator {
     std::shared_ptr<SharedMemoryTransport> shm;  // null: Gloo alone
     BackendCaps caps;
   };
-  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, Group group)
-      : info_(info), options_(options),
+  ProcessGroupCommunicator(const RendezvousInfo& info, const CommOptions& options, const CollectivePaths& paths,
+                           Group group)
+      : info_(info), options_(options), paths_(paths),
         who_(fmt::format("rank {}/{} of group '{}' (rank {} of the job)", info.rank, info.world_size, group.name,
                          group.job_rank)),
         group_name_(std::move(group.name)), job_rank_(group.job_rank), caps_(group.caps),
@@ -538,7 +218,7 @@ class ProcessGroupCommunicator final : public Communicator {
     bool divide = op == ReduceOp::Avg && !caps_.avg;
     at::Tensor in = widen ? input.to(at::kFloat) : input;
     const bool all_reduce_in_place =
-        input_use == InputUse::Scratch && !widen && input.device().is_cpu() && !options_.native_gloo_reduce_scatter;
+        input_use == InputUse::Scratch && !widen && input.device().is_cpu() && !paths_.native_gloo_reduce_scatter;
     if (!caps_.reduce_scatter || all_reduce_in_place) {
       // All-reduce the whole buffer and keep our block. As an emulation (no reduce-scatter in
       // the backend) it works on a copy so that `input` stays unchanged and costs about twice the
@@ -590,7 +270,7 @@ class ProcessGroupCommunicator final : public Communicator {
       issue(*state, [&] { return shm_->all_gather(input, output); });
       return CollectiveHandle(state);
     }
-    if (input.device().is_cpu() && !options_.native_gloo_all_gather) {
+    if (input.device().is_cpu() && !paths_.native_gloo_all_gather) {
       // Gloo's _allgather_base is 1.9-2.7x slower than one broadcast per rank into views of
       // the output for buffers of 16 MiB and more (bench/comm_bench.cpp, docs/benchmarks.md).
       int64_t n = input.numel();
@@ -779,6 +459,7 @@ class ProcessGroupCommunicator final : public Communicator {
 
   RendezvousInfo info_;
   CommOptions options_;
+  CollectivePaths paths_;
   std::string who_;         // how messages name this rank
   std::string group_name_;  // empty for the job's own communicator
   int job_rank_ = 0;
@@ -826,34 +507,19 @@ std::shared_ptr<Communicator> ProcessGroupCommunicator::split(int color, std::st
     const bool everyone = members.size() == size_t(world);
     const std::string who = fmt::format("rank {} of the job, group '{}'", job_rank_, g.name);
     g.gloo = everyone ? gloo_ : connect_gloo(g.store, group, options_, who);
-    g.shm = everyone ? shm_ : connect_shared_memory(*g.store, group, options_, who);
+    g.shm = everyone ? shm_ : connect_shared_memory(*g.store, group, options_, paths_, who);
   }
-  return std::make_shared<ProcessGroupCommunicator>(group, options_, std::move(g));
+  return std::make_shared<ProcessGroupCommunicator>(group, options_, paths_, std::move(g));
 }
 
 }  // namespace
 
-std::shared_ptr<Communicator> Communicator::split(int color, std::string_view name) {
-  (void)color;
-  throw Error(fmt::format("rank {}/{}: this communicator cannot split into groups ('{}')", rank(), world_size(), name));
-}
-
-void Communicator::set_comms_logger(std::shared_ptr<CommsLogger>) {
-  throw Error(fmt::format("rank {}/{}: this communicator cannot record its collectives (comms_logger)", rank(),
-                          world_size()));
-}
-
-NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world) {
-  const NodePlacement where = world->placement();
-  if (where.local_world_size >= world->world_size())
-    return {world, make_communicator(RendezvousInfo{}, CommOptions{})};
-  NodeGroups groups;
-  groups.within_node = world->split(where.node_rank, "node");
-  groups.across_nodes = world->split(where.local_rank, "across nodes");
-  return groups;
-}
-
 std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options) {
+  return make_communicator(info, options, CollectivePaths{});
+}
+
+std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options,
+                                                const CollectivePaths& paths) {
   // A write to a peer that has died raises SIGPIPE, whose default action ends this rank before
   // the failed collective can say what happened (and makes the launcher blame this rank). With
   // SIGPIPE ignored the write fails with EPIPE and becomes a CommError naming the collective. A
@@ -862,7 +528,7 @@ std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, cons
     struct sigaction current {};
     if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
   }
-  return std::make_shared<ProcessGroupCommunicator>(info, options);
+  return std::make_shared<ProcessGroupCommunicator>(info, options, paths);
 }
 
 }  // namespace zt

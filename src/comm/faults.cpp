@@ -1,4 +1,4 @@
-// Fault injection (include/zerotrain/comm_faults.h): fails or delays one collective of a real
+// Fault injection (comm/faults.h): fails or delays one collective of a real
 // communicator, so that tests reach the error paths of the layers above with real ranks.
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "zerotrain/comm_faults.h"
+#include "comm/faults.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -1,7 +1,7 @@
 // Flight recorder: a ring of fixed-size records, in a shared file mapping when the launcher asks
 // for one (so that it survives any death of the rank without signal handlers), and the analysis
 // that finds the rank that left the common sequence of collectives.
-#include "zerotrain/flight_recorder.h"
+#include "comm/flight_recorder.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>

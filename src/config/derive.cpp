@@ -7,9 +7,9 @@
 #include <tuple>
 
 #include "config/schema.h"
-#include "zerotrain/models/bert.h"
-#include "zerotrain/models/gpt.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/bert_config.h"
+#include "zerotrain/models/gpt_config.h"
 
 namespace zt::config_detail {
 namespace {

@@ -48,9 +48,9 @@
 #include <thread>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "launch/job_control.h"
 #include "zerotrain/error.h"
-#include "zerotrain/flight_recorder.h"
 
 extern char** environ;
 

@@ -34,7 +34,7 @@
 
 #include "launch/job_control.h"
 #include "zerotrain/error.h"
-#include "zerotrain/flight_recorder.h"
+#include "comm/flight_recorder.h"
 
 extern char** environ;
 

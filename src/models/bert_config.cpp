@@ -1,10 +1,12 @@
 // The BERT's plain data (presets, validation, parameter counts), apart from the modules, as
-// gpt_config.cpp for the GPT. Tested with the model in tests/bert_test.cpp (BertPreset).
+// gpt_config.cpp for the GPT. Tested with the model in tests/bert_test.cpp (BertPreset). Declared
+// in zerotrain/models/bert_config.h.
+#include "zerotrain/models/bert_config.h"
+
 #include <string>
 #include <vector>
 
 #include "zerotrain/error.h"
-#include "zerotrain/models/bert.h"
 
 namespace zt {
 namespace {

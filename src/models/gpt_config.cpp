@@ -1,7 +1,7 @@
 // The GPT's plain data (presets, validation, parameter count), apart from the modules: the
 // configuration reads the presets to resolve "auto" sizes without LibTorch's module API. Tested
-// with the model in tests/gpt_test.cpp (GPTPreset).
-#include "zerotrain/models/gpt.h"
+// with the model in tests/gpt_test.cpp (GPTPreset). Declared in zerotrain/models/gpt_config.h.
+#include "zerotrain/models/gpt_config.h"
 
 #include <string>
 #include <vector>

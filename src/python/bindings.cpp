@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "memory/cpu_block_cache.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"
@@ -34,7 +35,6 @@
 #include "zerotrain/models/gpt.h"
 #include "train/runtime.h"
 #include "zero/sharded_blocks.h"
-#include "zerotrain/cpu_block_cache.h"
 
 namespace py = pybind11;
 

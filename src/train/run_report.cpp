@@ -5,10 +5,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include "memory/cpu_block_cache.h"
 #include "memory/estimate_report.h"
 #include "train/training_run.h"
 #include "zerotrain/comms_logger.h"
-#include "zerotrain/cpu_block_cache.h"
 #include "zerotrain/error.h"
 #include "zerotrain/estimate.h"
 

@@ -9,9 +9,9 @@
 #include <optional>
 
 #include "common/check.h"
+#include "memory/cpu_block_cache.h"
 #include "train/training_run.h"
 #include "zero/step_monitor.h"
-#include "zerotrain/cpu_block_cache.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt_flops.h"
 

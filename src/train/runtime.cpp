@@ -12,7 +12,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <fmt/format.h>
 
-#include "zerotrain/cpu_block_cache.h"
+#include "memory/cpu_block_cache.h"
 #include "zerotrain/error.h"
 #include "zerotrain/train.h"
 

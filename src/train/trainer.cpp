@@ -19,11 +19,11 @@
 
 #include "checkpoint/hf.h"
 #include "common/check.h"
+#include "memory/cpu_block_cache.h"
 #include "memory/estimate_report.h"
 #include "train/runtime.h"
 #include "train/training_run.h"
 #include "zero/step_monitor.h"
-#include "zerotrain/cpu_block_cache.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/config.h"

@@ -10,6 +10,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "zero/block_runner.h"
 #include "zero/sharded_blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"

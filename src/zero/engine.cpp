@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 
+#include "comm/node_groups.h"
 #include "common/check.h"
 #include "zero/engine_impl.h"
 #include "zero/step_monitor.h"
@@ -209,11 +210,9 @@ int64_t Engine::Impl::buffer_bytes() const {
   return reducer->buffer_bytes() + optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0);
 }
 
+EngineStepState Engine::Impl::step_state() const { return {global_step, skipped, layout.parameter_numel}; }
+
 namespace {
-// What the monitor reads of the engine between steps.
-EngineStepState monitor_state_of(const Engine::Impl& impl) {
-  return {impl.global_step, impl.skipped, impl.layout.parameter_numel};
-}
 // Where the model computes: its first parameter's or buffer's device (the CPU for an empty model).
 c10::Device device_of(const torch::nn::Module& model) {
   for (const auto& p : model.parameters()) return p.device();
@@ -230,7 +229,7 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& conf
     // The monitor first: the comms logger it may attach counts the engine's own collectives.
     : monitor_(std::make_unique<StepMonitor>(config, *comm, device_of(*model))) {
   impl_ = std::make_unique<Impl>(std::move(model), config, std::move(comm), std::move(groups));
-  monitor_->arm(monitor_state_of(*impl_));
+  monitor_->arm(impl_->step_state());
 }
 Engine::~Engine() = default;
 void Engine::backward(const at::Tensor& loss) {
@@ -249,8 +248,8 @@ StepResult Engine::step() {
     RECORD_USER_SCOPE("zerotrain::step");
     result = impl_->step();
   }
-  monitor_->after_step(result, monitor_state_of(*impl_));
-  if (result.boundary) monitor_->arm(monitor_state_of(*impl_));
+  monitor_->after_step(result, impl_->step_state());
+  if (result.boundary) monitor_->arm(impl_->step_state());
   return result;
 }
 void Engine::note_forward_start() { monitor_->forward_started(); }
@@ -280,7 +279,7 @@ std::map<std::string, std::string> Engine::load_checkpoint(const std::string& di
 std::map<std::string, std::string> Engine::load_checkpoint(const std::string& dir, const std::string& tag,
                                                            const LoadOptions& options) {
   auto client = impl_->load_checkpoint(dir, tag, options);
-  monitor_->arm(monitor_state_of(*impl_));  // the step count changed: the profiled step may be next
+  monitor_->arm(impl_->step_state());  // the step count changed: the profiled step may be next
   return client;
 }
 void Engine::load_weights(WeightReader& reader) { impl_->load_weights(reader); }

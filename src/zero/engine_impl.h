@@ -57,6 +57,8 @@
 
 namespace zt {
 
+struct EngineStepState;  // zero/step_monitor.h
+
 struct Engine::Impl {
   // What the engine leaves in gradient hooks, which may outlive it: the engine clears `impl` in its
   // destructor, so that a hook that runs afterwards does nothing instead of using freed memory.
@@ -129,6 +131,9 @@ struct Engine::Impl {
   Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm,
        std::vector<ParameterGroup> g);
   ~Impl();
+
+  // What the step monitor reads of the engine between steps.
+  EngineStepState step_state() const;
 
   // Blocks built under a ShardedConstruction (zerotrain/blocks.h) hold only this rank's shard
   // until materialize() gathers them.

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "zero/block_runner.h"
 #include "zero/engine_impl.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/error.h"

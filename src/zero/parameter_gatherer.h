@@ -11,7 +11,7 @@
 //   (memory or an offload tier, zero/partition_store.h); with a secondary partition (hpZ,
 //   zero_hpz_partition_size, docs/zero.md "hpZ") a block gathered once since the last change of
 //   the parameters is gathered again from its secondary shards, within the secondary group only.
-// - It is the BlockRunner of its blocks (zerotrain/blocks.h) from construction to destruction;
+// - It is the BlockRunner of its blocks (zero/block_runner.h) from construction to destruction;
 //   a backward through a graph it left behind after that throws zt::Error naming the block.
 // - Collectives are issued in the same order on every rank (the first forward checks the block
 //   order across ranks). Not thread-safe.
@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "zero/block_runner.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/layout.h"

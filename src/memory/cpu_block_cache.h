@@ -1,5 +1,6 @@
 // A CPU allocator for LibTorch tensors that reuses freed large blocks without letting the
 // resident set grow past what the live tensors have needed (docs/memory.md "The heap policy").
+// Internal: the trainer and the Python package install it; not installed with the headers.
 //
 // Why: a training step allocates the same large tensors (activations, their gradients, logits,
 // bucket copies) in the same sizes every step. Returned to the OS on free, each one is page-faulted

@@ -1,6 +1,7 @@
 // Fault injection for communication: a Communicator that forwards to another one, except that
 // it fails or delays the collective with a given sequence number. For tests of what the layers
-// above do when a collective fails or is late (the engine, the trainer), on real ranks.
+// above do when a collective fails or is late (the engine, the trainer), on real ranks. Internal;
+// not installed.
 //
 // Contract
 // - Sequence numbers are the inner communicator's: a fault "at k" applies to the collective the
