@@ -48,12 +48,8 @@ ALLOWED = {
         "known: the Hugging Face GPT-2 import and export take names and shapes from the reference GPT's GPTConfig",
     ("src/memory/estimate.cpp", "zero/reuse_distance.h"):
         "known: the estimate applies stage 3's release rule, the engine's own pure function, so both agree",
-    ("src/memory/estimate.cpp", "zerotrain/models/gpt.h"):
-        "known: the estimate reads the GPT's presets and parameter counts",
     ("src/memory/step_time.cpp", "zero/reuse_distance.h"):
         "known: the step-time model applies stage 3's release rule, the engine's own pure function",
-    ("src/memory/step_time.cpp", "zerotrain/models/gpt.h"):
-        "known: the step-time model reads the GPT's presets",
     ("src/memory/step_time.cpp", "zerotrain/models/gpt_flops.h"):
         "known: the step-time model takes its compute from the GPT's FLOPs per step",
     ("include/zerotrain/estimate.h", "zerotrain/blocks.h"):

@@ -12,7 +12,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/memory.h"
-#include "zerotrain/models/gpt.h"
+#include "zerotrain/models/gpt_config.h"
 
 namespace zt {
 namespace {

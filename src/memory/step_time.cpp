@@ -10,7 +10,7 @@
 #include "zero/reuse_distance.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/models/gpt.h"
+#include "zerotrain/models/gpt_config.h"
 #include "zerotrain/models/gpt_flops.h"
 
 namespace zt {
