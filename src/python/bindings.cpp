@@ -267,8 +267,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     applied = true;
   });
   m.def("block_cache_installed", [] { return zt::installed_cpu_block_cache() != nullptr; });
+  // The installed cache's counters (docs/memory.md "The heap policy"); None without one.
+  m.def("block_cache_stats", []() -> py::object {
+    const zt::CpuBlockCache* cache = zt::installed_cpu_block_cache();
+    if (cache == nullptr) return py::none();
+    const zt::CpuBlockCacheStats s = cache->stats();
+    py::dict d;
+    d["large_allocations"] = s.large_allocations;
+    d["reused"] = s.reused;
+    d["resized"] = s.resized;
+    d["mapped"] = s.mapped;
+    d["mapped_bytes"] = s.mapped_bytes;
+    d["unmapped"] = s.unmapped;
+    d["live_bytes"] = s.live_bytes;
+    d["cached_bytes"] = s.cached_bytes;
+    d["high_water_bytes"] = s.high_water_bytes;
+    return d;
+  });
+  // As the command line does once set-up is done: the bound follows the steps' peak, and the steps
+  // get their slack back (set-up ran with none, so that construction's slack is not kept resident).
   m.def("heap_setup_done", [] {
-    if (zt::CpuBlockCache* cache = zt::installed_cpu_block_cache()) cache->reset_high_water();
+    if (zt::CpuBlockCache* cache = zt::installed_cpu_block_cache()) {
+      cache->reset_high_water();
+      cache->set_slack_fraction(zt::CpuBlockCache::kDefaultSlackFraction);
+    }
   });
 
   m.def("make_module_shell", &make_module_shell, py::arg("parameters"), py::arg("buffers"),

@@ -473,3 +473,25 @@ def test_bad_leaf_modules_are_one_clear_exception():
     with pytest.raises(ValueError, match="leaf 'moe.experts' is a ModuleList, whose forward never runs"):
         zerotrain.initialize(model=_MoeNet(), config=config(
             3, zero_optimization=dict(stage3, leaf_module={"names": ["moe.experts"]})))
+
+
+def test_steps_after_initialize_reuse_freed_blocks_as_the_command_line_steps_do(tmp_path):
+    # initialize builds with no slack in the block cache and gives the steps their slack back, as the
+    # command line does: without it every step maps (and page-faults in) its large temporaries anew.
+    code = ("import torch, zerotrain\n"
+            "torch.manual_seed(0)\n"
+            "m = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU()) "
+            "for _ in range(6)])\n"
+            "e, _, _, _ = zerotrain.initialize(model=m, config={'train_micro_batch_size_per_gpu': 96, "
+            "'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}})\n"
+            "x = torch.randn(96, 256)\n"
+            "def step():\n"
+            "    e.backward(e(x).float().pow(2).mean()); e.step()\n"
+            "for _ in range(3): step()\n"
+            "before = zerotrain._C.block_cache_stats()\n"
+            "for _ in range(5): step()\n"
+            "after = zerotrain._C.block_cache_stats()\n"
+            "print(after['large_allocations'] - before['large_allocations'], after['mapped'] - before['mapped'])\n")
+    allocations, mapped = map(int, _fresh_process(code, tmp_path).split()[-2:])
+    assert allocations >= 5 * 6  # each step allocates at least one large block per layer
+    assert mapped == 0, f"{mapped} of {allocations} large allocations in the later steps mapped new memory"
