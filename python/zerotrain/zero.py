@@ -10,7 +10,9 @@ silent zero. zerotrain.initialize adopts the shards (each unit gathered once, at
 any stage. A module must initialise its parameters in its own constructor: values written to a
 sharded parameter later need GatheredParameters(..., modifier_rank=r). transformers' models are
 the exception made for them: their post_init writes the weights after the units are sharded, and
-inside Init it runs on each module with that module's units (and its children's) gathered.
+inside Init it runs on each module with that module's units (and its children's) gathered, or,
+when it writes deeper than the children, again from the same random state with the module's whole
+subtree gathered.
 """
 import contextlib
 import json
@@ -197,10 +199,24 @@ class Init:
         def _initialize_weights(model, module, *args, **kwargs):
             if getattr(module, "_is_hf_initialized", False):
                 return original(model, module, *args, **kwargs)
-            shells = [(_pending[m], _pending_params[m]) for m in (module, *module.children())
-                      if m in _pending and pending_is_current(m)]
-            with _gathered_pending(shells, modifier_rank=0):
-                return original(model, module, *args, **kwargs)
+
+            def run_with(members):
+                shells = [(_pending[m], _pending_params[m]) for m in members if m in _pending and pending_is_current(m)]
+                with _gathered_pending(shells, modifier_rank=0):
+                    return original(model, module, *args, **kwargs)
+
+            # An _init_weights that reaches deeper than the direct children (a grandchild's weight)
+            # meets a released parameter. Then it runs again with the module's whole subtree gathered,
+            # from the same random state, so that it draws what it would have drawn outside Init. Every
+            # rank runs the same code on the same shapes, so every rank fails and retries together.
+            rng = torch.get_rng_state()
+            try:
+                return run_with((module, *module.children()))
+            except RuntimeError as error:
+                if not _is_released_parameter_error(error):
+                    raise
+            torch.set_rng_state(rng)
+            return run_with(tuple(module.modules()))
 
         _initialize_weights.__wrapped__ = original
         base._initialize_weights = _initialize_weights
@@ -219,6 +235,11 @@ class Init:
         _C.mark_block(shell)
         _pending[module] = shell
         _pending_params[module] = [p for _, p in named]
+
+
+def _is_released_parameter_error(error):
+    """torch's error for a parameter whose storage a sharded unit has released."""
+    return "data is not allocated" in str(error)
 
 
 class _SubclassHook:

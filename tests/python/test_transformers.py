@@ -26,7 +26,7 @@ def test_models_train_at_stage_3_as_at_stage_0(tmp_path, model):
     assert "units sharded" in stderr
 
 
-@pytest.mark.parametrize("model", ["gpt2", "llama"])
+@pytest.mark.parametrize("model", ["gpt2", "llama", "deep_init"])
 def test_models_built_under_zero_init_get_their_own_weights_and_train_as_built_outside(tmp_path, model):
     reference, _ = launch(tmp_path, "outside", {"model": model, "stage": 3, "zero": RELEASING})
     got, _ = launch(tmp_path, "init", {"model": model, "stage": 3, "zero": RELEASING, "zero_init": True})

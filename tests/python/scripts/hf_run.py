@@ -25,12 +25,57 @@ def build(kind):
         cfg = tf.GPT2Config(vocab_size=96, n_positions=64, n_embd=32, n_layer=2, n_head=4, resid_pdrop=0.0,
                             embd_pdrop=0.0, attn_pdrop=0.0)
         return tf.GPT2LMHeadModel(cfg)
+    if kind == "deep_init":
+        return deep_init_model(tf)
     if kind == "bert":
         cfg = tf.BertConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                             intermediate_size=64, max_position_embeddings=64, hidden_dropout_prob=0.0,
                             attention_probs_dropout_prob=0.0)
         return tf.BertForPreTraining(cfg)
     raise ValueError(kind)
+
+
+def deep_init_model(tf):
+    """A transformers model whose _init_weights, called on the model itself, writes into a
+    grandchild's parameters (what a model with nested blocks may do) as well as its children's."""
+
+    class DeepInitConfig(tf.PretrainedConfig):
+        model_type = "zerotrain-deep-init"
+
+    class Output:
+        def __init__(self, loss):
+            self.loss = loss
+
+    class DeepInit(tf.PreTrainedModel):
+        config_class = DeepInitConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.embed = torch.nn.Embedding(96, 16)
+            self.body = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU()),
+                                            torch.nn.Linear(32, 16))
+            self.head = torch.nn.Linear(16, 96)
+            # A parameter of its own: transformers skips _init_weights on a custom model's module that
+            # has none.
+            self.scale = torch.nn.Parameter(torch.empty(16))
+            self.post_init()
+
+        def _init_weights(self, module):
+            if module is self:
+                torch.nn.init.ones_(self.scale)
+                torch.nn.init.normal_(self.embed.weight, std=0.5)
+                torch.nn.init.normal_(self.body[0][0].weight, std=0.3)  # a grandchild
+                torch.nn.init.uniform_(self.body[0][0].bias, -0.1, 0.1)
+                torch.nn.init.normal_(self.body[1].weight, std=0.2)
+            elif isinstance(module, torch.nn.Linear) and module is self.head:
+                torch.nn.init.normal_(module.weight, std=0.1)
+
+        def forward(self, input_ids, labels):
+            logits = self.head(self.body(self.embed(input_ids) * self.scale))
+            return Output(torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten()))
+
+    torch.manual_seed(0)
+    return DeepInit(DeepInitConfig())
 
 
 def loss_of(kind, engine, ids):
