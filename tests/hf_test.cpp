@@ -25,6 +25,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
 
 namespace fs = std::filesystem;

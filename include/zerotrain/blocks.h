@@ -52,6 +52,8 @@
 #include <utility>
 #include <vector>
 
+#include "zerotrain/recompute.h"
+
 namespace at {
 class Tensor;
 }
@@ -92,12 +94,6 @@ std::vector<at::Tensor> run_block_outputs(torch::nn::Module& module, const Block
 //   function runs once, plainly.
 // - One backward per forward: a second backward through the same graph throws zt::Error.
 // - Thread-safety: as autograd: the forward from the thread that drives the engine.
-
-// What a block keeps for backward: everything (None), its matrix-multiply outputs but not the
-// attention scores and activation function's output (Selective, the model decides what is cheap
-// to recompute), or its input only (Full).
-enum class Recompute { None, Selective, Full };
-const char* to_string(Recompute recompute);
 
 class CheckpointArena;
 

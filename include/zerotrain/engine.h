@@ -57,6 +57,7 @@
 
 #include "zerotrain/memory.h"
 #include "zerotrain/reporting.h"
+#include "zerotrain/weight_reader.h"
 
 namespace at {
 class Tensor;
@@ -115,17 +116,6 @@ struct OffloadReport {
   double read_seconds = 0, write_seconds = 0;  // wall time with reads (writes) in flight
   double stall_seconds = 0;           // time the training thread waited for the disk
   std::string backend;                // "io_uring", "pread/pwrite", or "" without an NVMe tier
-};
-
-// Where Engine::load_weights reads a model's values from (the Hugging Face GPT-2 reader of
-// model.init_from is one). read() fills out[0, count) with elements [begin, begin + count) of
-// the flattened tensor `name` (the model's name for it; `shape`, its shape in the model) as
-// fp32, and throws (zt::DataError, zt::ConfigError) when it cannot.
-class WeightReader {
- public:
-  virtual ~WeightReader() = default;
-  virtual void read(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
-                    float* out) = 0;
 };
 
 // Trainable parameters with optimizer hyperparameters of their own, as DeepSpeed and torch.optim

@@ -17,8 +17,8 @@
 //   Activation checkpointing is modelled although the engine does not implement it yet (the
 //   configuration rejects it); estimates that use it say so in notes.
 #pragma once
-#include "zerotrain/blocks.h"
 #include "zerotrain/config.h"
+#include "zerotrain/recompute.h"
 #include <cstdint>
 #include <optional>
 #include <string>

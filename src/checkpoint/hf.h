@@ -36,9 +36,9 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/engine.h"
-#include "zerotrain/models/bert.h"
-#include "zerotrain/models/gpt.h"
+#include "zerotrain/models/bert_config.h"
+#include "zerotrain/models/gpt_config.h"
+#include "zerotrain/weight_reader.h"
 
 namespace zt {
 

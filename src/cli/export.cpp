@@ -29,6 +29,7 @@
 #include "zerotrain/step_time.h"
 #include "zerotrain/launch.h"
 #include "zerotrain/memory_fit.h"
+#include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/train.h"
 #include "zerotrain/version.h"

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "zerotrain/error.h"
-#include "zerotrain/models/gpt.h"
+#include "zerotrain/models/gpt_config.h"
 
 namespace zt {
 namespace {

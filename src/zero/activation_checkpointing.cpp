@@ -26,15 +26,6 @@ std::vector<char> checkpointed_blocks(int64_t blocks, int64_t number, const char
   return chosen;
 }
 
-const char* to_string(Recompute recompute) {
-  switch (recompute) {
-    case Recompute::None: return "none";
-    case Recompute::Selective: return "selective";
-    case Recompute::Full: return "full";
-  }
-  return "?";
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/blocks.h"  // Recompute
+#include "zerotrain/recompute.h"
 
 namespace zt {
 

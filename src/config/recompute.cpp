@@ -1,0 +1,14 @@
+#include "zerotrain/recompute.h"
+
+namespace zt {
+
+const char* to_string(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::None: return "none";
+    case Recompute::Selective: return "selective";
+    case Recompute::Full: return "full";
+  }
+  return "?";
+}
+
+}  // namespace zt
