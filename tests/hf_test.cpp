@@ -21,6 +21,7 @@
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
 #include "support/process.h"
+#include "support/transformers.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -35,39 +36,8 @@ using zt::testing::run_process;
 
 namespace {
 
-std::string hf_pythonpath() {
-  const char* env = std::getenv("ZT_HF_PYTHONPATH");
-  return env && *env ? env : ZT_HF_PYTHONPATH;
-}
-
-// Empty when transformers imports; else why not (the skip message).
-const std::string& transformers_problem() {
-  static const std::string problem = [] {
-    auto r = run_process({"/usr/bin/env", "python3", "-c", "import transformers; from transformers import GPT2LMHeadModel"},
-                         {{"PYTHONPATH", hf_pythonpath()}, {"PYTHONNOUSERSITE", "1"}, {"HF_HUB_OFFLINE", "1"}},
-                         std::chrono::seconds(120));
-    if (r.exit_code == 0) return std::string();
-    std::string tail = r.output.size() > 300 ? r.output.substr(r.output.size() - 300) : r.output;
-    for (char& c : tail)
-      if (c == '\n') c = ' ';
-    return "transformers " + std::string(ZT_HF_VERSION) + " is not importable with PYTHONPATH=" + hf_pythonpath() +
-           " (install it with scripts/python_deps.sh): " + tail;
-  }();
-  return problem;
-}
-
-#define REQUIRE_TRANSFORMERS()                                                  \
-  do {                                                                          \
-    if (!transformers_problem().empty()) GTEST_SKIP() << transformers_problem(); \
-  } while (0)
-
 zt::testing::ProcessResult python(const std::vector<std::string>& args, std::chrono::seconds timeout = std::chrono::seconds(180)) {
-  std::vector<std::string> argv = {"/usr/bin/env", "python3", std::string(ZT_SOURCE_DIR) + "/tests/support/hf_check.py"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv,
-                     {{"PYTHONPATH", hf_pythonpath()}, {"PYTHONNOUSERSITE", "1"}, {"HF_HUB_OFFLINE", "1"},
-                      {"PYTHONWARNINGS", "ignore"}, {"TRANSFORMERS_VERBOSITY", "error"}},
-                     timeout);
+  return zt::testing::run_transformers_script("hf_check.py", args, timeout);
 }
 
 std::string write_file(const std::string& path, const std::string& text) {

@@ -1,0 +1,127 @@
+// A Llama-family decoder (Llama 2/3, Qwen2) as ordinary LibTorch modules, with the module and
+// parameter names of Hugging Face transformers' LlamaForCausalLM, so that a model.safetensors
+// written by transformers fills it by name and its state dict is transformers' own.
+//
+// Architecture: token embedding -> num_hidden_layers pre-norm blocks [x += attn(rms(x));
+// x += mlp(rms(x))] -> RMSNorm -> lm_head. RMSNorm computes in fp32 and scales in the input's
+// dtype (as transformers). Attention: q/k/v/o projections, rotary position embeddings (rotate
+// half; the "default", "linear" and "llama3" rope_scaling kinds), grouped-query attention (kv head
+// j serves q heads j·r .. j·r+r-1), causal scaled-dot-product attention scaled by head_dim^-1/2.
+// MLP: down(silu(gate(x)) · up(x)). lm_head is tied to the embedding when tie_word_embeddings.
+//
+// Contracts:
+//  - Names: model.embed_tokens, model.layers.N.{self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj,
+//    input_layernorm, post_attention_layernorm}, model.norm, lm_head (absent when tied: the head
+//    reads model.embed_tokens.weight), registered in that order (transformers').
+//  - Initialisation (transformers' _init_weights): Linear and Embedding weights ~ N(0,
+//    initializer_range), biases zero, norm weights one, drawn from torch's global generator in
+//    registration order. Each embedding, layer, the final norm and the head is a stage-3 block
+//    (zerotrain/blocks.h), marked right after it is built, so a ShardedConstruction shards it at
+//    once.
+//  - element count == llama_parameter_count(config).
+//  - forward()/loss() throw zt::ConfigError on a bad shape, a sequence longer than
+//    max_position_embeddings, non-integer ids or ids outside [0, vocab_size).
+//  - Not thread-safe (as any torch::nn::Module).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "zerotrain/blocks.h"
+#include "zerotrain/models/llama_config.h"
+
+namespace zt {
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t size, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  // x [B,T,H]; cos, sin [T, head_dim] -> [B,T,H]
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_;
+};
+TORCH_MODULE(LlamaAttention);
+
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  explicit LlamaMLPImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(LlamaMLP);
+
+// One decoder layer: the unit stage 3 gathers and activation checkpointing recomputes.
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
+  // transformers' registration order.
+  LlamaAttention self_attn{nullptr};
+  LlamaMLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr};
+  RMSNorm post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(LlamaDecoderLayer);
+
+// transformers' LlamaModel: what LlamaForCausalLM registers as "model".
+class LlamaBodyImpl : public torch::nn::Module {
+ public:
+  LlamaBodyImpl() = default;
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBody);
+
+class LlamaImpl : public torch::nn::Module {
+ public:
+  explicit LlamaImpl(const LlamaConfig& config);
+
+  // ids: integer tensor [B,T], 1 <= T <= max_position_embeddings -> logits [B,T,vocab_size].
+  torch::Tensor forward(const torch::Tensor& ids);
+  // Mean cross-entropy of forward(ids) against targets [B,T] in fp32; targets of -100 are ignored
+  // (as transformers' labels after the shift the caller does).
+  torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets);
+
+  // Full recomputation of the checkpointed layers in backward (docs/activation_checkpointing.md);
+  // selective recomputation is refused (zt::ConfigError) for this model.
+  void set_checkpointing(const CheckpointingSettings& settings);
+
+  const LlamaConfig& config() const { return config_; }
+  // The rotary tables for positions [0, T): cos and sin [T, head_dim] in fp32.
+  std::pair<torch::Tensor, torch::Tensor> rotary(int64_t T, const torch::Device& device) const;
+
+  LlamaBody model{nullptr};
+  std::vector<LlamaDecoderLayer> layers;  // the modules of model->layers
+  torch::nn::Linear lm_head{nullptr};     // null when tied
+
+ private:
+  void finish_block(const std::shared_ptr<torch::nn::Module>& module);
+
+  LlamaConfig config_;
+  torch::Tensor inv_freq_;  // [head_dim/2], fp32, after rope_scaling
+  CheckpointingSettings checkpointing_;
+  std::vector<char> checkpointed_;
+};
+TORCH_MODULE(Llama);
+
+}  // namespace zt

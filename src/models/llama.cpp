@@ -1,0 +1,216 @@
+// The Llama-family decoder (zerotrain/models/llama.h): the numbers follow transformers'
+// LlamaForCausalLM operation for operation (RMSNorm in fp32, rotary tables from the same fp32
+// frequencies, attention scaled by head_dim^-1/2), so that its logits match transformers' on the
+// same weights (tests/llama_test.cpp).
+#include "zerotrain/models/llama.h"
+
+#include <cmath>
+#include <string>
+
+#include <torch/torch.h>
+
+#include "zerotrain/error.h"
+
+namespace zt {
+namespace {
+
+[[noreturn]] void bad_input(const std::string& what) { throw ConfigError("Llama: " + what); }
+
+torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// transformers' rotate_half: [x1, x2] -> [-x2, x1] over the last dimension's halves.
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+// The inverse frequencies of the rotary embedding after rope_scaling, as transformers computes
+// them (its _compute_default_rope_parameters and the linear and llama3 variants), in fp32.
+torch::Tensor inverse_frequencies(const LlamaConfig& c) {
+  const int64_t dim = c.resolved_head_dim();
+  auto exponents = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat) / double(dim);
+  auto inv_freq = 1.0 / torch::pow(c.rope_theta, exponents);
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") return inv_freq / s.factor;
+  if (s.type != "llama3") return inv_freq;
+  const double old_context = double(s.original_max_position_embeddings);
+  const double low_freq_wavelen = old_context / s.low_freq_factor;
+  const double high_freq_wavelen = old_context / s.high_freq_factor;
+  auto wavelen = 2 * M_PI / inv_freq;
+  auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+  auto smooth = (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+  auto medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+  return torch::where(medium, smoothed, scaled);
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({size}));
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto h = x.to(torch::kFloat);
+  auto variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.resolved_head_dim()) {
+  const bool qkv_bias = c.attention_bias || c.qkv_bias;
+  q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
+  k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
+  o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+}
+
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim_}).transpose(1, 2); };
+  auto q = heads(q_proj(x), heads_), k = heads(k_proj(x), kv_heads_), v = heads(v_proj(x), kv_heads_);
+  auto c = cos.to(x.scalar_type()).unsqueeze(0).unsqueeze(0), s = sin.to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
+  q = q * c + rotate_half(q) * s;
+  k = k * c + rotate_half(k) * s;
+  if (const int64_t r = heads_ / kv_heads_; r > 1) {
+    // kv head j serves q heads j·r .. j·r + r - 1 (transformers' repeat_kv).
+    k = k.unsqueeze(2).expand({B, kv_heads_, r, T, head_dim_}).reshape({B, heads_, T, head_dim_});
+    v = v.unsqueeze(2).expand({B, kv_heads_, r, T, head_dim_}).reshape({B, heads_, T, head_dim_});
+  }
+  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
+                                            /*is_causal=*/true, /*scale=*/std::pow(double(head_dim_), -0.5));
+  return o_proj(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+  gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
+  down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
+}
+
+torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
+  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
+  self_attn = register_module("self_attn", LlamaAttention(c));
+  mlp = register_module("mlp", LlamaMLP(c));
+  input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                             const torch::Tensor& sin) {
+  auto h = x + self_attn->forward(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
+  config_.validate();
+  const LlamaConfig& c = config_;
+  inv_freq_ = inverse_frequencies(c);
+  // Each parameterised module is initialised and marked as a stage-3 block right after it is
+  // built, as the GPT does: under a ShardedConstruction no rank holds more than one whole block.
+  model = register_module("model", LlamaBody());
+  model->embed_tokens = model->register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  finish_block(model->embed_tokens.ptr());
+  model->layers = model->register_module("layers", torch::nn::ModuleList());
+  layers.reserve(size_t(c.num_hidden_layers));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    layers.emplace_back(c);
+    model->layers->push_back(layers.back());
+    finish_block(layers.back().ptr());
+  }
+  model->norm = model->register_module("norm", RMSNorm(c.hidden_size, c.rms_norm_eps));
+  finish_block(model->norm.ptr());
+  if (!c.tie_word_embeddings) {
+    lm_head = register_module("lm_head", linear(c.hidden_size, c.vocab_size, false));
+    finish_block(lm_head.ptr());
+  }
+  checkpointed_.assign(size_t(c.num_hidden_layers), 0);
+}
+
+// transformers' _init_weights: N(0, initializer_range) for Linear and Embedding weights, zero
+// biases, RMSNorm weights one (as built).
+void LlamaImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : module->named_modules("", /*include_self=*/true)) {
+    torch::nn::Module& m = *item.value();
+    if (auto* l = m.as<torch::nn::Linear>()) {
+      l->weight.normal_(0.0, config_.initializer_range);
+      if (l->bias.defined()) l->bias.zero_();
+    } else if (auto* e = m.as<torch::nn::Embedding>()) {
+      e->weight.normal_(0.0, config_.initializer_range);
+    }
+  }
+  mark_block(module);
+}
+
+void LlamaImpl::set_checkpointing(const CheckpointingSettings& settings) {
+  if (settings.recompute == Recompute::Selective)
+    throw ConfigError("activation_checkpointing.policy: expected \"none\" or \"full\" for a Llama model, found "
+                      "\"selective\" (its attention core and SwiGLU are not split out for recomputation)");
+  checkpointed_ = checkpointed_blocks(config_.num_hidden_layers, settings.number_checkpoints, "layer");
+  checkpointing_ = settings;
+}
+
+std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rotary(int64_t T, const torch::Device& device) const {
+  auto positions = torch::arange(T, torch::kLong).to(torch::kFloat);
+  auto freqs = torch::outer(positions, inv_freq_);
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos().to(device), emb.sin().to(device)};
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& ids) {
+  if (!ids.defined() || ids.dim() != 2)
+    bad_input("forward expects token ids of shape [B, T], found " +
+              (ids.defined() ? std::to_string(ids.dim()) + "-D tensor " + c10::str(ids.sizes())
+                             : std::string("an undefined tensor")));
+  if (!at::isIntegralType(ids.scalar_type(), /*includeBool=*/false))
+    bad_input(std::string("forward expects integer token ids, found dtype ") + c10::toString(ids.scalar_type()));
+  const int64_t T = ids.size(1);
+  if (ids.size(0) < 1) bad_input("batch size must be >= 1, found 0");
+  if (T < 1 || T > config_.max_position_embeddings)
+    bad_input("sequence length " + std::to_string(T) + " is outside [1, max_position_embeddings=" +
+              std::to_string(config_.max_position_embeddings) + "]");
+  if (const auto [lo, hi] = std::pair(ids.min().item<int64_t>(), ids.max().item<int64_t>());
+      lo < 0 || hi >= config_.vocab_size)
+    bad_input("token ids must be in [0, vocab_size=" + std::to_string(config_.vocab_size) + "), found range [" +
+              std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  auto embed = model->embed_tokens.ptr();
+  auto x = run_block(*embed, ids, [embed](const torch::Tensor& in) { return embed->forward(in); });
+  const auto [cos, sin] = rotary(T, ids.device());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    // Owns what it captures: a checkpointed layer runs it again in backward.
+    BlockFunction run = [layer = layers[i].ptr(), cos, sin](const torch::Tensor& in) {
+      return layer->forward(in, cos, sin);
+    };
+    if (checkpointing_.recompute == Recompute::Full && checkpointed_[i]) {
+      CheckpointOptions options;
+      options.keep_inputs_on_host = checkpointing_.keep_inputs_on_host;
+      options.synchronize_boundary = checkpointing_.synchronize_boundary;
+      x = run_checkpointed_block(*layers[i], x, std::move(run), options);
+    } else {
+      x = run_block(*layers[i], x, run);
+    }
+  }
+  auto norm = model->norm.ptr();
+  x = run_block(*norm, x, [norm](const torch::Tensor& in) { return norm->forward(in); });
+  if (lm_head) return run_block(*lm_head, x, [head = lm_head.ptr()](const torch::Tensor& in) { return head->forward(in); });
+  return run_block(*embed, x, [embed](const torch::Tensor& in) { return torch::nn::functional::linear(in, embed->weight); });
+}
+
+torch::Tensor LlamaImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+  if (!targets.defined() || targets.sizes() != ids.sizes())
+    bad_input("loss expects targets with the shape of the inputs " + c10::str(ids.sizes()) + ", found " +
+              (targets.defined() ? c10::str(targets.sizes()) : std::string("an undefined tensor")));
+  auto logits = forward(ids).to(torch::kFloat);
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}).to(torch::kLong),
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+}  // namespace zt
