@@ -46,10 +46,6 @@ ALLOWED = {
         "known: the Hugging Face BERT export takes its names and shapes from the reference BERT's BertConfig",
     ("src/checkpoint/hf.h", "zerotrain/models/gpt.h"):
         "known: the Hugging Face GPT-2 import and export take names and shapes from the reference GPT's GPTConfig",
-    ("src/memory/estimate.cpp", "zero/reuse_distance.h"):
-        "known: the estimate applies stage 3's release rule, the engine's own pure function, so both agree",
-    ("src/memory/step_time.cpp", "zero/reuse_distance.h"):
-        "known: the step-time model applies stage 3's release rule, the engine's own pure function",
     ("src/memory/step_time.cpp", "zerotrain/models/gpt_flops.h"):
         "known: the step-time model takes its compute from the GPT's FLOPs per step",
     ("include/zerotrain/estimate.h", "zerotrain/blocks.h"):

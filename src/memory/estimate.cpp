@@ -1,7 +1,7 @@
 #include "zerotrain/estimate.h"
 
 #include "memory/estimate_report.h"
-#include "zero/reuse_distance.h"
+#include "layout/reuse_distance.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -269,7 +269,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // the elements live) elements are in flight: with the transformer's equal blocks, that budget rounded up to whole
   // blocks, never more than the model. docs/memory.md "Buffers and runtime".
   //
-  // Blocks kept gathered for their reuse (stage3_max_reuse_distance, zero/reuse_distance.h) are all
+  // Blocks kept gathered for their reuse (stage3_max_reuse_distance, layout/reuse_distance.h) are all
   // live at the turn from forward to backward, beside the block computing and those prefetched
   // with what the live limit leaves; never more than every block.
   int64_t gathered = 0;
