@@ -353,35 +353,16 @@ void Engine::Impl::find_marked_modules(
   }
 }
 
-// Stage 3: a marked module with trainable parameters of at least
-// stage3_param_persistence_threshold elements is a block, and those parameters are its group in
-// the layout; every other parameter is persistent (group -1: kept whole on every rank). Within
-// a module the persistent parameters are moved before the others, so that in the layout's
-// reverse order each block is one contiguous run of buckets followed by its persistent bucket,
-// and both complete during that block's backward.
+// Stage 3: the blocks and the layout's order by the layout's rule (assign_stage3_blocks,
+// zerotrain/layout.h), which the memory estimate applies to the reference GPT too; a block's
+// persistent bucket completes during that block's backward.
 void Engine::Impl::assign_blocks(
     std::vector<torch::Tensor>& trainable, std::vector<ParameterSpec>& specs, const std::vector<int>& owners,
     const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules) {
-  const int64_t threshold = config.zero.stage3_param_persistence_threshold;
-  std::vector<int> block_of_module(modules.size(), -1);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const int owner = owners[i];
-    if (owner < 0 || trainable[i].numel() < threshold) continue;
-    if (block_of_module[owner] < 0) {
-      block_of_module[owner] = int(planned_blocks.size());
-      planned_blocks.push_back({modules[owner].first, modules[owner].second});
-    }
-    specs[i].group = block_of_module[owner];
-  }
-  std::vector<size_t> order(specs.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  for (size_t begin = 0; begin < order.size();) {
-    size_t end = begin + 1;
-    while (end < order.size() && owners[end] == owners[begin]) ++end;
-    if (owners[begin] >= 0)
-      std::stable_partition(order.begin() + begin, order.begin() + end, [&](size_t i) { return specs[i].group < 0; });
-    begin = end;
-  }
+  const Stage3Blocks blocks = assign_stage3_blocks(specs, owners, config.zero.stage3_param_persistence_threshold);
+  for (int module : blocks.module_of_block)
+    planned_blocks.push_back({modules[size_t(module)].first, modules[size_t(module)].second});
+  const std::vector<size_t>& order = blocks.order;
   std::vector<torch::Tensor> sorted_trainable;
   std::vector<ParameterSpec> sorted_specs;
   for (size_t i : order) {
