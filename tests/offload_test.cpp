@@ -1083,8 +1083,10 @@ TEST(OffloadPreflight, ThePlannedBytesAreTheBytesTheTiersCreate) {
 // partition: its NVMe bytes per role are the sizes of the swap files the engine creates, and its
 // host buffers are the engine's, byte for byte, for every mix of roles (ratio by whole sub-groups,
 // blocks kept by max_in_cpu, sub_group_size not a multiple of the granule, bf16 and fp32, stages
-// 2 and 3, the delayed update, gradients on NVMe).
-TEST(OffloadPlanAgreement, TheEstimateCountsTheFilesAndBuffersTheEngineCreates) {
+// 2 and 3, the delayed update, gradients on NVMe), on every rank of 1, 2 and 3 (padding differs).
+namespace {
+
+void expect_estimate_counts_what_the_engine_creates(std::shared_ptr<zt::Communicator> comm) {
   struct Variant {
     const char* name;
     RunOptions options;
@@ -1108,16 +1110,18 @@ TEST(OffloadPlanAgreement, TheEstimateCountsTheFilesAndBuffersTheEngineCreates) 
       {"fp32 stage 3 SGD, ratio 0.3", {.stage = 3, .optimizer_device = "nvme", .param_device = "nvme",
                                        .optimizer_name = "SGD", .sub_group_size = 2048, .ratio = 0.3}},
   };
-  auto comm = zt::make_communicator(zt::RendezvousInfo{}, {});
+  const int rank = comm->rank(), world = comm->world_size();
   zt::ClusterSpec cluster;
+  cluster.devices_per_node = world;
   cluster.device = zt::DeviceKind::Cpu;
+  // This rank's swap directory (zerotrain-swap/rank<R>-pid<PID>, io/swap_directory.h).
+  const std::string own = "rank" + std::to_string(rank) + "-pid" + std::to_string(::getpid());
   for (size_t i = 0; i < variants.size(); ++i) {
     const Variant& v = variants[i];
-    SCOPED_TRACE(v.name);
-    const fs::path root = swap_root() / ("plan-agreement-" + std::to_string(i));
-    fs::remove_all(root);
+    SCOPED_TRACE(std::string(v.name) + " on " + std::to_string(world) + " ranks, rank " + std::to_string(rank));
+    const fs::path root = swap_root() / ("plan-agreement-" + std::to_string(world) + "-" + std::to_string(i));
     fs::create_directories(root);
-    const zt::TrainConfig config = make_config(v.options, 1, root);
+    const zt::TrainConfig config = make_config(v.options, world, root);
     const zt::GPTConfig gpt = zt::gpt_preset("tiny");
     const zt::MemoryEstimate e = zt::estimate_memory(
         zt::gpt_model_figures(gpt, 0, config.zero.stage3_param_persistence_threshold), cluster, config);
@@ -1125,9 +1129,12 @@ TEST(OffloadPlanAgreement, TheEstimateCountsTheFilesAndBuffersTheEngineCreates) 
     torch::manual_seed(7);
     auto model = zt::GPT(gpt);
     zt::Engine engine(model.ptr(), config, comm);
-    // The swap files as they are on disk, by role.
+    // This rank's swap files as they are on disk, by role (the other ranks' directories beside it
+    // come and go meanwhile).
     std::map<std::string, int64_t> file;
-    for (const auto& entry : fs::recursive_directory_iterator(root))
+    const fs::path mine = root / "zerotrain-swap" / own;
+    ASSERT_TRUE(fs::is_directory(mine)) << mine;
+    for (const auto& entry : fs::directory_iterator(mine))
       if (entry.is_regular_file() && entry.path().extension() == ".swap")
         file[entry.path().stem().string()] += int64_t(entry.file_size());
     EXPECT_EQ(e.nvme_per_rank.master_weights, file["master"]);
@@ -1143,6 +1150,13 @@ TEST(OffloadPlanAgreement, TheEstimateCountsTheFilesAndBuffersTheEngineCreates) 
     EXPECT_EQ(e.nvme_load_staging_per_rank, r.nvme_load_staging_bytes);
     EXPECT_EQ(e.offload_host_buffers_per_rank, r.host_buffer_bytes);
   }
+}
+
+}  // namespace
+
+TEST(OffloadPlanAgreement, TheEstimateCountsTheFilesAndBuffersTheEngineCreates) {
+  if (is_rank_process()) return expect_estimate_counts_what_the_engine_creates(rank_communicator());
+  expect_ranks_pass("OffloadPlanAgreement.TheEstimateCountsTheFilesAndBuffersTheEngineCreates", {1, 2, 3});
 }
 
 // An error only a rank can find (here its swap path's free space, checked as the engine is
