@@ -194,7 +194,11 @@ TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
   zt::EstimateOptions nvme;
   nvme.offload_optimizer = zt::OffloadTarget::Nvme;
   const auto n = zt::estimate_memory(model, cluster, config, nvme);
-  EXPECT_EQ(n.nvme_per_node, 8 * (12 * model.parameters / 8));
+  // Each rank's partition is 40 block shards of 25e6 elements, one sub-group each; every role's
+  // sub-group lies in its file at a 4 KiB-aligned size (1e8 B is not a multiple of 4096).
+  const int64_t aligned_sub_group = (100'000'000 + 4095) / 4096 * 4096;
+  EXPECT_EQ(n.nvme_per_node, 8 * 40 * 3 * aligned_sub_group);
+  EXPECT_FALSE(n.exact_partition);
   EXPECT_EQ(n.per_host.optimizer_states(), 0);
   EXPECT_GT(n.per_host.buffers, 0);  // sub-groups swapped through host memory
 
@@ -208,7 +212,9 @@ TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
 
 // The nvme tiers as the engine keeps them, for a small model whose terms are worked out by hand:
 // Ψ = 2^20 on 2 CPU ranks at stage 3, so each rank's partition is P = 524288 elements and its
-// largest block shard 65536 / 2 = 32768 elements.
+// largest block shard 65536 / 2 = 32768 elements. Its partition shape is approximated from these
+// counts: 16 blocks of one bucket each, so every sub-group is at most one block shard (a
+// sub-group never straddles a bucket's shard).
 struct NvmeCase {
   zt::ModelFigures model;
   zt::ClusterSpec cluster;
@@ -253,17 +259,18 @@ TEST(EstimateOffload, OptimizerAndParametersOnNvmeInMixedPrecision) {
   EXPECT_EQ(e.nvme_per_rank.optimizer_moments, 8 * P);
   EXPECT_EQ(e.nvme_per_rank.parameters, 2 * P);
   EXPECT_EQ(e.nvme_per_node, 2 * 14 * P);
-  // In memory: no optimizer state; max_in_cpu 16-bit elements of the shard; the gradient
-  // partition as before.
+  // In memory: no optimizer state; no block shard (32768 elements each) fits in max_in_cpu, so
+  // none is kept; the gradient partition as before.
   EXPECT_EQ(e.per_device.optimizer_states(), 0);
-  EXPECT_EQ(e.per_device.parameters, 10000 * 2);
+  EXPECT_EQ(e.per_device.parameters, 0);
   EXPECT_EQ(e.per_device.gradients, base.per_device.gradients);
   EXPECT_EQ(e.per_device.gradients, 2 * P);
-  // Buffers: 3 sub-groups of min(100000, P) rounded up to 2048 (100352) elements of 4 + 8 + 2 B
+  // Buffers: 3 sub-groups of one block shard (32768 elements, below sub_group_size) of 4 + 8 + 2 B
   // (master, moments, the 16-bit result for the parameter tier), and 2 block shards of 32768
   // 16-bit elements; gathered blocks as without offload.
   EXPECT_EQ(e.per_device.gathered_blocks, base.per_device.gathered_blocks);
-  EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 3 * 100352 * 14 + 2 * 32768 * 2);
+  EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 3 * 32768 * 14 + 2 * 32768 * 2);
+  EXPECT_EQ(e.offload_host_buffers_per_rank - base.offload_host_buffers_per_rank, 3 * 32768 * 14 + 2 * 32768 * 2);
   for (const std::string& note : e.notes) EXPECT_EQ(note.find("not implement"), std::string::npos) << note;
   // With CPU devices all of it is the devices' memory: nothing is counted twice in host memory.
   EXPECT_EQ(e.per_host.total(), 2 * e.per_device.total());
@@ -274,19 +281,19 @@ TEST(EstimateOffload, Fp32ReadsTheMasterFromTheParameterTier) {
   const int64_t P = 524288;
   const auto base = k.with({});
   // fp32: no separate masters; the working partition (on the parameter tier) is the master, read
-  // into the same buffer: 8 B of moments + 4 B per buffer element, sub-groups of the whole
-  // partition (sub_group_size 1e9 > P), 4 buffers by default.
+  // into the same buffer: 8 B of moments + 4 B per buffer element, sub-groups of one block shard
+  // each (sub_group_size 1e9), 4 buffers by default.
   const auto both = k.with(kOptimizerOnNvme + kParamsOnNvme + std::vector<std::string>{"zero_optimization.offload_param.max_in_cpu=0"});
   EXPECT_EQ(both.nvme_per_rank.master_weights, 0);
   EXPECT_EQ(both.nvme_per_rank.optimizer_moments, 8 * P);
   EXPECT_EQ(both.nvme_per_rank.parameters, 4 * P);
   EXPECT_EQ(both.per_device.parameters, 0);
-  EXPECT_EQ(both.per_device.buffers - base.per_device.buffers, 4 * P * (8 + 4) + 5 * 32768 * 4);
+  EXPECT_EQ(both.per_device.buffers - base.per_device.buffers, 4 * 32768 * (8 + 4) + 5 * 32768 * 4);
   // The optimizer tier alone: buffer elements hold the moments only; parameters stay in memory.
   const auto opt = k.with(kOptimizerOnNvme);
   EXPECT_EQ(opt.nvme_per_rank.total(), 8 * P);
   EXPECT_EQ(opt.per_device.parameters, base.per_device.parameters);
-  EXPECT_EQ(opt.per_device.buffers - base.per_device.buffers, 4 * P * 8);
+  EXPECT_EQ(opt.per_device.buffers - base.per_device.buffers, 4 * 32768 * 8);
   // SGD with momentum: 4 B of moments per element.
   const auto sgd = k.with(kOptimizerOnNvme + std::vector<std::string>{"optimizer.type=SGD", "optimizer.params.momentum=0.9"});
   EXPECT_EQ(sgd.nvme_per_rank.optimizer_moments, 4 * P);
@@ -310,9 +317,9 @@ TEST(EstimateOffload, DelayedUpdateAddsMastersASnapshotAndASecondWorkingCopy) {
   EXPECT_EQ(on_disk_delayed.nvme_per_rank.optimizer_moments, 8 * P);
   EXPECT_EQ(on_disk_delayed.nvme_per_rank.parameters, 2 * 4 * P);
   EXPECT_EQ(on_disk_delayed.per_device.master_weights, 0);
-  // Each of the 4 stream buffers (sub-groups of the whole partition) holds the master too, and
-  // the snapshot is in memory.
-  EXPECT_EQ(on_disk_delayed.per_device.buffers - on_disk.per_device.buffers, 4 * P * 4 + 4 * P);
+  // Each of the 4 stream buffers (one block shard's sub-group) holds the master too, and the
+  // snapshot is in memory; the next working copy is on NVMe with the working shards.
+  EXPECT_EQ(on_disk_delayed.per_device.buffers - on_disk.per_device.buffers, 4 * 32768 * 4 + 4 * P);
 }
 
 // nvme_gradients (docs/offload.md "Gradients on NVMe"): the gradient partition of the state on
@@ -325,10 +332,11 @@ TEST(EstimateOffload, NvmeGradientsMoveTheGradientPartition) {
   EXPECT_EQ(e.nvme_per_rank.gradients, 4 * P);
   EXPECT_EQ(base.per_device.gradients, 4 * P);
   EXPECT_EQ(e.per_device.gradients, 0);
-  // 4 stream buffers of the whole partition, 4 B more per element; the largest bucket is the
-  // largest block (65536), whose shard (32768 fp32 elements) is staged and copied aligned.
+  // 4 stream buffers of one block shard's sub-group, 4 B more per element; the largest bucket is
+  // the largest block (65536), whose shard (32768 fp32 elements) is staged aligned and added in a
+  // scratch.
   const int64_t buffers = config_for(2, {"zero_optimization.stage=3"}).zero.overlap_comm ? 2 : 1;
-  EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 4 * P * 4 + buffers * 2 * 32768 * 4);
+  EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 4 * 32768 * 4 + buffers * 2 * 32768 * 4);
   // Refused at stage 1, whose gradients are whole until reduced.
   EXPECT_THROW(config_for(2, kOptimizerOnNvme + std::vector<std::string>{"zero_optimization.stage=1",
                                                                         "zero_optimization.offload_optimizer.nvme_gradients=true"}),
@@ -345,8 +353,9 @@ TEST(EstimateOffload, RatioKeepsThePartOfTheStateInHostMemory) {
   EXPECT_EQ(e.nvme_per_rank.optimizer_moments, 8 * on_nvme);
   EXPECT_EQ(e.per_device.master_weights, 4 * in_memory);
   EXPECT_EQ(e.per_device.optimizer_moments, 8 * in_memory);
-  // Sub-groups of the NVMe part only (131072 elements, already a multiple of 2048).
-  EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 4 * on_nvme * 12);
+  // Whole sub-groups: the first 4 block shards of 32768 elements are the quarter on NVMe; each
+  // stream buffer holds one of them.
+  EXPECT_EQ(e.per_device.buffers - base.per_device.buffers, 4 * 32768 * 12);
 }
 
 TEST(EstimateOffload, CpuTierOnCpuDevicesIsTheMemoryInUse) {
@@ -373,7 +382,7 @@ TEST(EstimateOffload, FlagsWinAndTheParameterBufferMustHoldABlockShard) {
   zt::EstimateOptions nvme;
   nvme.offload_optimizer = zt::OffloadTarget::Nvme;
   const auto two = k.with({"zero_optimization.offload_optimizer.buffer_count=2"}, nvme);
-  EXPECT_EQ(two.per_device.buffers - k.with({}).per_device.buffers, 2 * 524288 * 8);
+  EXPECT_EQ(two.per_device.buffers - k.with({}).per_device.buffers, 2 * 32768 * 8);
   // The largest block shard (32768 elements) does not fit a 30000-element parameter buffer.
   try {
     k.with(kParamsOnNvme + std::vector<std::string>{"zero_optimization.offload_param.buffer_size=30000"});
@@ -390,10 +399,10 @@ TEST(EstimateOffload, CudaDevicesKeepTheNvmeBuffersInHostMemory) {
   k.cluster.device = zt::DeviceKind::Cuda;
   const std::vector<std::string> settings = {"bf16.enabled=true", "zero_optimization.offload_param.max_in_cpu=0"};
   const auto e = k.with(settings + kOptimizerOnNvme + kParamsOnNvme);
-  // Per host (two ranks): the sub-group buffers (4 × P × 14 B), the block-shard buffers
+  // Per host (two ranks): the sub-group buffers (4 × 32768 × 14 B), the block-shard buffers
   // (5 × 32768 × 2 B) and the fp32 gradient partitions (parameter offload on a GPU, which the
   // engine refuses so far, is estimated in the design's layout).
-  EXPECT_EQ(e.per_host.buffers, 2 * (4 * 524288 * 14 + 5 * 32768 * 2));
+  EXPECT_EQ(e.per_host.buffers, 2 * (4 * 32768 * 14 + 5 * 32768 * 2));
   EXPECT_EQ(e.per_host.gradients, 2 * 4 * 524288);
   EXPECT_EQ(e.per_host.parameters, 0);
   EXPECT_EQ(e.per_device.parameters, 0);
@@ -867,9 +876,13 @@ TEST(EstimateCli, JsonHasEveryRoleAndMatchesTheTable) {
 TEST(EstimateCli, OffloadComesFromTheConfigurationUnlessAFlagSaysOtherwise) {
   const std::string dir = make_temp_dir("estimate_offload");
   const std::string path = dir + "/offload.json";
+  // Blocks of the tiny model (a persistence threshold below its tensors) and max_in_cpu 0: every
+  // block's shard on NVMe (DeepSpeed's defaults keep all of the tiny model in host memory, as the
+  // engine does).
   std::ofstream(path) << R"({"model": {"preset": "tiny"}, "zero_optimization": {"stage": 3,
+      "stage3_param_persistence_threshold": 100,
       "offload_optimizer": {"device": "nvme", "nvme_path": "swap"},
-      "offload_param": {"device": "nvme", "nvme_path": "swap"}}})";
+      "offload_param": {"device": "nvme", "nvme_path": "swap", "max_in_cpu": 0}}})";
   auto r = run_process({cli_path(), "estimate", path, "--devices-per-node", "2", "--device", "cpu", "--json"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto out = nlohmann::json::parse(r.output);
@@ -880,6 +893,9 @@ TEST(EstimateCli, OffloadComesFromTheConfigurationUnlessAFlagSaysOtherwise) {
   EXPECT_GT(nvme["optimizer_moments"].get<int64_t>(), 0);
   EXPECT_EQ(nvme["per_rank"].get<int64_t>(), nvme["parameters"].get<int64_t>() + nvme["optimizer_states"].get<int64_t>());
   EXPECT_EQ(nvme["per_node"].get<int64_t>(), 2 * nvme["per_rank"].get<int64_t>());
+  EXPECT_TRUE(nvme["exact_partition"].get<bool>());
+  EXPECT_GT(nvme["host_buffers_per_rank"].get<int64_t>(), 0);
+  EXPECT_GT(nvme["load_staging_per_rank"].get<int64_t>(), 0);
   for (const auto& note : out["notes"]) EXPECT_EQ(note.get<std::string>().find("not implement"), std::string::npos) << note;
 
   r = run_process({cli_path(), "estimate", path, "--devices-per-node", "2", "--device", "cpu", "--json",

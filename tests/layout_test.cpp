@@ -153,4 +153,18 @@ TEST(Layout, BadInputNamesTheProblem) {
   EXPECT_THROW(compute_layout(ok, {2, 32, 10}).owned_fragments(2), zt::ConfigError);
 }
 
+// Stage 3's blocks: a marked module's parameters of at least the threshold form its block (ids in
+// order of appearance), the rest are persistent and come first within their module's run.
+TEST(Layout, Stage3BlocksPutPersistentParametersFirstWithinTheirModule) {
+  std::vector<ParameterSpec> specs = {{"free", {7}},     {"a.bias", {3}}, {"a.weight", {4, 4}},
+                                      {"b.weight", {5, 5}}, {"b.bias", {5}}, {"c.bias", {2}}};
+  const std::vector<int> owners = {-1, 0, 0, 1, 1, 2};
+  const zt::Stage3Blocks blocks = zt::assign_stage3_blocks(specs, owners, 10);
+  EXPECT_EQ(blocks.module_of_block, (std::vector<int>{0, 1}));  // module 2 has nothing over the threshold
+  std::vector<int> groups;
+  for (const ParameterSpec& s : specs) groups.push_back(s.group);
+  EXPECT_EQ(groups, (std::vector<int>{-1, -1, 0, 1, -1, -1}));
+  EXPECT_EQ(blocks.order, (std::vector<size_t>{0, 1, 2, 4, 3, 5}));
+}
+
 }  // namespace

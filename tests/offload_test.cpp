@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -26,6 +27,7 @@
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
+#include "zerotrain/estimate.h"
 #include "zerotrain/layout.h"
 #include "zerotrain/models/gpt.h"
 
@@ -1075,6 +1077,86 @@ TEST(OffloadPreflight, ThePlannedBytesAreTheBytesTheTiersCreate) {
     ::unsetenv("ZT_SWAP_FREE_BYTES");
     ::unsetenv("ZT_HOST_STAGING");
   }
+}
+
+// The memory estimate reads the engine's own offload plan, from the reference GPT's exact
+// partition: its NVMe bytes per role are the sizes of the swap files the engine creates, and its
+// host buffers are the engine's, byte for byte, for every mix of roles (ratio by whole sub-groups,
+// blocks kept by max_in_cpu, sub_group_size not a multiple of the granule, bf16 and fp32, stages
+// 2 and 3, the delayed update, gradients on NVMe), on every rank of 1, 2 and 3 (padding differs).
+namespace {
+
+void expect_estimate_counts_what_the_engine_creates(std::shared_ptr<zt::Communicator> comm) {
+  struct Variant {
+    const char* name;
+    RunOptions options;
+  };
+  const std::vector<Variant> variants = {
+      {"fp32 stage 3, all on NVMe, gradients too",
+       {.stage = 3, .optimizer_device = "nvme", .param_device = "nvme", .nvme_gradients = true}},
+      {"bf16 stage 3, ratio 0.3, some blocks kept, odd sub-groups",
+       {.stage = 3, .precision = "bf16", .optimizer_device = "nvme", .param_device = "nvme", .sub_group_size = 5001,
+        .ratio = 0.3, .max_in_cpu = 20000}},
+      {"bf16 stage 2, ratio 0.3, odd sub-groups",
+       {.stage = 2, .precision = "bf16", .optimizer_device = "nvme", .sub_group_size = 3001, .ratio = 0.3}},
+      {"fp32 stage 2, ratio 1.0, gradients on NVMe", {.stage = 2, .optimizer_device = "nvme", .nvme_gradients = true}},
+      {"bf16 stage 2, ratio 1.0, gradients on NVMe",
+       {.stage = 2, .precision = "bf16", .optimizer_device = "nvme", .nvme_gradients = true}},
+      {"fp32 stage 3 delayed, all on NVMe",
+       {.stage = 3, .optimizer_device = "nvme", .param_device = "nvme", .delayed = true}},
+      {"bf16 stage 3 delayed, parameters on NVMe, some blocks kept",
+       {.stage = 3, .precision = "bf16", .optimizer_device = "cpu", .param_device = "nvme", .max_in_cpu = 20000,
+        .delayed = true}},
+      {"fp32 stage 3 SGD, ratio 0.3", {.stage = 3, .optimizer_device = "nvme", .param_device = "nvme",
+                                       .optimizer_name = "SGD", .sub_group_size = 2048, .ratio = 0.3}},
+  };
+  const int rank = comm->rank(), world = comm->world_size();
+  zt::ClusterSpec cluster;
+  cluster.devices_per_node = world;
+  cluster.device = zt::DeviceKind::Cpu;
+  // This rank's swap directory (zerotrain-swap/rank<R>-pid<PID>, io/swap_directory.h).
+  const std::string own = "rank" + std::to_string(rank) + "-pid" + std::to_string(::getpid());
+  for (size_t i = 0; i < variants.size(); ++i) {
+    const Variant& v = variants[i];
+    SCOPED_TRACE(std::string(v.name) + " on " + std::to_string(world) + " ranks, rank " + std::to_string(rank));
+    const fs::path root = swap_root() / ("plan-agreement-" + std::to_string(world) + "-" + std::to_string(i));
+    fs::create_directories(root);
+    const zt::TrainConfig config = make_config(v.options, world, root);
+    const zt::GPTConfig gpt = zt::gpt_preset("tiny");
+    const zt::MemoryEstimate e = zt::estimate_memory(
+        zt::gpt_model_figures(gpt, 0, config.zero.stage3_param_persistence_threshold), cluster, config);
+    EXPECT_TRUE(e.exact_partition);
+    torch::manual_seed(7);
+    auto model = zt::GPT(gpt);
+    zt::Engine engine(model.ptr(), config, comm);
+    // This rank's swap files as they are on disk, by role (the other ranks' directories beside it
+    // come and go meanwhile).
+    std::map<std::string, int64_t> file;
+    const fs::path mine = root / "zerotrain-swap" / own;
+    ASSERT_TRUE(fs::is_directory(mine)) << mine;
+    for (const auto& entry : fs::directory_iterator(mine))
+      if (entry.is_regular_file() && entry.path().extension() == ".swap")
+        file[entry.path().stem().string()] += int64_t(entry.file_size());
+    EXPECT_EQ(e.nvme_per_rank.master_weights, file["master"]);
+    EXPECT_EQ(e.nvme_per_rank.optimizer_moments, file["exp_avg"] + file["exp_avg_sq"]);
+    EXPECT_EQ(e.nvme_per_rank.gradients, file["grads"]);
+    EXPECT_EQ(e.nvme_per_rank.parameters, file["params"] + file["params.next"]);
+    EXPECT_GT(e.nvme_per_rank.total(), 0);
+    const zt::OffloadReport r = engine.offload_report();
+    EXPECT_EQ(e.nvme_per_rank.optimizer_states(), r.nvme_optimizer_bytes);
+    EXPECT_EQ(e.nvme_per_rank.parameters, r.nvme_parameter_bytes);
+    EXPECT_EQ(e.nvme_per_rank.gradients, r.nvme_gradient_bytes);
+    EXPECT_EQ(e.nvme_per_rank.total(), r.nvme_planned_bytes);
+    EXPECT_EQ(e.nvme_load_staging_per_rank, r.nvme_load_staging_bytes);
+    EXPECT_EQ(e.offload_host_buffers_per_rank, r.host_buffer_bytes);
+  }
+}
+
+}  // namespace
+
+TEST(OffloadPlanAgreement, TheEstimateCountsTheFilesAndBuffersTheEngineCreates) {
+  if (is_rank_process()) return expect_estimate_counts_what_the_engine_creates(rank_communicator());
+  expect_ranks_pass("OffloadPlanAgreement.TheEstimateCountsTheFilesAndBuffersTheEngineCreates", {1, 2, 3});
 }
 
 // An error only a rank can find (here its swap path's free space, checked as the engine is

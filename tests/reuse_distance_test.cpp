@@ -1,6 +1,6 @@
-// Stage 3's release rule (zero/reuse_distance.h): DeepSpeed's stage3_max_reuse_distance walk over
+// Stage 3's release rule (layout/reuse_distance.h): DeepSpeed's stage3_max_reuse_distance walk over
 // the step's block uses, forward then backward in reverse.
-#include "zero/reuse_distance.h"
+#include "layout/reuse_distance.h"
 
 #include <gtest/gtest.h>
 

@@ -737,7 +737,7 @@ TEST(ZeroStage3, LiveLimitFollowsTheConfiguration) {
   expect_ranks_pass("ZeroStage3.LiveLimitFollowsTheConfiguration", {2});
 }
 
-// stage3_max_reuse_distance (DeepSpeed's rule, zero/reuse_distance.h): after its forward use a
+// stage3_max_reuse_distance (DeepSpeed's rule, layout/reuse_distance.h): after its forward use a
 // block stays gathered when fewer elements are used before its next use. The tiny GPT's forward
 // uses wte (16384 elements), wpe (frozen: nothing to gather), two layers of 49984, ln_f (128) and
 // wte again as the head; backward uses them in reverse. Keeping changes when blocks are gathered,

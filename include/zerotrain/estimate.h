@@ -11,13 +11,17 @@
 // - The peak is the larger of two moments: the training step (model states + activations +
 //   buffers + runtime) and the model's construction (the model as built beside the engine's
 //   arenas). `zerotrain train --summary` reports this same estimate beside the measured peak.
-// - Offload (zero_optimization.offload_optimizer / offload_param) is modelled as the engine keeps
-//   it: the nvme tiers' files, their host buffer pools (buffer_count, sub_group_size, buffer_size)
-//   and what stays in memory (ratio, max_in_cpu); docs/memory.md "Offload" has the formulas.
-//   Activation checkpointing is modelled although the engine does not implement it yet (the
-//   configuration rejects it); estimates that use it say so in notes.
+// - Offload (zero_optimization.offload_optimizer / offload_param) is the engine's own offload plan
+//   (src/layout/offload_plan.h) of the model's partition: the NVMe tiers' files per role, their
+//   host buffer pools and what stays in memory (ratio, max_in_cpu), by whole sub-groups and
+//   blocks; docs/memory.md "Offload". The partition is exact for a model whose parameter list is
+//   known (the reference GPT: gpt_model_figures), so the NVMe bytes and the host buffers equal
+//   what the engine creates; otherwise it is approximated from the figures and a note says so.
+// - Activation checkpointing (full or selective recomputation) is modelled as the engine and the
+//   reference models run it (docs/activation_checkpointing.md).
 #pragma once
 #include "zerotrain/config.h"
+#include "zerotrain/layout.h"
 #include "zerotrain/recompute.h"
 #include <cstdint>
 #include <optional>
@@ -52,6 +56,11 @@ struct ModelFigures {
   // largest_block.
   std::vector<int> forward_block_order;
   std::vector<int64_t> block_gathered;
+  // The trainable parameters in registration order (names, shapes) and, per parameter, the
+  // stage-3 marked module holding it (-1: none): the engine's exact partition shape
+  // (assign_stage3_blocks, compute_layout). Empty: unknown, approximated from the counts above.
+  std::vector<ParameterSpec> parameter_list;
+  std::vector<int> parameter_owner;
   bool has_shape() const { return layers > 0 && hidden > 0 && sequence_length > 0 && vocabulary > 0; }
 };
 
@@ -149,8 +158,16 @@ Recompute recompute_of(const TrainConfig& config);
 struct MemoryEstimate {
   RoleBytes per_device;
   RoleBytes per_host;         // one node's host memory (with CPU devices: the devices' memory too)
-  RoleBytes nvme_per_rank;    // one rank's files on NVMe: parameters, master_weights, optimizer_moments
+  // One rank's files on NVMe by role (master_weights, optimizer_moments, gradients, parameters with
+  // the delayed update's next working copy): the offload plan's, which the engine creates.
+  RoleBytes nvme_per_rank;
   int64_t nvme_per_node = 0;
+  // One rank's offload plan besides: what a checkpoint load stages beside the swap files, and the
+  // host buffers the tiers stream through (OffloadReport::host_buffer_bytes); `exact_partition`
+  // tells whether the partition's shape was the model's own or approximated.
+  int64_t nvme_load_staging_per_rank = 0;
+  int64_t offload_host_buffers_per_rank = 0;
+  bool exact_partition = false;
   // What was estimated: the options' targets, else the configuration's devices.
   OffloadTarget offload_optimizer = OffloadTarget::None, offload_param = OffloadTarget::None;
   int64_t construction_peak = 0;  // per device, while the model is built and adopted

@@ -78,6 +78,19 @@ struct FlatLayout {
   std::vector<OwnedFragment> owned_fragments(int rank) const;
 };
 
+// Stage 3's blocks (docs/zero.md "Stage 3"): a parameter of a marked module (owners[i] >= 0, the
+// module's index) with at least `persistence_threshold` elements belongs to that module's block,
+// whose id is given in the order the modules' first such parameters appear; every other
+// parameter is persistent (group -1: kept whole on every rank). Sets specs[i].group. Within each
+// run of parameters of one module the persistent ones come first, so that in the layout's reverse
+// order each block is one contiguous run of buckets followed by its persistent bucket.
+struct Stage3Blocks {
+  std::vector<int> module_of_block;  // block id -> the owner (module index) it was made from
+  std::vector<size_t> order;         // the layout's input order, as indices into `specs` as given
+};
+Stage3Blocks assign_stage3_blocks(std::vector<ParameterSpec>& specs, const std::vector<int>& owners,
+                                  int64_t persistence_threshold);
+
 // Throws zt::ConfigError for bad options (world_size < 1, alignment < 1, bucket_size < 1), an
 // empty list, a parameter with no elements or a negative dimension, or mixed dtypes; each message
 // names the parameter or option, the expected and the found value.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "zerotrain/error.h"
 
@@ -22,6 +23,35 @@ int64_t element_count(const ParameterSpec& spec) {
 }
 
 }  // namespace
+
+Stage3Blocks assign_stage3_blocks(std::vector<ParameterSpec>& specs, const std::vector<int>& owners,
+                                  int64_t persistence_threshold) {
+  Stage3Blocks blocks;
+  std::vector<int> block_of_owner;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const int owner = owners[i];
+    int64_t numel = 1;
+    for (int64_t d : specs[i].shape) numel *= d;
+    if (owner < 0 || numel < persistence_threshold) continue;
+    if (size_t(owner) >= block_of_owner.size()) block_of_owner.resize(size_t(owner) + 1, -1);
+    if (block_of_owner[size_t(owner)] < 0) {
+      block_of_owner[size_t(owner)] = int(blocks.module_of_block.size());
+      blocks.module_of_block.push_back(owner);
+    }
+    specs[i].group = block_of_owner[size_t(owner)];
+  }
+  blocks.order.resize(specs.size());
+  std::iota(blocks.order.begin(), blocks.order.end(), size_t(0));
+  for (size_t begin = 0; begin < blocks.order.size();) {
+    size_t end = begin + 1;
+    while (end < blocks.order.size() && owners[end] == owners[begin]) ++end;
+    if (owners[begin] >= 0)
+      std::stable_partition(blocks.order.begin() + long(begin), blocks.order.begin() + long(end),
+                            [&](size_t i) { return specs[i].group < 0; });
+    begin = end;
+  }
+  return blocks;
+}
 
 FlatLayout compute_layout(const std::vector<ParameterSpec>& parameters, const LayoutOptions& options) {
   if (options.world_size < 1)

@@ -1,13 +1,17 @@
 #include "zerotrain/estimate.h"
 
+#include "layout/offload_plan.h"
+#include "layout/reuse_distance.h"
 #include "memory/estimate_report.h"
-#include "zero/reuse_distance.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
@@ -42,12 +46,70 @@ constexpr int64_t kCudaRuntimeBytes = 512 * kMiB;
 // The most fp32 initial values the engine holds at once with replicated parameters
 // (src/zero/engine.cpp kInitialValuesChunk).
 constexpr int64_t kInitialValuesChunkElements = int64_t{1} << 20;
-// The engine's fp32 conversion chunk for 16-bit gradients (src/zero/optimizer_partition.cpp kConversionChunk).
-constexpr int64_t kConversionChunkElements = 1 << 20;
-// The nvme tier's sub-groups are whole multiples of this many elements (aligned I/O).
-constexpr int64_t kSubGroupAlignment = 2048;  // plan_sub_groups rounds sub_group_size up to it
-
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The partition's shape when the model's parameter list is unknown: stage 3's blocks of
+// largest_block elements (or block_gathered's), its persistent parameters in one bucket of their
+// own, and every block cut into buckets of at most `bucket_limit` elements; stages 1-2 the whole
+// model in such buckets. Each bucket padded as compute_layout pads it (zerotrain/layout.h).
+FlatLayout approximate_partition_shape(const ModelFigures& model, bool shard_parameters, int world,
+                                       int64_t bucket_limit) {
+  const int64_t psi = model.parameters;
+  std::vector<std::pair<int64_t, int>> pieces;  // elements, group
+  if (shard_parameters) {
+    const int64_t persistent = std::min(psi, model.persistent_parameters);
+    std::vector<int64_t> blocks = model.block_gathered;
+    if (blocks.empty()) {
+      const int64_t block = std::max<int64_t>(1, model.largest_block > 0 ? model.largest_block : psi);
+      for (int64_t left = psi - persistent; left > 0; left -= block) blocks.push_back(std::min(block, left));
+    }
+    for (size_t b = 0; b < blocks.size(); ++b) pieces.push_back({blocks[b], int(b)});
+    if (persistent > 0) pieces.push_back({persistent, -1});
+  } else {
+    pieces.push_back({psi, -1});
+  }
+  FlatLayout shape;
+  shape.world_size = world;
+  LayoutOptions defaults;
+  shape.alignment = defaults.alignment;
+  const int64_t unit = int64_t(world) * shape.alignment;
+  for (const auto& [numel, group] : pieces)
+    for (int64_t done = 0; done < numel; done += bucket_limit) {
+      BucketLayout b;
+      b.parameter_numel = std::min(bucket_limit, numel - done);
+      b.numel = ceil_div(b.parameter_numel, unit) * unit;
+      b.shard_numel = b.numel / world;
+      b.offset = shape.total_numel;
+      b.partition_offset = shape.partition_numel;
+      b.group = group;
+      shape.buckets.push_back(b);
+      shape.total_numel += b.numel;
+      shape.partition_numel += b.shard_numel;
+      shape.parameter_numel += b.parameter_numel;
+    }
+  return shape;
+}
+
+// The partition the engine lays out for `model`: exact from its parameter list (stage 3's blocks
+// and order as the engine assigns them), approximate otherwise.
+FlatLayout partition_shape(const ModelFigures& model, const TrainConfig& config, int64_t bucket_limit) {
+  const ZeroConfig& zero = config.zero;
+  const int world = zero.shard_optimizer_states ? config.world_size : 1;
+  if (model.parameter_list.empty() || model.parameter_list.size() != model.parameter_owner.size())
+    return approximate_partition_shape(model, zero.shard_parameters, world, bucket_limit);
+  std::vector<ParameterSpec> specs = model.parameter_list;
+  if (zero.shard_parameters) {
+    const Stage3Blocks blocks =
+        assign_stage3_blocks(specs, model.parameter_owner, zero.stage3_param_persistence_threshold);
+    std::vector<ParameterSpec> ordered;
+    for (size_t i : blocks.order) ordered.push_back(specs[i]);
+    specs = std::move(ordered);
+  }
+  LayoutOptions options;
+  options.world_size = world;
+  options.bucket_size = std::max<int64_t>(1, zero.reduce_bucket_size);
+  return compute_layout(specs, options);
+}
 
 OffloadTarget target_of(OffloadDevice device) {
   return device == OffloadDevice::Cpu ? OffloadTarget::Cpu : device == OffloadDevice::Nvme ? OffloadTarget::Nvme
@@ -94,6 +156,32 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
       {V * C}, {T * C}, {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C}, {C, C}};
   ModelFigures f;
   f.parameters = gpt_parameter_count(gpt);
+  // The trainable parameters as the GPT registers them (models/gpt.h), each under the marked
+  // module (stage-3 block candidate) holding it: wte, wpe, each layer, ln_f.
+  auto add = [&f](const std::string& name, std::vector<int64_t> shape, int owner) {
+    f.parameter_list.push_back({name, std::move(shape), "float32", -1});
+    f.parameter_owner.push_back(owner);
+  };
+  add("wte.weight", {V, C}, 0);
+  add("wpe.weight", {T, C}, 1);
+  for (int64_t l = 0; l < gpt.n_layer; ++l) {
+    const std::string at = "blocks." + std::to_string(l) + ".";
+    const int owner = int(2 + l);
+    add(at + "ln_1.weight", {C}, owner);
+    add(at + "ln_1.bias", {C}, owner);
+    add(at + "attn.c_attn.weight", {3 * C, C}, owner);
+    add(at + "attn.c_attn.bias", {3 * C}, owner);
+    add(at + "attn.c_proj.weight", {C, C}, owner);
+    add(at + "attn.c_proj.bias", {C}, owner);
+    add(at + "ln_2.weight", {C}, owner);
+    add(at + "ln_2.bias", {C}, owner);
+    add(at + "mlp.c_fc.weight", {4 * C, C}, owner);
+    add(at + "mlp.c_fc.bias", {4 * C}, owner);
+    add(at + "mlp.c_proj.weight", {C, 4 * C}, owner);
+    add(at + "mlp.c_proj.bias", {C}, owner);
+  }
+  add("ln_f.weight", {C}, int(2 + gpt.n_layer));
+  add("ln_f.bias", {C}, int(2 + gpt.n_layer));
   for (size_t b = 0; b < blocks.size(); ++b) {
     int64_t gathered = 0, persistent = 0;
     for (int64_t numel : blocks[b]) {
@@ -262,14 +350,34 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     if (config.gradient_accumulation_steps > 1) comm_buffers += ceil_div(largest_bucket, N) * e;
   }
   const int64_t optimizer_partition = zero.shard_optimizer_states ? ceil_div(psi, N) : psi;
-  const int64_t conversion_chunk = mixed ? std::min(optimizer_partition, kConversionChunkElements) * 4 : 0;
+  // The engine's offload plan (layout/offload_plan.h) of this rank's partition: the sub-groups, the
+  // roles on NVMe and their files, the host buffers the tiers stream through.
+  const FlatLayout shape = partition_shape(model, config, bucket_limit);
+  est.exact_partition = !model.parameter_list.empty() && model.parameter_list.size() == model.parameter_owner.size();
+  OffloadPlanInput plan_input = offload_plan_input(config);
+  plan_input.optimizer_on_nvme = offload_optimizer == OffloadTarget::Nvme;
+  plan_input.parameters_on_nvme = offload_param == OffloadTarget::Nvme;
+  plan_input.fp32_masters = master_per_parameter > 0;
+  plan_input.moments = optimizer_moment_arrays(config);
+  plan_input.delayed = delayed;
+  plan_input.staged = staged;
+  plan_input.host_step = cpu_device || offload_optimizer != OffloadTarget::None;
+  const OffloadPlan plan = plan_offload(shape, plan_input);
+  est.nvme_load_staging_per_rank = plan.load_staging_optimizer + plan.load_staging_parameters;
+  est.offload_host_buffers_per_rank = plan.host.total();
+  if (!est.exact_partition && (plan_input.optimizer_on_nvme || plan_input.parameters_on_nvme))
+    est.notes.push_back("the partition's shape is approximated from the model's counts (blocks of the largest "
+                        "block's size), so the NVMe bytes and the offload buffers are approximate; the reference "
+                        "GPT's are exact");
+  // fp32 chunk through which the CPU kernels read 16-bit gradients (none for the device kernels).
+  const int64_t conversion_chunk = plan.host.conversion_scratch;
   // Stage 3: the gather pool keeps released blocks for reuse within twice the largest block;
   // blocks live at once are the one computing plus those prefetched ahead, which the engine
   // launches while fewer than min(stage3_prefetch_bucket_size, stage3_max_live_parameters minus
   // the elements live) elements are in flight: with the transformer's equal blocks, that budget rounded up to whole
   // blocks, never more than the model. docs/memory.md "Buffers and runtime".
   //
-  // Blocks kept gathered for their reuse (stage3_max_reuse_distance, zero/reuse_distance.h) are all
+  // Blocks kept gathered for their reuse (stage3_max_reuse_distance, layout/reuse_distance.h) are all
   // live at the turn from forward to backward, beside the block computing and those prefetched
   // with what the live limit leaves; never more than every block.
   int64_t gathered = 0;
@@ -315,13 +423,9 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // memory is then the device's memory, and everything placed in it is counted on the device.
   RoleBytes host_per_rank;
   RoleBytes& nvme = est.nvme_per_rank;
-  // Elements of the optimizer partition whose state is on NVMe (offload_optimizer.ratio).
-  const int64_t state_on_nvme =
-      offload_optimizer == OffloadTarget::Nvme
-          ? std::min(optimizer_partition, static_cast<int64_t>(std::floor(zero.offload_optimizer.ratio *
-                                                                          double(optimizer_partition))))
-          : 0;
-  const bool gradients_on_nvme = state_on_nvme > 0 && zero.offload_optimizer.nvme_gradients && zero.shard_gradients;
+  // Elements of the partition whose state is on NVMe: whole sub-groups (offload_optimizer.ratio).
+  const int64_t state_on_nvme = plan.optimizer_elements_on_disk;
+  const bool gradients_on_nvme = plan.gradient_elements_on_disk > 0;
   if (offload_optimizer == OffloadTarget::Cpu && !cpu_device) {
     // ZeRO-Offload: fp32 masters and moments leave the device.
     host_per_rank.master_weights += master;
@@ -329,34 +433,26 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     device.master_weights = 0;
     device.optimizer_moments = 0;
   }
+  // The step streams the disk sub-groups through buffer_count buffers, each holding every disk
+  // role of the largest sub-group: masters, moments, the working shard (with parameters on NVMe
+  // too: the fp32 master in fp32 training, the 16-bit result otherwise) and the gradients.
+  host_per_rank.buffers += plan.host.optimizer_stream;
   if (offload_optimizer == OffloadTarget::Nvme) {
-    // ratio of the partition's elements keep their masters and moments in files, the rest in
-    // host memory. The step streams the files sub-group by sub-group through buffer_count
-    // buffers of one sub-group each; a buffer element holds the roles on NVMe, plus, with
-    // parameters on NVMe too, the fp32 master read from the parameter tier (fp32: the working
-    // partition is the master) or the 16-bit result written back to it (mixed precision).
     const OffloadOptimizerConfig& o = zero.offload_optimizer;
     const int64_t P = optimizer_partition;
-    const int64_t on_nvme = state_on_nvme;
-    const int64_t in_memory = P - on_nvme;
-    nvme.master_weights = master_per_parameter * on_nvme;
-    nvme.optimizer_moments = moments_per_parameter * on_nvme;
+    const int64_t in_memory = std::max<int64_t>(0, P - state_on_nvme);
+    nvme.master_weights = plan.nvme.masters;
+    nvme.optimizer_moments = plan.nvme.moments;
     host_per_rank.master_weights += master_per_parameter * in_memory;
     host_per_rank.optimizer_moments += moments_per_parameter * in_memory;
-    const int64_t group =
-        on_nvme > 0 ? ceil_div(std::min(std::max<int64_t>(1, zero.sub_group_size), on_nvme), kSubGroupAlignment) *
-                          kSubGroupAlignment
-                    : 0;
-    int64_t buffer_element = master_per_parameter + moments_per_parameter;
-    if (offload_param == OffloadTarget::Nvme) buffer_element += mixed ? e : 4;
-    if (gradients_on_nvme) buffer_element += e;  // the gradients stream in with the state
-    host_per_rank.buffers += int64_t{o.buffer_count} * group * buffer_element;
     device.master_weights = 0;
     device.optimizer_moments = 0;
+    const auto disk_groups = std::count(plan.optimizer_on_disk.begin(), plan.optimizer_on_disk.end(), 1);
     est.notes.push_back(fmt::format(
-        "optimizer state on NVMe: {} of {} partition elements per rank, streamed in sub-groups of {} elements "
-        "through {} buffers ({} B per element){}",
-        on_nvme, P, group, o.buffer_count, buffer_element,
+        "optimizer state on NVMe: {} of {} partition elements per rank ({} of {} sub-groups), streamed through {} "
+        "buffers of {} B{}",
+        state_on_nvme, shape.partition_numel, disk_groups, plan.groups.size(), o.buffer_count,
+        plan.host.optimizer_stream / std::max(1, o.buffer_count),
         in_memory > 0 ? fmt::format("; {} elements' state stays in host memory (ratio {})", in_memory, o.ratio) : ""));
   }
   // With the model on a GPU, the state in host memory is reached through two host copies of the
@@ -365,8 +461,8 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // working values it writes for the copy back (docs/gpu.md "What lives where"). The fp32 chunk
   // through which the CPU kernels read 16-bit gradients is in host memory too.
   if (staged) {
-    host_per_rank.gradients += e * optimizer_partition;
-    host_per_rank.buffers += e * optimizer_partition + conversion_chunk;
+    host_per_rank.gradients += plan.host.gradient_snapshot;
+    host_per_rank.buffers += plan.host.next_working + conversion_chunk;
     device.buffers -= conversion_chunk;
     // The gradients stay on the device as well (the reduced partition at stage 2, the whole
     // gradients at stage 1): the snapshot is a copy of them (measured on an H200, docs/gpu.md).
@@ -379,15 +475,15 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   }
   if (gradients_on_nvme) {
     // docs/offload.md "Gradients on NVMe": the sub-groups whose state is on NVMe keep their
-    // gradients there too; each gradient bucket buffer gets a staging shard and an aligned copy.
-    const int64_t moved = e * state_on_nvme;
-    nvme.gradients += moved;
-    if (cpu_device) device.gradients = std::max<int64_t>(0, device.gradients - moved);
-    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - (staged ? e : 4) * state_on_nvme);
+    // gradients there too; each gradient bucket buffer gets an aligned staging copy of a bucket's
+    // disk sub-groups and a scratch shard.
+    const int64_t moved = plan.gradient_elements_on_disk;
+    nvme.gradients += plan.nvme.gradients;
+    if (cpu_device) device.gradients = std::max<int64_t>(0, device.gradients - e * moved);
+    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - (staged ? e : 4) * moved);
     const int64_t buffers = zero.overlap_comm ? 2 : 1;
     const int64_t shard_bytes = ceil_div(largest_bucket, N) * e;
-    const int64_t page = 4096;
-    host_per_rank.buffers += buffers * ceil_div(shard_bytes, page) * page +
+    host_per_rank.buffers += plan.host.gradient_staging +
                              (config.gradient_accumulation_steps > 1 ? buffers - 1 : buffers) * shard_bytes;
   }
   // Persistent parameters and the secondary partition stay where they are.
@@ -397,28 +493,20 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     device.parameters = persistent * e + secondary;
   }
   if (offload_param == OffloadTarget::Nvme) {
-    // The shard is in a file; block shards are read into buffer_count buffers of buffer_size
-    // elements ahead of their gather; up to max_in_cpu elements stay in host memory as well.
-    const OffloadParamConfig& o = zero.offload_param;
-    const int64_t block_shard = ceil_div(largest_block, N);
-    if (block_shard > o.buffer_size)
-      throw ConfigError(fmt::format(
-          "zero_optimization.offload_param.buffer_size: expected at least the largest block's shard per rank ({} "
-          "elements), found {}",
-          block_shard, o.buffer_size));
-    nvme.parameters = shard;
-    host_per_rank.parameters += std::min(o.max_in_cpu, shard / e) * e;
-    host_per_rank.buffers += int64_t{o.buffer_count} * block_shard * e;
+    // The block shards beyond max_in_cpu (whole blocks, the last ones kept) are in a file, read
+    // into buffer_count buffers of one block's disk shards ahead of their gather.
+    nvme.parameters = plan.nvme.parameters;
+    host_per_rank.parameters += std::max<int64_t>(0, shard - e * plan.parameter_elements_on_disk);
+    host_per_rank.buffers += plan.host.parameter_reads;
     device.parameters = persistent * e + secondary;
   }
   if (delayed) {
     // The delayed update's snapshot of the owned gradients, and its second working copy of the
-    // partition, which lies beside the working shards (on NVMe with offload_param nvme); with the
-    // model on a GPU they are the host copies counted above.
+    // partition, which has the working shards' tiers; with the model on a GPU they are the host
+    // copies counted above.
     if (!staged) {
-      host_per_rank.buffers += e * optimizer_partition;
-      if (offload_param == OffloadTarget::Nvme) nvme.parameters += shard;
-      else host_per_rank.buffers += e * optimizer_partition;
+      host_per_rank.buffers += plan.host.gradient_snapshot + plan.host.next_working;
+      nvme.parameters += plan.nvme.next_parameters;
     }
     est.notes.push_back("delayed parameter update: fp32 masters of their own, a snapshot of the owned gradients and "
                         "a second working copy of the partition");

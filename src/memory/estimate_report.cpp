@@ -49,8 +49,12 @@ nlohmann::json estimate_to_json(const MemoryEstimate& e) {
                     {"master_weights", e.nvme_per_rank.master_weights},
                     {"optimizer_moments", e.nvme_per_rank.optimizer_moments},
                     {"optimizer_states", e.nvme_per_rank.optimizer_states()},
+                    {"gradients", e.nvme_per_rank.gradients},
                     {"per_rank", e.nvme_per_rank.total()},
-                    {"per_node", e.nvme_per_node}}},
+                    {"per_node", e.nvme_per_node},
+                    {"load_staging_per_rank", e.nvme_load_staging_per_rank},
+                    {"host_buffers_per_rank", e.offload_host_buffers_per_rank},
+                    {"exact_partition", e.exact_partition}}},
           {"nvme_per_node", e.nvme_per_node},
           {"construction_peak", e.construction_peak},
           {"step_peak", e.step_peak},
@@ -158,8 +162,9 @@ std::string format_estimate(const MemoryEstimate& e, const ClusterSpec& cluster)
     const RoleBytes& n = e.nvme_per_rank;
     out += fmt::format("{:<34}{:>14}{:>16}\n", "NVMe (parameters + optimizer)", human_bytes(n.total()),
                        human_bytes(e.nvme_per_node));
-    out += fmt::format("  per rank: parameters {}, master weights {}, optimizer moments {}\n", human_bytes(n.parameters),
-                       human_bytes(n.master_weights), human_bytes(n.optimizer_moments));
+    out += fmt::format("  per rank: parameters {}, master weights {}, optimizer moments {}, gradients {}\n",
+                       human_bytes(n.parameters), human_bytes(n.master_weights), human_bytes(n.optimizer_moments),
+                       human_bytes(n.gradients));
   }
   auto verdict = [&](bool known, bool fits, int64_t need, int64_t have) {
     if (!known) return std::string("not checked (no capacity given)");

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "zero/reuse_distance.h"
+#include "layout/reuse_distance.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt_config.h"

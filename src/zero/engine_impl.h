@@ -5,8 +5,8 @@
 //                          the delayed update's installation); Engine's members
 //   engine_setup.cpp       construction: the trainable parameters, stage 3's blocks, the parts and
 //                          rank 0's initial values
-//   engine_offload.cpp     the NVMe tiers: which sub-groups go to disk, the pre-flight disk checks,
-//                          the I/O engine and the swap directories
+//   engine_offload.cpp     the NVMe tiers: the offload plan (layout/offload_plan.h) computed once,
+//                          the pre-flight disk checks, the I/O engine and the swap directories
 //   engine_publish.cpp     the updated parameters reach every rank (stages 1-2: the all-gather)
 //   engine_checkpoint.cpp  checkpoints, load_weights and the masters by name
 //
@@ -40,10 +40,10 @@
 #include "checkpoint/checkpoint.h"
 #include "io/aio.h"
 #include "io/swap_directory.h"
+#include "layout/offload_plan.h"
 #include "zero/device_plan.h"
 #include "zero/gradient_reducer.h"
 #include "zero/loss_scaler.h"
-#include "zero/nvme_footprint.h"
 #include "zero/optimizer_partition.h"
 #include "zero/parameter_gatherer.h"
 #include "zero/parameter_tier.h"
@@ -90,7 +90,11 @@ struct Engine::Impl {
   // Offload tiers (docs/offload.md): the I/O engine and swap directories exist only with NVMe.
   std::unique_ptr<io::AioEngine> io;
   std::vector<std::unique_ptr<io::SwapDirectory>> swap_directories;
-  std::vector<SubGroup> groups;  // the partition's sub-groups (one, the whole partition, without NVMe)
+  // The offload plan (layout/offload_plan.h), computed before anything is allocated: the
+  // partition's sub-groups (empty without NVMe), which of each role are on disk, the swap files'
+  // bytes (held against the disk before they exist, a load's staging checked against them) and
+  // the host buffers the tiers stream through.
+  OffloadPlan offload;
 
   torch::Tensor flat_params;   // parameters not sharded: the whole flat buffer, working dtype
   TieredArray param_partition; // sharded: this rank's partition, working dtype
@@ -123,9 +127,6 @@ struct Engine::Impl {
 
   std::vector<ParameterGroup> parameter_groups;
 
-  // The NVMe tiers' bytes as planned: the pre-flight check held them against the disk, the tiers
-  // created them, a load's staging is checked against them.
-  NvmeFootprint footprint;
   bool noted_integer_buffers = false;  // frozen_values() has said that such buffers are left out
 
   Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, std::shared_ptr<Communicator> cm,
@@ -143,24 +144,22 @@ struct Engine::Impl {
     bool materialized = false;
   };
 
-  struct OffloadPlan {
-    std::vector<char> optimizer_on_disk, parameters_on_disk;  // per sub-group; empty: all in memory
-    std::vector<char> gradients_on_disk;                      // nvme_gradients: the optimizer's sub-groups
-    io::SwapDirectory* optimizer_directory = nullptr;
-    io::SwapDirectory* parameter_directory = nullptr;
+  // Where the tiers of `offload` put their swap files (null: no NVMe role of that kind).
+  struct SwapDirectories {
+    io::SwapDirectory* optimizer = nullptr;
+    io::SwapDirectory* parameters = nullptr;
   };
 
   // ---------------------------------------------------------------- construction (engine_setup.cpp)
 
   void build();
   std::vector<torch::Tensor> collect_trainable(std::vector<PendingBlock>& pending);
-  void create_arenas(const OffloadPlan& plan);
-  void adopt_initial_values(std::vector<torch::Tensor>& trainable, std::vector<PendingBlock>& pending,
-                            const OffloadPlan& plan);
+  void create_arenas(const SwapDirectories& directories);
+  void adopt_initial_values(std::vector<torch::Tensor>& trainable, std::vector<PendingBlock>& pending);
   template <class BeforeCopy>
   void adopt_replicated_initial_values(std::vector<torch::Tensor>& trainable, const torch::TensorOptions& fp32,
                                        int64_t chunk_limit, BeforeCopy&& before_copy);
-  void create_reducer(const OffloadPlan& plan);
+  void create_reducer(const SwapDirectories& directories);
   void assign_parameter_groups(OptimizerPartition::Options& options);
   void find_marked_modules(std::unordered_map<const void*, int>& owner_of,
                            std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules);
@@ -173,9 +172,9 @@ struct Engine::Impl {
 
   // ---------------------------------------------------------------- offload (engine_offload.cpp)
 
-  OffloadPlan plan_offload();
-  OffloadPlan choose_tiers();
-  void open_tiers(OffloadPlan& plan);
+  SwapDirectories plan_offload();
+  void choose_tiers();
+  SwapDirectories open_tiers();
   void preflight_load_staging(bool with_moments);
   OffloadReport offload_report() const;
 

@@ -7,17 +7,18 @@
 #include "zerotrain/error.h"
 #include "zerotrain/memory.h"
 
-// The engine's NVMe tiers (docs/offload.md): which sub-groups of which role go to disk, the
-// pre-flight checks of the swap paths' free space (at construction and before a load stages its
-// copies), the I/O engine and the swap directories, and what the tiers report.
+// The engine's NVMe tiers (docs/offload.md): the offload plan (which sub-groups of which role go
+// to disk, their bytes), the pre-flight checks of the swap paths' free space (at construction and
+// before a load stages its copies), the I/O engine and the swap directories, and what the tiers
+// report.
 
 namespace zt {
 
 // A load writes staging copies beside the live swap files until it commits: their free space is
 // checked on every rank before anything is read, and all ranks refuse together.
 void Engine::Impl::preflight_load_staging(bool with_moments) {
-  const int64_t optimizer_dir = footprint.masters + (with_moments ? footprint.moments : 0);
-  const int64_t parameter_dir = footprint.load_staging_parameters;
+  const int64_t optimizer_dir = offload.nvme.masters + (with_moments ? offload.nvme.moments : 0);
+  const int64_t parameter_dir = offload.load_staging_parameters;
   if (optimizer_dir == 0 && parameter_dir == 0) return;
   on_every_rank(*comm, "load.staging_space", [&] {
     // Every rank's staging counts against a shared disk, as at construction.
@@ -37,20 +38,18 @@ void Engine::Impl::preflight_load_staging(bool with_moments) {
   });
 }
 
-// Decides which sub-groups of which role go to NVMe, checks the swap paths (pre-flight: before
-// anything large is allocated) and opens the I/O engine and the swap directories.
-Engine::Impl::OffloadPlan Engine::Impl::plan_offload() {
-  OffloadPlan plan = choose_tiers();
-  open_tiers(plan);
-  return plan;
+// Plans the offload (which sub-groups of which role go to NVMe, their bytes), checks the swap
+// paths (pre-flight: before anything large is allocated) and opens the I/O engine and the swap
+// directories.
+Engine::Impl::SwapDirectories Engine::Impl::plan_offload() {
+  choose_tiers();
+  return open_tiers();
 }
 
-// The sub-groups of each role that go to NVMe (optimizer ratio, parameters beyond max_in_cpu);
-// the partition's sub-groups are planned only when some role has an NVMe device.
-Engine::Impl::OffloadPlan Engine::Impl::choose_tiers() {
-  OffloadPlan plan;
+// The offload plan of this rank's partition (layout/offload_plan.h): the engine's only source of
+// where each role lives and how many bytes its files and buffers take.
+void Engine::Impl::choose_tiers() {
   const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
-  const OffloadParamConfig& op = config.zero.offload_param;
   if (oo.delayed_update && oo.nvme_gradients && oo.device == OffloadDevice::Nvme && config.zero.shard_gradients)
     throw ConfigError("zero_optimization.offload_optimizer.nvme_gradients: true cannot be combined with "
                       "delayed_update (the delayed step keeps a snapshot of the gradients in memory)");
@@ -59,80 +58,31 @@ Engine::Impl::OffloadPlan Engine::Impl::choose_tiers() {
                       "collective, found Lamb on " + std::to_string(shard_world) +
                       " ranks (its per-tensor trust ratios need an all-reduce inside the step, which the delayed "
                       "step cannot run beside training's collectives); use Adam/AdamW/SGD or delayed_update false");
-  const bool optimizer_nvme = oo.device == OffloadDevice::Nvme;
-  const bool parameters_nvme = op.device == OffloadDevice::Nvme && shard_parameters;
-  if (!optimizer_nvme && !parameters_nvme) return plan;
-  groups = plan_sub_groups(layout, config.zero.sub_group_size);
-  const int64_t partition = layout.partition_numel;
-  if (optimizer_nvme) {
-    // ratio: the first sub-groups up to that fraction of the partition go to NVMe, the rest stay.
-    const double limit = oo.ratio * double(partition);
-    int64_t placed = 0;
-    for (const SubGroup& g : groups) {
-      plan.optimizer_on_disk.push_back(double(placed) < limit);
-      placed += g.numel;
-    }
-    // The gradients of the sub-groups whose state is on NVMe go there too (stages 2-3).
-    if (oo.nvme_gradients && config.zero.shard_gradients) plan.gradients_on_disk = plan.optimizer_on_disk;
-  }
-  if (parameters_nvme) {
-    // Shards of blocks go to NVMe, except whole blocks (the last ones) within max_in_cpu
-    // elements; parameters outside every block stay whole in memory anyway.
-    plan.parameters_on_disk.assign(groups.size(), 0);
-    std::map<int, std::vector<size_t>> block_groups;
-    std::map<int, int64_t> block_shard;
-    for (size_t g = 0, b = 0; g < groups.size(); ++g) {
-      while (groups[g].begin >= layout.buckets[b].partition_offset + layout.buckets[b].shard_numel) ++b;
-      if (const int block = layout.buckets[b].group; block >= 0) {
-        block_groups[block].push_back(g);
-        block_shard[block] += groups[g].numel;
-      }
-    }
-    int64_t kept = 0;
-    for (auto it = block_groups.rbegin(); it != block_groups.rend(); ++it) {
-      if (kept + block_shard[it->first] <= op.max_in_cpu) {
-        kept += block_shard[it->first];
-        continue;
-      }
-      for (size_t g : it->second) plan.parameters_on_disk[g] = 1;
-    }
-    int64_t largest_block = 0;
-    std::map<int, int64_t> block_numel;
-    for (const BucketLayout& lb : layout.buckets)
-      if (lb.group >= 0) largest_block = std::max(largest_block, block_numel[lb.group] += lb.shard_numel);
-    if (largest_block > op.buffer_size)
-      throw ConfigError("zero_optimization.offload_param.buffer_size: expected at least the largest block's shard, " +
-                        std::to_string(largest_block) + " elements, found " + std::to_string(op.buffer_size));
-  }
-  return plan;
+  OffloadPlanInput input = offload_plan_input(config);
+  input.fp32_masters = keeps_fp32_masters(separate_master, oo.delayed_update, devices.stage_through_host);
+  input.moments = optimizer_moment_arrays(config);
+  input.working_element_bytes = int64_t(c10::elementSize(working_dtype));
+  input.staged = devices.stage_through_host;
+  input.host_step = !devices.device_step();
+  offload = zt::plan_offload(layout, input);
 }
 
 // Pre-flight, then the I/O engine and the swap directories the plan's tiers use.
-void Engine::Impl::open_tiers(OffloadPlan& plan) {
+Engine::Impl::SwapDirectories Engine::Impl::open_tiers() {
+  SwapDirectories directories;
   const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
   const OffloadParamConfig& op = config.zero.offload_param;
   const bool optimizer_nvme = oo.device == OffloadDevice::Nvme;
   const bool parameters_nvme = op.device == OffloadDevice::Nvme && shard_parameters;
-  if (!optimizer_nvme && !parameters_nvme) return;
+  if (!optimizer_nvme && !parameters_nvme) return directories;
   // Pre-flight, on every rank: each rank's swap files, times the ranks that may share the disk.
   const int64_t ranks_sharing = world;
   auto log = [this](const std::string& line) {
     if (rank == 0) std::fprintf(stderr, "zerotrain: note: %s\n", line.c_str());
   };
-  NvmeTierPlan tiers;
-  tiers.groups = groups;
-  tiers.optimizer_on_disk = plan.optimizer_on_disk;
-  tiers.gradients_on_disk = plan.gradients_on_disk;
-  tiers.parameters_on_disk = plan.parameters_on_disk;
-  tiers.fp32_masters = keeps_fp32_masters(separate_master, oo.delayed_update, devices.stage_through_host);
-  tiers.moments = optimizer_moment_arrays(config);
-  tiers.working_element_bytes = int64_t(c10::elementSize(working_dtype));
-  // The delayed update keeps a second working copy with the same tiers (params.next).
-  tiers.next_working_copy = oo.delayed_update && !devices.stage_through_host;
-  footprint = nvme_footprint(tiers);
   std::map<std::string, int64_t> need;
-  if (optimizer_nvme) need[oo.nvme_path] += footprint.optimizer_directory() * ranks_sharing;
-  if (parameters_nvme) need[op.nvme_path] += footprint.parameter_directory() * ranks_sharing;
+  if (optimizer_nvme) need[oo.nvme_path] += offload.nvme.optimizer_directory() * ranks_sharing;
+  if (parameters_nvme) need[op.nvme_path] += offload.nvme.parameter_directory() * ranks_sharing;
   if (optimizer_nvme)
     io::preflight_swap_path(oo.nvme_path, need[oo.nvme_path], "zero_optimization.offload_optimizer.nvme_path");
   if (parameters_nvme && (!optimizer_nvme || op.nvme_path != oo.nvme_path))
@@ -142,16 +92,17 @@ void Engine::Impl::open_tiers(OffloadPlan& plan) {
   io = std::make_unique<io::AioEngine>(aio);
   if (optimizer_nvme) {
     swap_directories.push_back(std::make_unique<io::SwapDirectory>(oo.nvme_path, rank, log));
-    plan.optimizer_directory = swap_directories.back().get();
+    directories.optimizer = swap_directories.back().get();
   }
   if (parameters_nvme) {
     if (optimizer_nvme && op.nvme_path == oo.nvme_path) {
-      plan.parameter_directory = plan.optimizer_directory;
+      directories.parameters = directories.optimizer;
     } else {
       swap_directories.push_back(std::make_unique<io::SwapDirectory>(op.nvme_path, rank, log));
-      plan.parameter_directory = swap_directories.back().get();
+      directories.parameters = swap_directories.back().get();
     }
   }
+  return directories;
 }
 
 OffloadReport Engine::Impl::offload_report() const {
@@ -159,9 +110,11 @@ OffloadReport Engine::Impl::offload_report() const {
   r.nvme_optimizer_bytes = optimizer->disk_bytes();
   r.nvme_parameter_bytes = param_partition.disk_bytes() + optimizer->next_working_disk_bytes();
   r.nvme_gradient_bytes = reducer->disk_bytes();
-  r.nvme_planned_bytes = footprint.total();
-  r.nvme_load_staging_bytes = footprint.load_staging_optimizer + footprint.load_staging_parameters;
-  r.host_buffer_bytes = optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0);
+  r.nvme_planned_bytes = offload.nvme.total();
+  r.nvme_load_staging_bytes = offload.load_staging_optimizer + offload.load_staging_parameters;
+  // What the tiers allocated, which the plan's host.total() predicts.
+  r.host_buffer_bytes = optimizer->buffer_bytes() + (parameter_tier ? parameter_tier->buffer_bytes() : 0) +
+                        reducer->staging_bytes();
   if (io) {
     const io::AioEngine::Stats s = io->stats();
     r.bytes_read = s.bytes_read;

@@ -33,14 +33,14 @@ void Engine::Impl::build() {
 
   // The parts, long-lived arenas first (so that the transients of adopt_initial_values leave no
   // holes beneath them): working parameters and optimizer state; the gradients follow it.
-  const OffloadPlan plan = plan_offload();
-  create_arenas(plan);
+  const SwapDirectories directories = plan_offload();
+  create_arenas(directories);
   torch::NoGradGuard no_grad;
-  adopt_initial_values(trainable, pending, plan);
+  adopt_initial_values(trainable, pending);
 
   // The gradient arenas come after the initial values are in place: a model built sharded
   // holds its shards until then, and the two never need to coexist.
-  create_reducer(plan);
+  create_reducer(directories);
 
   // Frozen parameters and floating-point buffers follow the working dtype so that the model's
   // operations see one dtype; they get no gradient or optimizer memory.
@@ -119,16 +119,16 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
 }
 
 // The working parameters (the flat buffer, or this rank's partition and its tier) and the
-// optimizer partition, on the tiers `plan` chose.
-void Engine::Impl::create_arenas(const OffloadPlan& plan) {
+// optimizer partition, on the tiers the offload plan chose.
+void Engine::Impl::create_arenas(const SwapDirectories& directories) {
   auto working = torch::TensorOptions().dtype(working_dtype).device(devices.compute);
   if (shard_parameters) {
-    if (plan.parameters_on_disk.empty())
+    if (offload.parameters_on_disk.empty())
       param_partition = TieredArray("params", working_dtype, layout.partition_numel, devices.compute);
     else
-      param_partition = TieredArray("params", working_dtype, groups, plan.parameters_on_disk, *io,
-                                    plan.parameter_directory->file("params"));
-    parameter_tier = std::make_unique<ParameterTier>(layout, param_partition, groups, io.get(),
+      param_partition = TieredArray("params", working_dtype, offload.groups, offload.parameters_on_disk, *io,
+                                    directories.parameters->file("params"));
+    parameter_tier = std::make_unique<ParameterTier>(layout, param_partition, offload.groups, io.get(),
                                                      config.zero.offload_param.buffer_count);
   } else {
     flat_params = torch::zeros({layout.total_numel}, working);
@@ -142,16 +142,14 @@ void Engine::Impl::create_arenas(const OffloadPlan& plan) {
   optimizer_options.devices = devices;
   assign_parameter_groups(optimizer_options);
   if (io) {
-    optimizer_options.tiers.groups = groups;
-    optimizer_options.tiers.on_disk = plan.optimizer_on_disk;
+    optimizer_options.tiers.groups = offload.groups;
+    optimizer_options.tiers.on_disk = offload.optimizer_on_disk;
     optimizer_options.tiers.io = io.get();
-    if (plan.optimizer_directory) optimizer_options.tiers.directory = plan.optimizer_directory->path();
+    if (directories.optimizer) optimizer_options.tiers.directory = directories.optimizer->path();
     optimizer_options.tiers.buffer_count = config.zero.offload_optimizer.buffer_count;
     optimizer_options.tiers.pipeline_read = config.zero.offload_optimizer.pipeline_read;
     optimizer_options.tiers.pipeline_write = config.zero.offload_optimizer.pipeline_write;
-    // Nothing of the optimizer on disk: the stream still carries parameters that are.
-    if (plan.optimizer_on_disk.empty()) optimizer_options.tiers.on_disk.clear();
-    optimizer_options.tiers.gradients_on_disk = plan.gradients_on_disk;
+    optimizer_options.tiers.gradients_on_disk = offload.gradients_on_disk;
   }
   OptimizerPartition::Working optimizer_working;
   if (shard_parameters) optimizer_working.partition = &param_partition;
@@ -217,8 +215,7 @@ void Engine::Impl::adopt_replicated_initial_values(std::vector<torch::Tensor>& t
 
 // Rank 0's initial values, in fp32, for everyone: the master weights are set from them before
 // anything is rounded to the working dtype.
-void Engine::Impl::adopt_initial_values(std::vector<torch::Tensor>& trainable, std::vector<PendingBlock>& pending,
-                                        const OffloadPlan& plan) {
+void Engine::Impl::adopt_initial_values(std::vector<torch::Tensor>& trainable, std::vector<PendingBlock>& pending) {
   auto fp32 = torch::TensorOptions().dtype(torch::kFloat32).device(devices.compute);
   // A block built sharded is gathered whole just before its first parameter is copied.
   std::unordered_map<const void*, int> pending_of;
@@ -233,8 +230,7 @@ void Engine::Impl::adopt_initial_values(std::vector<torch::Tensor>& trainable, s
   };
   // Masters in swap files are written a sub-group at a time: pieces smaller than a bucket would
   // read and rewrite a sub-group each, so they go a bucket at a time as with sharded parameters.
-  const bool masters_on_disk =
-      std::any_of(plan.optimizer_on_disk.begin(), plan.optimizer_on_disk.end(), [](char d) { return d != 0; });
+  const bool masters_on_disk = offload.optimizer_elements_on_disk > 0;
   if (!shard_parameters)
     adopt_replicated_initial_values(trainable, fp32, masters_on_disk ? std::numeric_limits<int64_t>::max()
                                                                      : kInitialValuesChunk,
@@ -270,7 +266,7 @@ void Engine::Impl::adopt_initial_values(std::vector<torch::Tensor>& trainable, s
 }
 
 // The gradient memory and its reduction, as the configuration's sharding switches choose it.
-void Engine::Impl::create_reducer(const OffloadPlan& plan) {
+void Engine::Impl::create_reducer(const SwapDirectories& directories) {
   const GradientReduction reduction = config.zero.shard_gradients          ? GradientReduction::ReduceScatterBuckets
                                       : config.zero.shard_optimizer_states ? GradientReduction::ReduceScatterInPlace
                                                                            : GradientReduction::AllReduce;
@@ -286,9 +282,9 @@ void Engine::Impl::create_reducer(const OffloadPlan& plan) {
   // predivide factor before and by world / factor after (docs/zero.md "Gradient averaging").
   reducer_options.pre_divide =
       config.averaging.prescale_gradients ? double(world) : config.averaging.gradient_predivide_factor;
-  if (!plan.gradients_on_disk.empty())
-    reducer_options.disk = GradientReducer::Options::Disk{groups, plan.gradients_on_disk, io.get(),
-                                                          plan.optimizer_directory->file("grads")};
+  if (!offload.gradients_on_disk.empty())
+    reducer_options.disk = GradientReducer::Options::Disk{offload.groups, offload.gradients_on_disk, io.get(),
+                                                          directories.optimizer->file("grads")};
   reducer = std::make_unique<GradientReducer>(layout, reducer_options, *comm);
   if (optimizer->takes_early_gradients())
     reducer->set_on_final([this](int bucket) { optimizer->gradient_final(bucket, *reducer); });
@@ -353,35 +349,16 @@ void Engine::Impl::find_marked_modules(
   }
 }
 
-// Stage 3: a marked module with trainable parameters of at least
-// stage3_param_persistence_threshold elements is a block, and those parameters are its group in
-// the layout; every other parameter is persistent (group -1: kept whole on every rank). Within
-// a module the persistent parameters are moved before the others, so that in the layout's
-// reverse order each block is one contiguous run of buckets followed by its persistent bucket,
-// and both complete during that block's backward.
+// Stage 3: the blocks and the layout's order by the layout's rule (assign_stage3_blocks,
+// zerotrain/layout.h), which the memory estimate applies to the reference GPT too; a block's
+// persistent bucket completes during that block's backward.
 void Engine::Impl::assign_blocks(
     std::vector<torch::Tensor>& trainable, std::vector<ParameterSpec>& specs, const std::vector<int>& owners,
     const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules) {
-  const int64_t threshold = config.zero.stage3_param_persistence_threshold;
-  std::vector<int> block_of_module(modules.size(), -1);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    const int owner = owners[i];
-    if (owner < 0 || trainable[i].numel() < threshold) continue;
-    if (block_of_module[owner] < 0) {
-      block_of_module[owner] = int(planned_blocks.size());
-      planned_blocks.push_back({modules[owner].first, modules[owner].second});
-    }
-    specs[i].group = block_of_module[owner];
-  }
-  std::vector<size_t> order(specs.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  for (size_t begin = 0; begin < order.size();) {
-    size_t end = begin + 1;
-    while (end < order.size() && owners[end] == owners[begin]) ++end;
-    if (owners[begin] >= 0)
-      std::stable_partition(order.begin() + begin, order.begin() + end, [&](size_t i) { return specs[i].group < 0; });
-    begin = end;
-  }
+  const Stage3Blocks blocks = assign_stage3_blocks(specs, owners, config.zero.stage3_param_persistence_threshold);
+  for (int module : blocks.module_of_block)
+    planned_blocks.push_back({modules[size_t(module)].first, modules[size_t(module)].second});
+  const std::vector<size_t>& order = blocks.order;
   std::vector<torch::Tensor> sorted_trainable;
   std::vector<ParameterSpec> sorted_specs;
   for (size_t i : order) {

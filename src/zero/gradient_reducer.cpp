@@ -420,4 +420,10 @@ int64_t GradientReducer::buffer_bytes() const {
   return bytes;
 }
 
+int64_t GradientReducer::staging_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& buffer : buffers_) bytes += buffer.staging.size();
+  return bytes;
+}
+
 }  // namespace zt

@@ -98,6 +98,8 @@ class GradientReducer {
 
   int64_t gradient_bytes() const;  // in memory
   int64_t disk_bytes() const { return partition_.disk_bytes(); }
+  // Disk tier: the aligned staging buffers the reductions pass through on their way to the file.
+  int64_t staging_bytes() const;
   int64_t buffer_bytes() const;
 
  private:

@@ -23,8 +23,9 @@
 namespace zt {
 namespace {
 
-// Chunk of 16-bit gradients converted to fp32 before one kernel call; bounds the scratch buffer.
-constexpr int64_t kConversionChunk = 1 << 20;
+// Chunk of 16-bit gradients converted to fp32 before one kernel call; bounds the scratch buffer
+// (the offload plan counts it among the host buffers).
+constexpr int64_t kConversionChunk = kConversionChunkElements;
 
 }  // namespace
 

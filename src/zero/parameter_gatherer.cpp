@@ -11,7 +11,7 @@
 #include "common/check.h"
 #include "zerotrain/config.h"
 #include "zerotrain/error.h"
-#include "zero/reuse_distance.h"
+#include "layout/reuse_distance.h"
 
 namespace zt {
 

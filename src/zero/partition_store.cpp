@@ -12,18 +12,8 @@
 
 namespace zt {
 
-std::vector<SubGroup> plan_sub_groups(const FlatLayout& layout, int64_t sub_group_size) {
-  ZT_CHECK_STATE(sub_group_size > 0, "sub_group_size must be positive");
-  // A multiple of 2048 elements is a whole number of 4 KiB pages in fp32 and in 16 bits, so the
-  // sub-groups of one bucket lie back to back in a swap file and a bucket's shard reads as one
-  // contiguous run.
-  sub_group_size = (sub_group_size + kSubGroupGranule - 1) / kSubGroupGranule * kSubGroupGranule;
-  std::vector<SubGroup> groups;
-  for (const BucketLayout& b : layout.buckets)
-    for (int64_t done = 0; done < b.shard_numel; done += sub_group_size)
-      groups.push_back({b.partition_offset + done, std::min(sub_group_size, b.shard_numel - done)});
-  return groups;
-}
+// The offload plan counts swap files in the I/O engine's pages.
+static_assert(kSwapPageBytes == io::kAlignment, "the offload plan and the I/O engine align alike");
 
 TieredArray::TieredArray(std::string role, at::ScalarType dtype, int64_t numel, c10::Device device, bool pinned)
     : role_(std::move(role)), dtype_(dtype), numel_(numel),
@@ -72,18 +62,10 @@ TieredArray::TieredArray(std::string role, at::ScalarType dtype, const std::vect
     }
   }
   memory_ = torch::zeros({memory}, torch::TensorOptions().dtype(dtype));
-  ZT_CHECK_STATE(file_bytes_ == file_bytes(groups, on_disk, element_size()), role_ + ": file size formula");
+  ZT_CHECK_STATE(file_bytes_ == swap_file_bytes(groups, on_disk, element_size()), role_ + ": file size formula");
   // A new swap file is created empty and allocated (fallocate), so it reads as zeros: the moments
   // start there without a write, the masters and parameters are stored next.
   if (disk_count_ > 0) file_id_ = io.open(file, file_bytes_);
-}
-
-int64_t TieredArray::file_bytes(const std::vector<SubGroup>& groups, const std::vector<char>& on_disk,
-                                int64_t element_size) {
-  int64_t bytes = 0;
-  for (size_t g = 0; g < groups.size() && g < on_disk.size(); ++g)
-    if (on_disk[g]) bytes += io::align_up(groups[g].numel * element_size);
-  return bytes;
 }
 
 int64_t TieredArray::buffer_bytes(int g) const { return io::align_up(groups_[size_t(g)].numel * element_size()); }

@@ -3,9 +3,11 @@
 // or in a swap file on NVMe (ZeRO-Infinity; docs/offload.md). Internal to the engine.
 //
 // Contract
-// - The partition [0, P) is cut into sub-groups (plan_sub_groups): the unit a swap file is read
-//   and written in. Sub-groups never straddle a bucket's shard, so a stage-3 block (whole
-//   buckets) is whole sub-groups too.
+// - The partition [0, P) is cut into sub-groups (plan_sub_groups, layout/offload_plan.h): the unit
+//   a swap file is read and written in. Sub-groups never straddle a bucket's shard, so a stage-3
+//   block (whole buckets) is whole sub-groups too. Which sub-groups of a role are on disk is the
+//   offload plan's decision; the array creates exactly the file the plan counted
+//   (swap_file_bytes).
 // - A TieredArray keeps the sub-groups it was told to keep in memory in one exact-size tensor, in
 //   partition order (all in memory: that tensor is the partition's arena, with no copy or
 //   indirection anywhere), and the others in its swap file, each sub-group at an aligned offset.
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "layout/offload_plan.h"
 #include "zerotrain/layout.h"
 
 namespace zt {
@@ -31,16 +34,6 @@ namespace zt {
 namespace io {
 class AioEngine;
 }
-
-struct SubGroup {
-  int64_t begin = 0;  // partition offset
-  int64_t numel = 0;
-};
-
-// Cuts [0, layout.partition_numel) at every bucket shard's start and every `sub_group_size`
-// elements within a shard, sub_group_size rounded up to a multiple of kSubGroupGranule.
-constexpr int64_t kSubGroupGranule = 2048;
-std::vector<SubGroup> plan_sub_groups(const FlatLayout& layout, int64_t sub_group_size);
 
 // Aligned host memory for element-range transfers, grown to the largest request. Allocated
 // through LibTorch's CPU allocator like the state's own tensors, so that memory accounting
@@ -65,13 +58,10 @@ class TieredArray {
   // Every element in memory, zero-filled, on `device` (host memory page-locked when `pinned`).
   TieredArray(std::string role, at::ScalarType dtype, int64_t numel, c10::Device device = c10::kCPU,
               bool pinned = false);
-  // Sub-group g on disk where on_disk[g], in `file` (created, sized), the rest in memory (zeros).
+  // Sub-group g on disk where on_disk[g], in `file` (created, sized swap_file_bytes()), the rest
+  // in memory (zeros).
   TieredArray(std::string role, at::ScalarType dtype, const std::vector<SubGroup>& groups,
               const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file);
-  // The size of the swap file such an array creates: each disk sub-group at an aligned offset.
-  // The one formula the tiers, the pre-flight disk check and the checkpoint load's staging use.
-  static int64_t file_bytes(const std::vector<SubGroup>& groups, const std::vector<char>& on_disk,
-                            int64_t element_size);
 
   bool defined() const { return numel_ > 0 || memory_.defined(); }
   const std::string& role() const { return role_; }

@@ -1,4 +1,4 @@
-#include "zero/reuse_distance.h"
+#include "layout/reuse_distance.h"
 
 #include <algorithm>
 
