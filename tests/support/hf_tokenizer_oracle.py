@@ -50,6 +50,7 @@ def number(rng):
 
 
 def word(rng, specials):
+    """A word of the test texts; `specials` are the added tokens to write into them."""
     r = rng.random()
     if r < 0.45:
         w = rng.choice(WORDS)
@@ -90,7 +91,7 @@ def byte_level(add_prefix_space):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(corpus(1, 20000, []), trainer)
     tok.add_tokens([AddedToken("model weight", normalized=True)])  # an added token that is not special
-    return tok, ["<|endoftext|>", "<|pad|>"]
+    return tok, ["<|endoftext|>", "<|pad|>", "model weight"]
 
 
 def llama3():
