@@ -1,9 +1,8 @@
 // Hugging Face tokenizers (include/zerotrain/tokenizer.h, src/data/hf_*.cpp, docs/tokenizers.md):
 // ids and decoded text equal to the Python `tokenizers` library's on thousands of mixed texts, for
 // tokenizers it trains here (byte-level BPE as GPT-2's, with and without a prefix space; Llama 3's
-// split regex and template; Llama 2's SentencePiece layout with and without byte fallback); the
-// pieces (byte-to-unicode map, merges by rank, byte fallback, lossy UTF-8, the whitespace class);
-// and the refusals of what is not supported, each naming the file and the field.
+// split regex and template; Llama 2's SentencePiece layout with and without byte fallback, and
+// with a Metaspace pre-tokenizer). The pieces and the refusals: hf_tokenizer_pieces_test.cpp.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -132,6 +131,13 @@ TEST(HfTokenizerOracle, SentencePieceBpeWithByteFallbackMatchesTokenizers) {
 TEST(HfTokenizerOracle, SentencePieceBpeWithFusedUnknownsMatchesTokenizers) {
   REQUIRE_TOKENIZERS();
   expect_kind_matches("sentencepiece_unk");
+}
+
+// The later SentencePiece layout (Mistral's): a Metaspace pre-tokenizer that prepends "▁" to the
+// text's first stretch only (not after a special token), and the Metaspace decoder.
+TEST(HfTokenizerOracle, MetaspacePreTokenizerAndDecoderMatchTokenizers) {
+  REQUIRE_TOKENIZERS();
+  expect_kind_matches("metaspace");
 }
 
 // tokenizer.json files written before tokenizers 0.20 spell merges as "left right" strings.

@@ -5,11 +5,12 @@ The reference for tests/hf_tokenizer_test.cpp and bench/tokenizer_bench.sh: noth
 downloaded; every tokenizer is trained here on generated text.
 
   hf_tokenizer_oracle.py cases OUT_DIR [LINES [KIND...]]
-      For each kind (all when none is named) (bytelevel: GPT-2's layout; bytelevel_prefix: the same with
-      add_prefix_space; llama3: Llama 3's split regex and template, ignore_merges;
+      For each kind, all when none is named (bytelevel: GPT-2's layout; bytelevel_prefix: the
+      same with add_prefix_space; llama3: Llama 3's split regex and template, ignore_merges;
       sentencepiece: Llama 2's layout with byte fallback; sentencepiece_unk: the same without
-      byte fallback, unknown characters fused), writes OUT_DIR/<kind>.json (the tokenizer) and
-      OUT_DIR/<kind>_cases.json: {"texts": [...], "ids": [...], "ids_with_special": [...],
+      byte fallback, unknown characters fused; metaspace: byte fallback with a Metaspace
+      pre-tokenizer and decoder, "first" prepend scheme), writes OUT_DIR/<kind>.json (the
+      tokenizer) and OUT_DIR/<kind>_cases.json: {"texts": [...], "ids": [...], "ids_with_special": [...],
       "decoded": [...], "decoded_skipping_special": [...]} for LINES test texts (default 3000).
   hf_tokenizer_oracle.py text OUT_FILE LINES
       Writes LINES generated texts (the kind the cases use, newlines inside them too) joined by
@@ -112,8 +113,10 @@ def llama3():
     return tok, specials
 
 
-def sentencepiece(byte_fallback):
-    """Llama 2's layout: Prepend + Replace normalizer, no pre-tokenizer, <0xNN> byte tokens at ids 3-258."""
+def sentencepiece(byte_fallback, metaspace=False):
+    """Llama 2's layout: Prepend + Replace normalizer, no pre-tokenizer, <0xNN> byte tokens at ids 3-258.
+    With `metaspace`, the later layout: a Metaspace pre-tokenizer that prepends to the text's
+    first stretch only, and the Metaspace decoder."""
     specials = ["<unk>", "<s>", "</s>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
@@ -135,6 +138,11 @@ def sentencepiece(byte_fallback):
     spec["decoder"] = {"type": "Sequence", "decoders": [
         {"type": "Replace", "pattern": {"String": "▁"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"},
         {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    if metaspace:
+        spec["normalizer"] = None
+        spec["pre_tokenizer"] = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}
+        spec["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}]}
     tok = Tokenizer.from_str(json.dumps(spec))
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
                                                        special_tokens=[("<s>", 1)])
@@ -147,6 +155,7 @@ def kinds():
     yield "llama3", llama3
     yield "sentencepiece", lambda: sentencepiece(True)
     yield "sentencepiece_unk", lambda: sentencepiece(False)
+    yield "metaspace", lambda: sentencepiece(True, metaspace=True)
 
 
 def write_cases(out_dir, lines, wanted):
