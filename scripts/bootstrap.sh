@@ -20,6 +20,7 @@ log() { echo "[bootstrap] $*" >&2; }
 
 apt_packages=(g++ cmake make git python3 python3-pip pkg-config
   libgloo-dev nlohmann-json3-dev libcli11-dev zlib1g-dev liburing-dev
+  libpcre2-dev  # the regular expressions of Hugging Face tokenizers (src/data/hf_regex.cpp)
   libgtest-dev libgmock-dev
   clang libclang-rt-14-dev)  # clang + its sanitizer/libFuzzer runtimes: scripts/fuzz.sh
 missing=()

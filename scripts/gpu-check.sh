@@ -64,7 +64,7 @@ travel_limit_mib=64
 cli_target=zerotrain_cli
 test_targets=(device_kernels_test device_parity_test)
 # What the build needs from Debian beyond a GPU image (fallback build only).
-deb_packages=(nlohmann-json3-dev libcli11-dev libgloo-dev libgtest-dev libgmock-dev zlib1g-dev zlib1g)
+deb_packages=(nlohmann-json3-dev libcli11-dev libgloo-dev libgtest-dev libgmock-dev zlib1g-dev zlib1g libpcre2-dev libpcre2-8-0)
 
 configure_args() {  # TORCH_PREFIX [EXTRA_PREFIX]: the CUDA configuration both builds use
   local prefix=$1
