@@ -40,8 +40,6 @@ FUNCTION_ALLOWED = {
         "known: validates an untrusted header field by field; to be split",
     ("src/cli/estimate.cpp", "run_estimate"):
         "known: the flags' cluster, configuration and model, then one of three reports; to be split",
-    ("src/launch/launcher.cpp", "launch_local"):
-        "known: a launch's four phases over one set of ranks and stop state; to be split by phase",
     ("src/comm/flight_recorder.cpp", "find_divergence"):
         "known: compares the ranks' flight recorder rings; to be split",
     ("src/memory/cpu_block_cache.cpp", "CpuBlockCache::allocate"):
