@@ -116,7 +116,10 @@ void set_rate(zt::ClusterRates& rates, const std::string& assignment) {
 
 }  // namespace
 
-int run_estimate(const EstimateArgs& args) {
+namespace {
+
+// The cluster the flags describe: a preset, then the flags that override it.
+zt::ClusterSpec cluster_of(const EstimateArgs& args) {
   zt::ClusterSpec cluster;
   if (!args.cluster.empty()) cluster = zt::cluster_preset(args.cluster);
   cluster.nodes = args.nodes;
@@ -136,7 +139,11 @@ int run_estimate(const EstimateArgs& args) {
   if (!(args.headroom >= 0 && args.headroom < 1))
     throw zt::ConfigError(fmt::format("--headroom: expected a fraction in [0, 1), found {}", args.headroom));
   cluster.headroom = args.headroom;
+  return cluster;
+}
 
+// The configuration: the file (or the defaults) with the flags as overrides.
+zt::TrainConfig config_of(const EstimateArgs& args, int world_size) {
   std::vector<std::string> overrides = args.overrides;
   if (args.stage >= 0) overrides.push_back(fmt::format("zero_optimization.stage={}", args.stage));
   if (!args.precision.empty()) {
@@ -147,62 +154,70 @@ int run_estimate(const EstimateArgs& args) {
   if (args.hpz_partition_size != 1)
     overrides.push_back(fmt::format("zero_optimization.zero_hpz_partition_size={}", args.hpz_partition_size));
   if (!args.preset.empty()) overrides.push_back("model.preset=" + args.preset);
-  const bool raw = !args.params.empty();
-  if (!raw) {  // shape flags adjust the configuration's GPT
+  if (args.params.empty()) {  // shape flags adjust the configuration's GPT
     if (args.layers > 0) overrides.push_back(fmt::format("model.n_layer={}", args.layers));
     if (args.hidden > 0) overrides.push_back(fmt::format("model.n_embd={}", args.hidden));
     if (args.heads > 0) overrides.push_back(fmt::format("model.n_head={}", args.heads));
     if (args.vocab > 0) overrides.push_back(fmt::format("model.vocab_size={}", args.vocab));
     if (args.seq > 0) overrides.push_back(fmt::format("data.sequence_length={}", args.seq));
   }
-  const zt::TrainConfig config = args.config_path.empty()
-                                     ? zt::parse_config("", overrides, cluster.world_size())
-                                     : zt::load_config(args.config_path, overrides, cluster.world_size());
-  // The same notes and warnings as `train` prints (on stderr: --json stays machine-readable).
-  print_config_messages(config, /*cpu_device=*/cluster.device == zt::DeviceKind::Cpu);
+  return args.config_path.empty() ? zt::parse_config("", overrides, world_size)
+                                  : zt::load_config(args.config_path, overrides, world_size);
+}
+
+// The model given by --params and the shape flags (a GPT-2-style shape when layers, width and
+// vocabulary are all given, else bare figures).
+zt::ModelFigures raw_model_of(const EstimateArgs& args, const zt::TrainConfig& config) {
+  for (auto [flag, value] : {std::pair{"--layers", args.layers}, {"--hidden", args.hidden}, {"--heads", args.heads},
+                             {"--seq", args.seq}, {"--vocab", args.vocab}})
+    if (value < 0) throw zt::ConfigError(fmt::format("{}: expected a positive number, found {}", flag, value));
   zt::ModelFigures model;
-  std::string model_text;
-  if (raw) {
-    for (auto [flag, value] : {std::pair{"--layers", args.layers}, {"--hidden", args.hidden}, {"--heads", args.heads},
-                               {"--seq", args.seq}, {"--vocab", args.vocab}})
-      if (value < 0) throw zt::ConfigError(fmt::format("{}: expected a positive number, found {}", flag, value));
-    if (args.layers > 0 && args.hidden > 0 && args.vocab > 0) {
-      // A GPT-2-style shape: its tensors give the block, tensor and persistent sizes.
-      zt::GPTConfig shape;
-      shape.n_layer = args.layers;
-      shape.n_embd = args.hidden;
-      shape.n_head = args.heads > 0 ? args.heads : args.hidden % 64 == 0 ? args.hidden / 64 : 1;
-      shape.vocab_size = args.vocab;
-      shape.context_length = args.seq > 0 ? args.seq : 1024;
-      shape.validate();
-      model = zt::gpt_model_figures(shape, shape.context_length, config.zero.stage3_param_persistence_threshold);
-      if (args.seq <= 0) model.sequence_length = 0;
-    } else {
-      model.layers = args.layers;
-      model.hidden = args.hidden;
-      model.heads = args.heads;
-      model.sequence_length = args.seq;
-      model.vocabulary = args.vocab;
-    }
-    model.parameters = parse_count(args.params, "--params");
-    if (!args.largest_block.empty()) model.largest_block = parse_count(args.largest_block, "--largest-block");
-    else if (model.largest_block == 0) model.largest_block = model.parameters / std::max<int64_t>(1, args.layers);
-    if (model.largest_parameter == 0 || model.largest_parameter > model.parameters)
-      model.largest_parameter = std::min(model.parameters, model.largest_block);
-    model_text = fmt::format("{:.3f}B parameters", model.parameters / 1e9);
+  if (args.layers > 0 && args.hidden > 0 && args.vocab > 0) {
+    // A GPT-2-style shape: its tensors give the block, tensor and persistent sizes.
+    zt::GPTConfig shape;
+    shape.n_layer = args.layers;
+    shape.n_embd = args.hidden;
+    shape.n_head = args.heads > 0 ? args.heads : args.hidden % 64 == 0 ? args.hidden / 64 : 1;
+    shape.vocab_size = args.vocab;
+    shape.context_length = args.seq > 0 ? args.seq : 1024;
+    shape.validate();
+    model = zt::gpt_model_figures(shape, shape.context_length, config.zero.stage3_param_persistence_threshold);
+    if (args.seq <= 0) model.sequence_length = 0;
   } else {
-    if (config.model.type == "bert")
-      throw zt::ConfigError("model.type: the memory estimate models the GPT; expected \"gpt\", found \"bert\" (estimate "
-                            "a BERT with --params and --layers/--hidden/--heads/--seq/--vocab)");
-    const zt::GPTConfig gpt = zt::gpt_config_of(config);
-    const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
-    model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);
-    model_text = fmt::format("gpt '{}' ({} layers, width {}, {} heads, vocab {}, sequence {}), {:.3f}B parameters",
-                             config.model.preset, gpt.n_layer, gpt.n_embd, gpt.n_head, gpt.vocab_size, seq,
-                             model.parameters / 1e9);
+    model.layers = args.layers;
+    model.hidden = args.hidden;
+    model.heads = args.heads;
+    model.sequence_length = args.seq;
+    model.vocabulary = args.vocab;
   }
+  model.parameters = parse_count(args.params, "--params");
+  if (!args.largest_block.empty()) model.largest_block = parse_count(args.largest_block, "--largest-block");
+  else if (model.largest_block == 0) model.largest_block = model.parameters / std::max<int64_t>(1, args.layers);
+  if (model.largest_parameter == 0 || model.largest_parameter > model.parameters)
+    model.largest_parameter = std::min(model.parameters, model.largest_block);
+  return model;
+}
+
+// The model estimated, and the line that describes it.
+std::pair<zt::ModelFigures, std::string> model_of(const EstimateArgs& args, const zt::TrainConfig& config) {
+  if (!args.params.empty()) {
+    zt::ModelFigures model = raw_model_of(args, config);
+    return {model, fmt::format("{:.3f}B parameters", model.parameters / 1e9)};
+  }
+  if (config.model.type == "bert")
+    throw zt::ConfigError("model.type: the memory estimate models the GPT; expected \"gpt\", found \"bert\" (estimate "
+                          "a BERT with --params and --layers/--hidden/--heads/--seq/--vocab)");
+  const zt::GPTConfig gpt = zt::gpt_config_of(config);
+  const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
+  zt::ModelFigures model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);
+  return {model, fmt::format("gpt '{}' ({} layers, width {}, {} heads, vocab {}, sequence {}), {:.3f}B parameters",
+                             config.model.preset, gpt.n_layer, gpt.n_embd, gpt.n_head, gpt.vocab_size, seq,
+                             model.parameters / 1e9)};
+}
+
+// The flags that win over the configuration's zero_optimization.offload_*.device and policy.
+zt::EstimateOptions options_of(const EstimateArgs& args) {
   zt::EstimateOptions options;
-  // The flags win over the configuration's zero_optimization.offload_*.device.
   if (!args.offload_optimizer.empty())
     options.offload_optimizer = zt::parse_offload_target(args.offload_optimizer, "--offload-optimizer");
   if (!args.offload_param.empty())
@@ -210,27 +225,77 @@ int run_estimate(const EstimateArgs& args) {
   if (!args.activation_checkpointing.empty())
     options.recompute = zt::parse_recompute(args.activation_checkpointing, "--activation-checkpointing");
   if (!args.runtime_bytes.empty()) options.runtime_bytes = parse_bytes(args.runtime_bytes, "--runtime-bytes");
-  const char* precision = zt::to_string(config.precision);
+  return options;
+}
+
+nlohmann::json inputs_json(const zt::ModelFigures& model, const zt::ClusterSpec& cluster, const zt::TrainConfig& config) {
+  return {{"parameters", model.parameters},
+          {"largest_block", model.largest_block},
+          {"persistent_parameters", model.persistent_parameters},
+          {"layers", model.layers},
+          {"hidden", model.hidden},
+          {"heads", model.heads},
+          {"sequence_length", model.sequence_length},
+          {"vocabulary", model.vocabulary},
+          {"nodes", cluster.nodes},
+          {"devices_per_node", cluster.devices_per_node},
+          {"device", zt::to_string(cluster.device)},
+          {"device_memory", cluster.device_memory},
+          {"host_memory", cluster.host_memory},
+          {"nvme", cluster.nvme_bytes},
+          {"micro_batch", config.train_micro_batch_size_per_gpu},
+          {"precision", zt::to_string(config.precision)}};
+}
+
+// The estimate (and with --time the step time) as JSON or as text.
+void print_estimate(const EstimateArgs& args, const zt::ClusterSpec& cluster, const zt::TrainConfig& config,
+                    const zt::EstimateOptions& options, const zt::MemoryEstimate& estimate,
+                    const std::optional<zt::StepTime>& time, nlohmann::json inputs, const std::string& inputs_text) {
+  const char* recompute = zt::to_string(options.recompute.value_or(zt::recompute_of(config)));
+  if (args.json) {
+    nlohmann::json out = zt::estimate_to_json(estimate);
+    if (time) {
+      out["step_time"] = zt::step_time_to_json(*time);
+      out["rates"] = zt::rates_to_json(cluster.rates);
+      inputs["tensor_parallel"] = args.tensor_parallel;
+    }
+    inputs["hpz_partition_size"] = std::max(1, config.zero.hpz_partition_size);
+    inputs["cluster"] = cluster.name;
+    inputs["stage"] = config.zero.stage;
+    inputs["offload_optimizer"] = zt::to_string(estimate.offload_optimizer);
+    inputs["offload_param"] = zt::to_string(estimate.offload_param);
+    inputs["activation_checkpointing"] = recompute;
+    out["inputs"] = inputs;
+    std::cout << out.dump(2) << "\n";
+    return;
+  }
+  std::cout << inputs_text
+            << fmt::format("zero stage {}, optimizer offload {}, parameter offload {}, activation checkpointing {}\n",
+                           config.zero.stage, zt::to_string(estimate.offload_optimizer),
+                           zt::to_string(estimate.offload_param), recompute)
+            << zt::format_estimate(estimate, cluster);
+  if (!time) return;
+  if (args.tensor_parallel > 1)
+    std::cout << fmt::format("what-if (the engine does not implement it, and the memory estimate above does not "
+                             "see it): tensor parallel {}\n",
+                             args.tensor_parallel);
+  std::cout << zt::format_step_time(*time);
+}
+
+}  // namespace
+
+int run_estimate(const EstimateArgs& args) {
+  const zt::ClusterSpec cluster = cluster_of(args);
+  const zt::TrainConfig config = config_of(args, cluster.world_size());
+  // The same notes and warnings as `train` prints (on stderr: --json stays machine-readable).
+  print_config_messages(config, /*cpu_device=*/cluster.device == zt::DeviceKind::Cpu);
+  const auto [model, model_text] = model_of(args, config);
+  const zt::EstimateOptions options = options_of(args);
   const std::string inputs_text =
       fmt::format("model: {}\ncluster: {} node(s) x {} {} device(s); micro-batch {}, {}, optimizer {}\n", model_text,
                   cluster.nodes, cluster.devices_per_node, zt::to_string(cluster.device),
-                  config.train_micro_batch_size_per_gpu, precision, config.optimizer.type);
-  nlohmann::json inputs = {{"parameters", model.parameters},
-                           {"largest_block", model.largest_block},
-                           {"persistent_parameters", model.persistent_parameters},
-                           {"layers", model.layers},
-                           {"hidden", model.hidden},
-                           {"heads", model.heads},
-                           {"sequence_length", model.sequence_length},
-                           {"vocabulary", model.vocabulary},
-                           {"nodes", cluster.nodes},
-                           {"devices_per_node", cluster.devices_per_node},
-                           {"device", zt::to_string(cluster.device)},
-                           {"device_memory", cluster.device_memory},
-                           {"host_memory", cluster.host_memory},
-                           {"nvme", cluster.nvme_bytes},
-                           {"micro_batch", config.train_micro_batch_size_per_gpu},
-                           {"precision", precision}};
+                  config.train_micro_batch_size_per_gpu, zt::to_string(config.precision), config.optimizer.type);
+  nlohmann::json inputs = inputs_json(model, cluster, config);
   if (args.plan && args.time)
     throw zt::ConfigError("--plan and --time: expected one of them (--plan already predicts every candidate's step time)");
   if (args.plan) {
@@ -251,36 +316,7 @@ int run_estimate(const EstimateArgs& args) {
     what_if.tensor_parallel = args.tensor_parallel;
     time = zt::estimate_step_time(model, cluster, config, options, what_if);
   }
-  if (args.json) {
-    nlohmann::json out = zt::estimate_to_json(estimate);
-    if (time) {
-      out["step_time"] = zt::step_time_to_json(*time);
-      out["rates"] = zt::rates_to_json(cluster.rates);
-      inputs["tensor_parallel"] = args.tensor_parallel;
-    }
-    inputs["hpz_partition_size"] = std::max(1, config.zero.hpz_partition_size);
-    inputs["cluster"] = cluster.name;
-    inputs["stage"] = config.zero.stage;
-    inputs["offload_optimizer"] = zt::to_string(estimate.offload_optimizer);
-    inputs["offload_param"] = zt::to_string(estimate.offload_param);
-    inputs["activation_checkpointing"] = zt::to_string(options.recompute.value_or(zt::recompute_of(config)));
-    out["inputs"] = inputs;
-    std::cout << out.dump(2) << "\n";
-  } else {
-    std::cout << inputs_text
-              << fmt::format("zero stage {}, optimizer offload {}, parameter offload {}, activation checkpointing {}\n",
-                             config.zero.stage, zt::to_string(estimate.offload_optimizer),
-                             zt::to_string(estimate.offload_param),
-                             zt::to_string(options.recompute.value_or(zt::recompute_of(config))))
-              << zt::format_estimate(estimate, cluster);
-    if (time) {
-      if (args.tensor_parallel > 1)
-        std::cout << fmt::format("what-if (the engine does not implement it, and the memory estimate above does not "
-                                 "see it): tensor parallel {}\n",
-                                 args.tensor_parallel);
-      std::cout << zt::format_step_time(*time);
-    }
-  }
+  print_estimate(args, cluster, config, options, estimate, time, std::move(inputs), inputs_text);
   return 0;
 }
 
