@@ -262,121 +262,139 @@ struct Key {
   std::string text() const { return fmt::format("{} '{}'", kind, label); }
 };
 
-}  // namespace
-
-std::optional<Divergence> find_divergence(const std::vector<FlightRing>& rings) {
-  if (rings.size() < 2) return std::nullopt;
-  // Per rank: sequence -> record, and the range it covers.
-  std::vector<std::map<std::uint64_t, const FlightRecord*>> by_seq(rings.size());
-  std::uint64_t lo = 0;   // first sequence every ring can speak for
-  bool any = false;
-  std::uint64_t hi = 0;   // last sequence any rank issued
-  for (size_t i = 0; i < rings.size(); ++i) {
-    for (const auto& r : rings[i].records) by_seq[i][r.sequence] = &r;
-    if (!rings[i].records.empty()) {
+// Every rank's ring by sequence number, and the range of sequences the comparison can speak for.
+class RingIndex {
+ public:
+  explicit RingIndex(const std::vector<FlightRing>& rings) : rings_(rings), by_seq_(rings.size()) {
+    for (size_t i = 0; i < rings.size(); ++i) {
+      for (const auto& r : rings[i].records) by_seq_[i][r.sequence] = &r;
+      if (rings[i].records.empty()) continue;
       // A full ring forgot what came before its oldest record; a ring that is not full holds
       // everything from sequence 0 of that rank.
-      if (rings[i].records.size() >= size_t(kFlightRecorderCapacity))
-        lo = std::max(lo, rings[i].records.front().sequence);
+      if (rings[i].records.size() >= size_t(kFlightRecorderCapacity)) lo = std::max(lo, rings[i].records.front().sequence);
       hi = any ? std::max(hi, rings[i].records.back().sequence) : rings[i].records.back().sequence;
       any = true;
     }
   }
-  if (!any) return std::nullopt;
 
-  auto last_of = [&](size_t i) -> std::optional<std::uint64_t> {
-    if (rings[i].records.empty()) return std::nullopt;
-    return rings[i].records.back().sequence;
-  };
-  auto key_at = [&](size_t i, std::uint64_t s) -> std::optional<Key> {
-    auto it = by_seq[i].find(s);
-    if (it == by_seq[i].end()) return std::nullopt;
+  std::optional<std::uint64_t> last_of(size_t i) const {
+    if (rings_[i].records.empty()) return std::nullopt;
+    return rings_[i].records.back().sequence;
+  }
+  std::optional<Key> key_at(size_t i, std::uint64_t s) const {
+    auto it = by_seq_[i].find(s);
+    if (it == by_seq_[i].end()) return std::nullopt;
     return Key{it->second->kind_text(), it->second->label_text()};
-  };
-  auto state_at = [&](size_t i, std::uint64_t s) {
-    auto it = by_seq[i].find(s);
-    return it == by_seq[i].end() ? std::string("?") : std::string(to_string(it->second->collective_state()));
-  };
+  }
+  std::string state_at(size_t i, std::uint64_t s) const {
+    auto it = by_seq_[i].find(s);
+    return it == by_seq_[i].end() ? std::string("?") : std::string(to_string(it->second->collective_state()));
+  }
+  int rank(size_t i) const { return rings_[i].rank; }
 
-  for (std::uint64_t s = lo; s <= hi; ++s) {
+  std::uint64_t lo = 0;  // first sequence every ring can speak for
+  std::uint64_t hi = 0;  // last sequence any rank issued
+  bool any = false;      // some rank issued a collective
+
+ private:
+  const std::vector<FlightRing>& rings_;
+  std::vector<std::map<std::uint64_t, const FlightRecord*>> by_seq_;
+};
+
+// Sequence s, which the ranks in `have` issued and those in `lack` did not: the rank that stopped
+// first (fewest collectives; ties: the lowest rank).
+Divergence stopped_before(const RingIndex& index, std::uint64_t s, const std::vector<size_t>& have,
+                          const std::vector<size_t>& lack) {
+  size_t d = lack.front();
+  for (size_t i : lack) {
+    auto li = index.last_of(i), ld = index.last_of(d);
+    if ((!li && ld) || (li && ld && *li < *ld)) d = i;
+  }
+  const size_t ref = have.front();
+  const Key k = index.key_at(ref, s).value_or(Key{"?", "?"});
+  Divergence out;
+  out.kind = Divergence::Kind::Stopped;
+  out.rank = index.rank(d);
+  out.sequence = s;
+  out.label = k.label;
+  out.kind_name = k.kind;
+  const auto last = index.last_of(d);
+  const std::string before = last ? fmt::format("its last was seq {} {} ({})", *last,
+                                                index.key_at(d, *last).value_or(Key{"?", "?"}).text(),
+                                                index.state_at(d, *last))
+                                  : std::string("it issued none");
+  out.description = fmt::format("rank {} stopped issuing collectives before seq {} {}, which rank {} issued ({}); {}",
+                                out.rank, s, k.text(), index.rank(ref), index.state_at(ref, s), before);
+  return out;
+}
+
+// Sequence s, which every rank issued: the first rank outside the largest group of ranks that
+// issued the same collective, if any; a skip when what it issued is what that group issued a
+// little later, a mismatch otherwise.
+std::optional<Divergence> disagreement_at(const RingIndex& index, std::uint64_t s, const std::vector<size_t>& have) {
+  std::vector<std::pair<Key, std::vector<size_t>>> groups;
+  for (size_t i : have) {
+    Key k = index.key_at(i, s).value_or(Key{"?", "?"});
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& p) { return p.first == k; });
+    if (g == groups.end()) groups.push_back({k, {i}});
+    else g->second.push_back(i);
+  }
+  if (groups.size() == 1) return std::nullopt;
+  // Groups are in order of their lowest rank, so the first largest one wins ties.
+  auto reference = std::max_element(groups.begin(), groups.end(),
+                                    [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+  size_t d = have.size();
+  for (size_t i : have)
+    if (std::find(reference->second.begin(), reference->second.end(), i) == reference->second.end()) {
+      d = i;
+      break;
+    }
+  const size_t ref = reference->second.front();
+  const Key& expected = reference->first;
+  const Key found = index.key_at(d, s).value_or(Key{"?", "?"});
+  Divergence out;
+  out.rank = index.rank(d);
+  out.sequence = s;
+  out.label = expected.label;
+  out.kind_name = expected.kind;
+  std::optional<std::uint64_t> later;
+  for (std::uint64_t j = s + 1; j <= s + kFlightRecorderCapacity; ++j) {
+    auto k = index.key_at(ref, j);
+    if (!k) break;
+    if (*k == found) {
+      later = j;
+      break;
+    }
+  }
+  if (later) {
+    out.kind = Divergence::Kind::Skipped;
+    out.description = fmt::format(
+        "rank {} skipped {} at seq {}: it issued {} there, which rank {} issued as seq {} (rank {}: {}, rank {}: {})",
+        out.rank, expected.text(), s, found.text(), index.rank(ref), *later, out.rank, index.state_at(d, s),
+        index.rank(ref), index.state_at(ref, s));
+  } else {
+    out.kind = Divergence::Kind::Mismatch;
+    out.description = fmt::format("rank {} issued {} at seq {} where rank {} issued {} (rank {}: {}, rank {}: {})",
+                                  out.rank, found.text(), s, index.rank(ref), expected.text(), out.rank,
+                                  index.state_at(d, s), index.rank(ref), index.state_at(ref, s));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<Divergence> find_divergence(const std::vector<FlightRing>& rings) {
+  if (rings.size() < 2) return std::nullopt;
+  const RingIndex index(rings);
+  if (!index.any) return std::nullopt;
+  for (std::uint64_t s = index.lo; s <= index.hi; ++s) {
     std::vector<size_t> have, lack;
     for (size_t i = 0; i < rings.size(); ++i) {
-      auto last = last_of(i);
+      auto last = index.last_of(i);
       (last && *last >= s ? have : lack).push_back(i);
     }
-    if (!lack.empty()) {
-      // The rank that stopped first (fewest collectives; ties: the lowest rank).
-      size_t d = lack.front();
-      for (size_t i : lack) {
-        auto li = last_of(i), ld = last_of(d);
-        if ((!li && ld) || (li && ld && *li < *ld)) d = i;
-      }
-      const size_t ref = have.front();
-      Key k = key_at(ref, s).value_or(Key{"?", "?"});
-      Divergence out;
-      out.kind = Divergence::Kind::Stopped;
-      out.rank = rings[d].rank;
-      out.sequence = s;
-      out.label = k.label;
-      out.kind_name = k.kind;
-      std::string before = last_of(d) ? fmt::format("its last was seq {} {} ({})", *last_of(d),
-                                                    key_at(d, *last_of(d)).value_or(Key{"?", "?"}).text(),
-                                                    state_at(d, *last_of(d)))
-                                      : std::string("it issued none");
-      out.description = fmt::format("rank {} stopped issuing collectives before seq {} {}, which rank {} issued ({}); {}",
-                                    out.rank, s, k.text(), rings[ref].rank, state_at(ref, s), before);
-      return out;
-    }
-    // Every rank issued sequence s: group them by what they issued.
-    std::vector<std::pair<Key, std::vector<size_t>>> groups;
-    for (size_t i : have) {
-      Key k = key_at(i, s).value_or(Key{"?", "?"});
-      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& p) { return p.first == k; });
-      if (g == groups.end()) groups.push_back({k, {i}});
-      else g->second.push_back(i);
-    }
-    if (groups.size() == 1) continue;
-    // Groups are in order of their lowest rank, so the first largest one wins ties.
-    auto reference = std::max_element(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
-      return a.second.size() < b.second.size();
-    });
-    size_t d = rings.size();
-    for (size_t i : have)
-      if (std::find(reference->second.begin(), reference->second.end(), i) == reference->second.end()) {
-        d = i;
-        break;
-      }
-    const size_t ref = reference->second.front();
-    const Key& expected = reference->first;
-    const Key found = key_at(d, s).value_or(Key{"?", "?"});
-    Divergence out;
-    out.rank = rings[d].rank;
-    out.sequence = s;
-    out.label = expected.label;
-    out.kind_name = expected.kind;
-    // Skipped: what this rank issued at s is what the reference issued a little later.
-    std::optional<std::uint64_t> later;
-    for (std::uint64_t j = s + 1; j <= s + kFlightRecorderCapacity; ++j) {
-      auto k = key_at(ref, j);
-      if (!k) break;
-      if (*k == found) {
-        later = j;
-        break;
-      }
-    }
-    if (later) {
-      out.kind = Divergence::Kind::Skipped;
-      out.description = fmt::format(
-          "rank {} skipped {} at seq {}: it issued {} there, which rank {} issued as seq {} (rank {}: {}, rank {}: {})",
-          out.rank, expected.text(), s, found.text(), rings[ref].rank, *later, out.rank, state_at(d, s),
-          rings[ref].rank, state_at(ref, s));
-    } else {
-      out.kind = Divergence::Kind::Mismatch;
-      out.description = fmt::format("rank {} issued {} at seq {} where rank {} issued {} (rank {}: {}, rank {}: {})",
-                                    out.rank, found.text(), s, rings[ref].rank, expected.text(), out.rank,
-                                    state_at(d, s), rings[ref].rank, state_at(ref, s));
-    }
-    return out;
+    if (!lack.empty()) return stopped_before(index, s, have, lack);
+    if (auto out = disagreement_at(index, s, have)) return out;
   }
   return std::nullopt;
 }
