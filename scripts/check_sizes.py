@@ -38,8 +38,6 @@ FUNCTION_ALLOWED = {
         "known: reads and validates a manifest in one pass; to be split",
     ("src/checkpoint/safetensors.cpp", "SafetensorsReader::SafetensorsReader"):
         "known: validates an untrusted header field by field; to be split",
-    ("src/memory/cpu_block_cache.cpp", "CpuBlockCache::allocate"):
-        "known: the cache's allocation path with its fallbacks; to be split",
     ("src/memory/estimate.cpp", "estimate_memory"):
         "known: the memory estimate term by term; to be split",
     ("src/memory/plan.cpp", "plan_configurations"):

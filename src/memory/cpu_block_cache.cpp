@@ -98,6 +98,24 @@ struct CpuBlockCache::State {
   }
 };
 
+namespace {
+// `mapped` bytes outside the cache's mutex: the taken block `resized` trimmed or grown to that
+// size, or a new mapping when none was taken (resized.data null). MAP_FAILED when the system has
+// no memory left; the taken block is unmapped then.
+void* map_block(FreeBlock resized, size_t mapped) {
+  if (resized.data != nullptr && resized.bytes >= mapped) {
+    if (resized.bytes > mapped) munmap(static_cast<char*>(resized.data) + mapped, resized.bytes - mapped);
+    return resized.data;
+  }
+  if (resized.data != nullptr) {
+    void* data = mremap(resized.data, resized.bytes, mapped, MREMAP_MAYMOVE);
+    if (data != MAP_FAILED) return data;
+    munmap(resized.data, resized.bytes);
+  }
+  return mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+}
+}  // namespace
+
 void release_cpu_block(void* data) {
   if (data == nullptr) return;
   {
@@ -193,19 +211,7 @@ c10::DataPtr CpuBlockCache::allocate(size_t bytes) {
     s.stats.high_water_bytes = std::max(s.stats.high_water_bytes, s.stats.live_bytes);
   }
   unmap_all(evicted);
-  void* data = MAP_FAILED;
-  if (resized.data != nullptr && resized.bytes >= mapped) {
-    if (resized.bytes > mapped) munmap(static_cast<char*>(resized.data) + mapped, resized.bytes - mapped);
-    data = resized.data;
-  } else if (resized.data != nullptr) {
-    data = mremap(resized.data, resized.bytes, mapped, MREMAP_MAYMOVE);
-    if (data == MAP_FAILED) {
-      munmap(resized.data, resized.bytes);
-      data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    }
-  } else {
-    data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  }
+  void* data = map_block(resized, mapped);
   if (data == MAP_FAILED) {
     std::vector<FreeBlock> all;
     {
