@@ -40,8 +40,6 @@ FUNCTION_ALLOWED = {
         "known: validates an untrusted header field by field; to be split",
     ("src/memory/estimate.cpp", "estimate_memory"):
         "known: the memory estimate term by term; to be split",
-    ("src/memory/plan.cpp", "plan_configurations"):
-        "known: the planner's search over configurations; to be split",
     ("src/memory/step_time.cpp", "estimate_step_time"):
         "known: the step-time model term by term; to be split",
     ("src/python/bindings.cpp", "PYBIND11_MODULE"):

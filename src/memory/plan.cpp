@@ -53,6 +53,71 @@ TrainConfig candidate_config(const TrainConfig& config, const PlanCandidate& can
   return c;
 }
 
+namespace {
+
+// The pick: among the predictions the model cannot tell from the fastest, the one with fewer
+// offloaded tiers, no recomputation and no parameter sharding (each adds fixed costs per block or
+// per step that the model does not see, and offload takes host memory), then the larger
+// micro-batch (the model does not see that small matrix products run less efficiently), then the
+// one that leaves more device memory free. It goes first; the rest stay fastest first.
+void put_pick_first(std::vector<PlanCandidate>& fastest_first) {
+  const auto extras = [](const PlanCandidate& c) {
+    return int(c.estimate.offload_optimizer != OffloadTarget::None) + int(c.estimate.offload_param != OffloadTarget::None) +
+           int(c.options.recompute.value_or(Recompute::None) != Recompute::None) + int(c.stage == 3);
+  };
+  const auto preferred = [&](const PlanCandidate& a, const PlanCandidate& b) {
+    if (extras(a) != extras(b)) return extras(a) < extras(b);
+    if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
+    return a.estimate.per_device.total() < b.estimate.per_device.total();
+  };
+  auto& all = fastest_first;
+  if (all.empty()) return;
+  size_t pick = 0;
+  for (size_t i = 1; i < all.size() && all[i].time.total <= all[0].time.total * (1 + kTie); ++i)
+    if (preferred(all[i], all[pick])) pick = i;
+  std::rotate(all.begin(), all.begin() + long(pick), all.begin() + long(pick) + 1);
+}
+
+// When nothing fits: what the leanest candidate lacks.
+std::string nothing_fits_advice(const PlanCandidate& leanest, const ClusterSpec& cluster) {
+  const MemoryEstimate& e = leanest.estimate;
+  std::vector<std::string> short_of;
+  if (!e.fits_device)
+    short_of.push_back(fmt::format("{} per device against {}", human_bytes(e.per_device.total()), human_bytes(cluster.device_memory)));
+  if (!e.fits_host)
+    short_of.push_back(fmt::format("{} of host memory per node against {}", human_bytes(e.per_host.total()),
+                                   human_bytes(cluster.host_memory)));
+  if (!e.fits_nvme)
+    short_of.push_back(fmt::format("{} of NVMe per node against {}", human_bytes(e.nvme_per_node), human_bytes(cluster.nvme_bytes)));
+  return fmt::format(
+      "nothing fits: the configuration that needs the least device memory ({}) needs {} (keeping {:.0f}% free); "
+      "add devices, memory or NVMe, or shorten the micro-batch or sequence",
+      describe_candidate(leanest), fmt::join(short_of, " and "), 100 * cluster.headroom);
+}
+
+// The pick and what its step spends beyond compute, which says why it is fastest.
+std::string pick_advice(const std::vector<PlanCandidate>& fitting, const ClusterSpec& cluster) {
+  const PlanCandidate& best = fitting.front();
+  const StepTime& t = best.time;
+  std::string why;
+  const double overhead = t.total - t.compute;
+  if (fitting.size() > 1) {
+    const PlanCandidate& next = fitting[1];
+    why = fmt::format("; next: {} at {:.3g} tokens/s", describe_candidate(next), next.time.tokens_per_second);
+  }
+  return fmt::format(
+      "use {}: predicted {:.4g} tokens/s, {:.3g} s per step ({:.0f}% compute, {:.0f}% optimizer, {:.0f}% exposed "
+      "communication and offload), {:.3g} TFLOP/s per device; {} per device{}{}",
+      describe_candidate(best), t.tokens_per_second, t.total, 100 * t.compute / t.total, 100 * t.optimizer / t.total,
+      100 * (overhead - t.optimizer) / t.total, t.model_flops_per_device / 1e12, human_bytes(best.estimate.per_device.total()),
+      cluster.device_memory > 0
+          ? fmt::format(" of {}, keeping {:.0f}% free", human_bytes(cluster.device_memory), 100 * cluster.headroom)
+          : "",
+      why);
+}
+
+}  // namespace
+
 Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, const TrainConfig& config) {
   Plan plan;
   ClusterSpec cluster = given;
@@ -109,61 +174,9 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
           }
   std::stable_sort(all.begin(), all.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) { return a.time.total < b.time.total; });
-  // The pick: among the predictions the model cannot tell from the fastest, the one with fewer
-  // offloaded tiers, no recomputation and no parameter sharding (each adds fixed costs per block
-  // or per step that the model does not see, and offload takes host memory), then the larger
-  // micro-batch (the model does not see that small matrix products run less efficiently), then
-  // the one that leaves more device memory free. It goes first; the rest stay fastest first.
-  const auto extras = [](const PlanCandidate& c) {
-    return int(c.estimate.offload_optimizer != OffloadTarget::None) + int(c.estimate.offload_param != OffloadTarget::None) +
-           int(c.options.recompute.value_or(Recompute::None) != Recompute::None) + int(c.stage == 3);
-  };
-  const auto preferred = [&](const PlanCandidate& a, const PlanCandidate& b) {
-    if (extras(a) != extras(b)) return extras(a) < extras(b);
-    if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
-    return a.estimate.per_device.total() < b.estimate.per_device.total();
-  };
-  if (!all.empty()) {
-    size_t pick = 0;
-    for (size_t i = 1; i < all.size() && all[i].time.total <= all[0].time.total * (1 + kTie); ++i)
-      if (preferred(all[i], all[pick])) pick = i;
-    std::rotate(all.begin(), all.begin() + long(pick), all.begin() + long(pick) + 1);
-  }
+  put_pick_first(all);
   plan.fitting = std::move(all);
-  if (plan.fitting.empty()) {
-    const MemoryEstimate& e = leanest.estimate;
-    std::vector<std::string> short_of;
-    if (!e.fits_device)
-      short_of.push_back(fmt::format("{} per device against {}", human_bytes(e.per_device.total()), human_bytes(cluster.device_memory)));
-    if (!e.fits_host)
-      short_of.push_back(fmt::format("{} of host memory per node against {}", human_bytes(e.per_host.total()),
-                                     human_bytes(cluster.host_memory)));
-    if (!e.fits_nvme)
-      short_of.push_back(fmt::format("{} of NVMe per node against {}", human_bytes(e.nvme_per_node), human_bytes(cluster.nvme_bytes)));
-    plan.advice = fmt::format(
-        "nothing fits: the configuration that needs the least device memory ({}) needs {} (keeping {:.0f}% free); "
-        "add devices, memory or NVMe, or shorten the micro-batch or sequence",
-        describe_candidate(leanest), fmt::join(short_of, " and "), 100 * cluster.headroom);
-    return plan;
-  }
-  const PlanCandidate& best = plan.fitting.front();
-  const StepTime& t = best.time;
-  // What the step spends beyond compute says why this one is fastest.
-  std::string why;
-  const double overhead = t.total - t.compute;
-  if (plan.fitting.size() > 1) {
-    const PlanCandidate& next = plan.fitting[1];
-    why = fmt::format("; next: {} at {:.3g} tokens/s", describe_candidate(next), next.time.tokens_per_second);
-  }
-  plan.advice = fmt::format(
-      "use {}: predicted {:.4g} tokens/s, {:.3g} s per step ({:.0f}% compute, {:.0f}% optimizer, {:.0f}% exposed "
-      "communication and offload), {:.3g} TFLOP/s per device; {} per device{}{}",
-      describe_candidate(best), t.tokens_per_second, t.total, 100 * t.compute / t.total, 100 * t.optimizer / t.total,
-      100 * (overhead - t.optimizer) / t.total, t.model_flops_per_device / 1e12, human_bytes(best.estimate.per_device.total()),
-      cluster.device_memory > 0
-          ? fmt::format(" of {}, keeping {:.0f}% free", human_bytes(cluster.device_memory), 100 * cluster.headroom)
-          : "",
-      why);
+  plan.advice = plan.fitting.empty() ? nothing_fits_advice(leanest, cluster) : pick_advice(plan.fitting, cluster);
   return plan;
 }
 
