@@ -34,8 +34,6 @@ FILE_ALLOWED = {
 FUNCTION_ALLOWED = {
     ("src/checkpoint/checkpoint.cpp", "save_sharded_checkpoint"):
         "known: the save's steps with a rank-wide agreement after each; to be split",
-    ("src/checkpoint/checkpoint.cpp", "OpenCheckpoint"):
-        "known: reads and validates a manifest in one pass; to be split",
     ("src/checkpoint/safetensors.cpp", "SafetensorsReader::SafetensorsReader"):
         "known: validates an untrusted header field by field; to be split",
     ("src/memory/estimate.cpp", "estimate_memory"):

@@ -138,49 +138,6 @@ LoadedCheckpoint load_fragments(const fs::path& dir, const std::string& tag_in,
 
 }  // namespace
 
-// Runs `work` on this rank; every rank learns whether all succeeded, and all throw if one failed
-// (so that no rank waits in a later collective for one that gave up). The failing rank's message
-// and error type reach every rank, so that the one rank that prints (rank 0) names the file.
-void on_every_rank(Communicator& comm, const std::string& what, const std::function<void()>& work) {
-  std::exception_ptr error;
-  try {
-    work();
-  } catch (...) {
-    error = std::current_exception();
-  }
-  at::Tensor failed = at::full({1}, error ? double(comm.rank() + 1) : 0.0, at::kDouble);
-  comm.all_reduce(failed, ReduceOp::Max, "checkpoint." + what).wait();
-  const int source = int(failed.item<double>()) - 1;
-  if (source < 0) return;
-  // The message of the (highest-numbered) failing rank, and whether it was bad input.
-  std::string message;
-  int kind = 0;  // 0 Error, 1 DataError, 2 ConfigError
-  if (comm.rank() == source) {
-    try {
-      std::rethrow_exception(error);
-    } catch (const ConfigError& e) {
-      message = e.what(), kind = 2;
-    } catch (const DataError& e) {
-      message = e.what(), kind = 1;
-    } catch (const std::exception& e) {
-      message = e.what();
-    } catch (...) {
-    }
-    if (message.empty()) message = "unknown error";
-  }
-  at::Tensor header = at::tensor({int64_t(message.size()), int64_t(kind)}, at::kLong);
-  comm.broadcast(header, source, "checkpoint." + what + ".error").wait();
-  at::Tensor text = at::zeros({header[0].item<int64_t>()}, at::kByte);
-  if (comm.rank() == source) std::memcpy(text.data_ptr(), message.data(), message.size());
-  comm.broadcast(text, source, "checkpoint." + what + ".error").wait();
-  if (error) std::rethrow_exception(error);
-  message.assign(reinterpret_cast<const char*>(text.data_ptr()), size_t(text.numel()));
-  message += " (on rank " + std::to_string(source) + ")";
-  if (header[1].item<int64_t>() == 2) throw ConfigError(message);
-  if (header[1].item<int64_t>() == 1) throw DataError(message);
-  throw Error(message);
-}
-
 int64_t checkpoint_chunk_bytes() {
   constexpr int64_t kDefault = int64_t(64) << 20, kGranule = 4096, kMax = int64_t(1) << 30;
   const char* value = std::getenv("ZT_CHECKPOINT_CHUNK_BYTES");
@@ -425,54 +382,10 @@ struct OpenCheckpoint {
     try {
       if (!manifest.is_object() || manifest.value("format", "") != kFormat || manifest.value("version", 0) != kVersion)
         throw DataError(where + ": not a zerotrain checkpoint of version " + std::to_string(kVersion));
-      const json& world_json = manifest.at("world_size");
-      const int64_t world = world_json.is_number_integer() ? world_json.get<int64_t>() : -1;
-      if (world < 1 || world > kMaxWorldSize || (world_json.is_number_unsigned() && world_json.get<uint64_t>() > kMaxWorldSize))
-        throw DataError(where + ": world_size " + world_json.dump() + " is not in [1, " + std::to_string(kMaxWorldSize) + "]");
-      const json& listed = manifest.at("files");
-      if (!listed.is_array() || listed.size() > size_t(world))
-        throw DataError(where + ": 'files' is not a list of at most world_size (" + std::to_string(world) + ") names");
-      std::set<std::string> seen;
-      for (const auto& f : listed) {
-        const std::string name = f.is_string() ? f.get<std::string>() : f.dump();
-        // rank-RRRRR-of-WWWWW.safetensors with W the world size: the only names a save writes.
-        const std::string tail = rank_file_name(0, int(world)).substr(10);
-        bool valid = false;
-        if (f.is_string() && name.size() == 10 + tail.size() && name.rfind("rank-", 0) == 0 && name.substr(10) == tail) {
-          const int64_t rank = parse_count(std::string_view(name).substr(5, 5));
-          valid = rank >= 0 && rank < world;
-        }
-        if (!valid || !seen.insert(name).second)
-          throw DataError(where + ": file name " + json(name).dump(-1, ' ', false, json::error_handler_t::replace) +
-                          " is not one of its rank files (rank-RRRRR-of-" + rank_file_name(0, int(world)).substr(14, 5) +
-                          ".safetensors, each once)");
-        names.push_back(name);
-      }
+      names = read_file_names();
       has_frozen = manifest.contains("frozen");
-      for (const char* list : {"parameters", "frozen"}) {
-      if (std::string(list) == "frozen" && !has_frozen) break;
-      const json& saved = manifest.at(list);
-      if (!saved.is_array()) throw DataError(where + ": '" + list + "' is not a list");
-      for (const auto& p : saved) {
-        if (!p.is_object() || !p.contains("name") || !p.contains("shape") || !p.at("name").is_string() ||
-            !p.at("shape").is_array())
-          throw DataError(where + ": a parameter is not {\"name\": string, \"shape\": list}: " + p.dump());
-        CheckpointParameter parameter{p.at("name").get<std::string>(), {}};
-        const std::string quoted = json(parameter.name).dump(-1, ' ', false, json::error_handler_t::replace);
-        if (const std::string why = invalid_tensor_name(parameter.name); !why.empty() || parameter.name.find(':') != std::string::npos)
-          throw DataError(where + ": parameter name " + quoted + " " + (why.empty() ? "contains ':'" : why));
-        int64_t numel = 1;
-        for (const auto& d : p.at("shape")) {
-          const int64_t v = d.is_number_integer() && !(d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX) ? d.get<int64_t>() : -1;
-          if (v < 0 || __builtin_mul_overflow(numel, v, &numel))
-            throw DataError(where + ": parameter " + quoted + " has shape " + p.at("shape").dump() +
-                            " (a negative or non-integer dimension, or more elements than a 64-bit count holds)");
-          parameter.shape.push_back(v);
-        }
-        if (!numels.emplace(parameter.name, numel).second) throw DataError(where + ": parameter " + quoted + " is listed twice");
-        (std::string(list) == "frozen" ? frozen : parameters).push_back(std::move(parameter));
-      }
-      }
+      read_parameter_list("parameters", parameters);
+      if (has_frozen) read_parameter_list("frozen", frozen);
       for (const char* key : {"scalars", "configuration"}) {
         const json& map = manifest.at(key);
         if (!map.is_object()) throw DataError(where + ": '" + key + "' is not an object");
@@ -484,30 +397,88 @@ struct OpenCheckpoint {
     } catch (const json::exception& e) {
       throw DataError(where + ": not a zerotrain manifest (" + e.what() + ")");
     }
-    for (const std::string& name : names) {
-      files.push_back(std::make_unique<SafetensorsReader>(root / name));
-      const std::string file = "'" + files.back()->path().string() + "'";
-      for (const auto& e : files.back()->entries()) {
-        // "<role>:<parameter>:<first element>", fp32, one dimension, inside the parameter.
-        const auto first = e.name.find(':'), last = e.name.rfind(':');
-        const std::string role = first == std::string::npos ? "" : e.name.substr(0, first);
-        const std::string parameter = first == last ? "" : e.name.substr(first + 1, last - first - 1);
-        const int64_t begin = first == last ? -1 : parse_count(std::string_view(e.name).substr(last + 1));
-        const auto numel = numels.find(parameter);
-        if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles) || numel == numels.end() ||
-            begin < 0 || e.dtype != at::kFloat || e.shape.size() != 1 || begin > numel->second ||
-            e.shape[0] > numel->second - begin)
-          throw DataError(file + ": unexpected tensor '" + e.name + "' (expected an fp32 range <role>:<parameter>:<first> of " +
-                          "a parameter of the manifest, inside it)");
-        pieces[{role, parameter}].push_back({files.size() - 1, e.name, begin, e.shape[0]});
-      }
-    }
+    for (const std::string& name : names) index_pieces(name);
     for (auto& [key, list] : pieces) {
       std::sort(list.begin(), list.end(), [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
       for (size_t i = 1; i < list.size(); ++i)
         if (list[i].begin < list[i - 1].begin + list[i - 1].numel)
           throw DataError("'" + files[list[i].file]->path().string() + "': tensor '" + list[i].tensor + "' overlaps '" +
                           list[i - 1].tensor + "' of '" + files[list[i - 1].file]->path().string() + "'");
+    }
+  }
+
+  // The manifest's world size and rank file names: rank-RRRRR-of-WWWWW.safetensors with W the
+  // world size, each once, the only names a save writes.
+  std::vector<std::string> read_file_names() const {
+    const json& world_json = manifest.at("world_size");
+    const int64_t world = world_json.is_number_integer() ? world_json.get<int64_t>() : -1;
+    if (world < 1 || world > kMaxWorldSize || (world_json.is_number_unsigned() && world_json.get<uint64_t>() > kMaxWorldSize))
+      throw DataError(where + ": world_size " + world_json.dump() + " is not in [1, " + std::to_string(kMaxWorldSize) + "]");
+    const json& listed = manifest.at("files");
+    if (!listed.is_array() || listed.size() > size_t(world))
+      throw DataError(where + ": 'files' is not a list of at most world_size (" + std::to_string(world) + ") names");
+    std::vector<std::string> names;
+    std::set<std::string> seen;
+    const std::string tail = rank_file_name(0, int(world)).substr(10);
+    for (const auto& f : listed) {
+      const std::string name = f.is_string() ? f.get<std::string>() : f.dump();
+      bool valid = false;
+      if (f.is_string() && name.size() == 10 + tail.size() && name.rfind("rank-", 0) == 0 && name.substr(10) == tail) {
+        const int64_t rank = parse_count(std::string_view(name).substr(5, 5));
+        valid = rank >= 0 && rank < world;
+      }
+      if (!valid || !seen.insert(name).second)
+        throw DataError(where + ": file name " + json(name).dump(-1, ' ', false, json::error_handler_t::replace) +
+                        " is not one of its rank files (rank-RRRRR-of-" + rank_file_name(0, int(world)).substr(14, 5) +
+                        ".safetensors, each once)");
+      names.push_back(name);
+    }
+    return names;
+  }
+
+  // One of the manifest's parameter lists: valid names, shapes whose element count does not
+  // overflow, no name twice across both lists.
+  void read_parameter_list(const char* list, std::vector<CheckpointParameter>& into) {
+    const json& saved = manifest.at(list);
+    if (!saved.is_array()) throw DataError(where + ": '" + list + "' is not a list");
+    for (const auto& p : saved) {
+      if (!p.is_object() || !p.contains("name") || !p.contains("shape") || !p.at("name").is_string() ||
+          !p.at("shape").is_array())
+        throw DataError(where + ": a parameter is not {\"name\": string, \"shape\": list}: " + p.dump());
+      CheckpointParameter parameter{p.at("name").get<std::string>(), {}};
+      const std::string quoted = json(parameter.name).dump(-1, ' ', false, json::error_handler_t::replace);
+      if (const std::string why = invalid_tensor_name(parameter.name); !why.empty() || parameter.name.find(':') != std::string::npos)
+        throw DataError(where + ": parameter name " + quoted + " " + (why.empty() ? "contains ':'" : why));
+      int64_t numel = 1;
+      for (const auto& d : p.at("shape")) {
+        const int64_t v = d.is_number_integer() && !(d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX) ? d.get<int64_t>() : -1;
+        if (v < 0 || __builtin_mul_overflow(numel, v, &numel))
+          throw DataError(where + ": parameter " + quoted + " has shape " + p.at("shape").dump() +
+                          " (a negative or non-integer dimension, or more elements than a 64-bit count holds)");
+        parameter.shape.push_back(v);
+      }
+      if (!numels.emplace(parameter.name, numel).second) throw DataError(where + ": parameter " + quoted + " is listed twice");
+      into.push_back(std::move(parameter));
+    }
+  }
+
+  // Opens a rank file (its header validated) and indexes its tensors: each "<role>:<parameter>:
+  // <first element>", fp32, one dimension, inside a parameter of the manifest.
+  void index_pieces(const std::string& name) {
+    files.push_back(std::make_unique<SafetensorsReader>(root / name));
+    const std::string file = "'" + files.back()->path().string() + "'";
+    for (const auto& e : files.back()->entries()) {
+      const auto first = e.name.find(':'), last = e.name.rfind(':');
+      const std::string role = first == std::string::npos ? "" : e.name.substr(0, first);
+      const std::string parameter = first == last ? "" : e.name.substr(first + 1, last - first - 1);
+      const int64_t begin = first == last ? -1 : parse_count(std::string_view(e.name).substr(last + 1));
+      const auto numel = numels.find(parameter);
+      if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles) || numel == numels.end() ||
+          begin < 0 || e.dtype != at::kFloat || e.shape.size() != 1 || begin > numel->second ||
+          e.shape[0] > numel->second - begin)
+        throw DataError(file + ": unexpected tensor '" + e.name + "' (expected an fp32 range <role>:<parameter>:<first> of " +
+                        "a parameter of the manifest, inside it)");
+      pieces[{role, parameter}].push_back({files.size() - 1, e.name, begin, e.shape[0]});
     }
   }
 
