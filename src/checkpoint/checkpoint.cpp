@@ -199,6 +199,73 @@ void publish(FileSystem& files, const fs::path& dir, const std::string& tag, con
   }
 }
 
+// This rank's file of a save: every role of every fragment, the roles given as sources through one
+// buffer of at most a chunk.
+void write_rank_file(FileSystem& files, const fs::path& path, const std::vector<StateFragment>& fragments) {
+  std::vector<TensorRecord> records;
+  int64_t largest_source = 0;
+  for (const StateFragment& f : fragments) {
+    for (const std::string& role : role_names(f))
+      records.push_back({fragment_name(role, f.parameter, f.begin), at::kFloat, {f.numel}});
+    if (!f.sources.empty()) largest_source = std::max(largest_source, f.numel);
+  }
+  SafetensorsWriter writer(files, path, records, {{"format", kFormat}});
+  at::Tensor buffer;
+  if (largest_source > 0)
+    buffer = at::empty({std::min(largest_source, checkpoint_chunk_bytes() / int64_t(sizeof(float)))}, at::kFloat);
+  for (const StateFragment& f : fragments)
+    for (const std::string& role : role_names(f)) {
+      if (auto tensor = f.roles.find(role); tensor != f.roles.end()) {
+        writer.write(tensor->second.reshape({-1}).to(at::kCPU, at::kFloat));  // device state too
+        continue;
+      }
+      const FragmentSource& source = f.sources.at(role);
+      if (f.numel == 0) writer.append(nullptr, 0);
+      for (int64_t done = 0; done < f.numel;) {
+        const int64_t n = std::min(f.numel - done, buffer.numel());
+        source(done, n, buffer.data_ptr<float>());
+        writer.append(buffer.data_ptr(), n * int64_t(sizeof(float)));
+        done += n;
+      }
+    }
+  writer.finish();
+}
+
+// The manifest of a save; `wrote` says which ranks wrote a file, so that a missing one is an
+// error on load. The checksum covers the text as written with the checksum zeroed
+// (docs/checkpoint.md).
+json manifest_of(const std::string& tag, int world, const at::Tensor& wrote, const CheckpointContents& contents) {
+  json manifest;
+  manifest["format"] = kFormat;
+  manifest["version"] = kVersion;
+  manifest["tag"] = tag;
+  manifest["world_size"] = world;
+  manifest["files"] = json::array();
+  for (int r = 0; r < world; ++r)
+    if (wrote[r].item<int64_t>() > 0) manifest["files"].push_back(rank_file_name(r, world));
+  manifest["parameters"] = json::array();
+  for (const auto& p : contents.parameters) manifest["parameters"].push_back({{"name", p.name}, {"shape", p.shape}});
+  manifest["frozen"] = json::array();
+  for (const auto& p : contents.frozen) manifest["frozen"].push_back({{"name", p.name}, {"shape", p.shape}});
+  manifest["scalars"] = contents.scalars;
+  manifest["configuration"] = contents.configuration;
+  manifest["checksum"] = kZeroChecksum;
+  manifest["checksum"] = crc32_hex(manifest.dump(1));
+  return manifest;
+}
+
+// keep_last: the newest checkpoints by save order (the manifest's modification order) stay.
+// Published already: a failure here names what it could not remove.
+void keep_newest(FileSystem& files, const fs::path& dir, const fs::path& final_dir, int keep_last) {
+  std::vector<std::pair<fs::file_time_type, fs::path>> saved;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_directory() && fs::exists(entry.path() / "manifest.json") && entry.path().filename().string()[0] != '.')
+      saved.emplace_back(fs::last_write_time(entry.path() / "manifest.json"), entry.path());
+  std::sort(saved.begin(), saved.end());
+  for (size_t i = 0; i + size_t(keep_last) < saved.size(); ++i)
+    if (saved[i].second != final_dir) files.remove_all(saved[i].second);
+}
+
 }  // namespace
 
 void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std::string& tag,
@@ -223,35 +290,7 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
     });
     // Every rank with state writes its own file, in parallel.
     on_every_rank(comm, "save (writing '" + (staging / rank_file_name(rank, world)).string() + "')", [&] {
-      if (fragments.empty()) return;
-      std::vector<TensorRecord> records;
-      int64_t largest_source = 0;
-      for (const StateFragment& f : fragments) {
-        for (const std::string& role : role_names(f))
-          records.push_back({fragment_name(role, f.parameter, f.begin), at::kFloat, {f.numel}});
-        if (!f.sources.empty()) largest_source = std::max(largest_source, f.numel);
-      }
-      SafetensorsWriter writer(files, staging / rank_file_name(rank, world), records, {{"format", kFormat}});
-      // Roles given as sources pass through one buffer of at most a chunk.
-      at::Tensor buffer;
-      if (largest_source > 0)
-        buffer = at::empty({std::min(largest_source, checkpoint_chunk_bytes() / int64_t(sizeof(float)))}, at::kFloat);
-      for (const StateFragment& f : fragments)
-        for (const std::string& role : role_names(f)) {
-          if (auto tensor = f.roles.find(role); tensor != f.roles.end()) {
-            writer.write(tensor->second.reshape({-1}).to(at::kCPU, at::kFloat));  // device state too
-            continue;
-          }
-          const FragmentSource& source = f.sources.at(role);
-          if (f.numel == 0) writer.append(nullptr, 0);
-          for (int64_t done = 0; done < f.numel;) {
-            const int64_t n = std::min(f.numel - done, buffer.numel());
-            source(done, n, buffer.data_ptr<float>());
-            writer.append(buffer.data_ptr(), n * int64_t(sizeof(float)));
-            done += n;
-          }
-        }
-      writer.finish();
+      if (!fragments.empty()) write_rank_file(files, staging / rank_file_name(rank, world), fragments);
     });
   } catch (...) {
     // Nothing was published; the staging directory goes (best effort: the next save clears it too).
@@ -267,23 +306,7 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
   comm.all_reduce(wrote, ReduceOp::Sum, "checkpoint.save.files").wait();
   on_every_rank(comm, "save (publishing '" + final_dir.string() + "')", [&] {
     if (rank != 0) return;
-    json manifest;
-    manifest["format"] = kFormat;
-    manifest["version"] = kVersion;
-    manifest["tag"] = tag;
-    manifest["world_size"] = world;
-    manifest["files"] = json::array();
-    for (int r = 0; r < world; ++r)
-      if (wrote[r].item<int64_t>() > 0) manifest["files"].push_back(rank_file_name(r, world));
-    manifest["parameters"] = json::array();
-    for (const auto& p : contents.parameters) manifest["parameters"].push_back({{"name", p.name}, {"shape", p.shape}});
-    manifest["frozen"] = json::array();
-    for (const auto& p : contents.frozen) manifest["frozen"].push_back({{"name", p.name}, {"shape", p.shape}});
-    manifest["scalars"] = contents.scalars;
-    manifest["configuration"] = contents.configuration;
-    // The checksum covers the text as written with the checksum zeroed (docs/checkpoint.md).
-    manifest["checksum"] = kZeroChecksum;
-    manifest["checksum"] = crc32_hex(manifest.dump(1));
+    const json manifest = manifest_of(tag, world, wrote, contents);
     try {
       publish(files, dir, tag, staging, final_dir, manifest.dump(1));
     } catch (...) {
@@ -294,18 +317,7 @@ void save_sharded_checkpoint(Communicator& comm, const fs::path& dir, const std:
       }
       throw;
     }
-    if (keep_last > 0) {
-      // The newest by save order (the manifest's sequence is the directory's modification order).
-      // Published already: a failure here names what it could not remove.
-      std::vector<std::pair<fs::file_time_type, fs::path>> saved;
-      for (const auto& entry : fs::directory_iterator(dir))
-        if (entry.is_directory() && fs::exists(entry.path() / "manifest.json") &&
-            entry.path().filename().string()[0] != '.')
-          saved.emplace_back(fs::last_write_time(entry.path() / "manifest.json"), entry.path());
-      std::sort(saved.begin(), saved.end());
-      for (size_t i = 0; i + size_t(keep_last) < saved.size(); ++i)
-        if (saved[i].second != final_dir) files.remove_all(saved[i].second);
-    }
+    if (keep_last > 0) keep_newest(files, dir, final_dir, keep_last);
   });
 }
 
