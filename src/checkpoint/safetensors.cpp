@@ -267,32 +267,33 @@ struct SafetensorsReader::State {
   std::map<std::string, size_t> index;
 };
 
-SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::make_unique<State>()) {
-  State& s = *state_;
-  s.path = std::move(path);
-  const std::string where = "'" + s.path.string() + "'";
-  auto bad = [&](const std::string& problem) -> DataError { return DataError(where + ": " + problem); };
-  s.fd.reset(::open(s.path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (s.fd.get() < 0) throw DataError("cannot open " + where + ": " + errno_text());
-  struct stat st {};
-  if (::fstat(s.fd.get(), &st) != 0) throw DataError("cannot stat " + where + ": " + errno_text());
-  const int64_t file_bytes = st.st_size;
-  if (file_bytes < 8) throw bad("truncated: " + std::to_string(file_bytes) + " bytes, not even the header length");
+namespace {
+
+// The header's text of an open safetensors file of `file_bytes` bytes.
+std::string read_header_text(int fd, const std::filesystem::path& path, const std::string& where, int64_t file_bytes) {
+  if (file_bytes < 8)
+    throw DataError(where + ": truncated: " + std::to_string(file_bytes) + " bytes, not even the header length");
   unsigned char prefix[8];
-  read_all(s.fd.get(), prefix, 8, 0, s.path);
+  read_all(fd, prefix, 8, 0, path);
   uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | prefix[i];
   if (length > kMaxHeaderBytes || int64_t(length) > file_bytes - 8)
-    throw bad("header length " + std::to_string(length) + " does not fit in the file's " + std::to_string(file_bytes) +
-              " bytes (truncated or not a safetensors file)");
+    throw DataError(where + ": header length " + std::to_string(length) + " does not fit in the file's " +
+                    std::to_string(file_bytes) + " bytes (truncated or not a safetensors file)");
   std::string text(length, '\0');
-  read_all(s.fd.get(), text.data(), int64_t(length), 8, s.path);
+  read_all(fd, text.data(), int64_t(length), 8, path);
+  return text;
+}
 
-  ordered_json header;
-  // Tensors and "__metadata__"; the check runs before any document is built.
+// The header as JSON (its size and depth checked before any document is built) and its
+// __metadata__ strings.
+std::pair<ordered_json, std::map<std::string, std::string>> parse_header(const std::string& text, const std::string& where) {
+  auto bad = [&](const std::string& problem) { return DataError(where + ": " + problem); };
+  // Tensors and "__metadata__".
   if (const std::string problem = json_bounds_problem(text, kMaxDepth, kMaxTensors + 1); !problem.empty())
     throw bad("header " + problem + " (at most " + std::to_string(kMaxTensors) + " tensors, " +
               std::to_string(kMaxDepth) + " levels)");
+  ordered_json header;
   try {
     header = ordered_json::parse(text);
   } catch (const nlohmann::json::exception& e) {
@@ -307,78 +308,105 @@ SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::m
       meta[key] = value.get<std::string>();
     }
   }
-  // The header checksum covers the header as written with that checksum zeroed.
-  auto stored_header_crc = meta.find(kHeaderCrcKey);
-  if (stored_header_crc == meta.end()) throw bad("no header checksum (" + std::string(kHeaderCrcKey) + ")");
-  {
-    const std::string stored = "\"" + std::string(kHeaderCrcKey) + "\":\"" + stored_header_crc->second + "\"";
-    std::string zeroed = text;
-    const size_t at = zeroed.find(stored);
-    if (at == std::string::npos || stored_header_crc->second.size() != 8) throw bad("malformed header checksum");
-    zeroed.replace(at, stored.size(), "\"" + std::string(kHeaderCrcKey) + "\":\"" + kZeroCrc + "\"");
-    const std::string computed = hex32(crc_of(zeroed.data(), int64_t(zeroed.size())));
-    if (computed != stored_header_crc->second)
-      throw bad("header fails its checksum (stored " + stored_header_crc->second + ", computed " + computed +
-                "; corrupted, or written incompletely)");
-  }
+  return {std::move(header), std::move(meta)};
+}
 
-  const int64_t data_start = 8 + int64_t(length);
+// The header checksum covers the header as written with that checksum zeroed.
+void check_header_checksum(const std::string& text, const std::map<std::string, std::string>& meta,
+                           const std::string& where) {
+  auto stored_header_crc = meta.find(kHeaderCrcKey);
+  if (stored_header_crc == meta.end()) throw DataError(where + ": no header checksum (" + std::string(kHeaderCrcKey) + ")");
+  const std::string stored = "\"" + std::string(kHeaderCrcKey) + "\":\"" + stored_header_crc->second + "\"";
+  std::string zeroed = text;
+  const size_t at = zeroed.find(stored);
+  if (at == std::string::npos || stored_header_crc->second.size() != 8) throw DataError(where + ": malformed header checksum");
+  zeroed.replace(at, stored.size(), "\"" + std::string(kHeaderCrcKey) + "\":\"" + kZeroCrc + "\"");
+  const std::string computed = hex32(crc_of(zeroed.data(), int64_t(zeroed.size())));
+  if (computed != stored_header_crc->second)
+    throw DataError(where + ": header fails its checksum (stored " + stored_header_crc->second + ", computed " +
+                    computed + "; corrupted, or written incompletely)");
+}
+
+// One tensor's header entry, validated: its dtype, shape, checksum, and a byte range that starts
+// at `expected_offset` of the data section and fits in the file (our files list tensors in data
+// order, so the ranges tile the data section: no overlaps, nothing past the end).
+SafetensorsEntry entry_of(const std::string& name, const ordered_json& value, const std::map<std::string, std::string>& meta,
+                          int64_t file_bytes, int64_t data_start, int64_t expected_offset, const std::string& where) {
+  const std::string tensor = where + ": tensor '" + name + "'";
+  if (!value.is_object() || value.size() != 3 || !value.contains("dtype") || !value.contains("shape") ||
+      !value.contains("data_offsets"))
+    throw DataError(tensor + ": expected exactly dtype, shape and data_offsets");
+  if (const std::string why = invalid_tensor_name(name); !why.empty())
+    throw DataError(where + ": tensor name " + ordered_json(name).dump() + " " + why);
+  SafetensorsEntry e;
+  e.name = name;
+  const auto& dtype = value["dtype"];
+  bool known = false;
+  for (const auto& d : kDtypes)
+    if (dtype.is_string() && dtype.get<std::string>() == d.name) {
+      e.dtype = d.type;
+      known = true;
+    }
+  if (!known) throw DataError(tensor + ": unknown dtype " + dtype.dump());
+  if (!value["shape"].is_array()) throw DataError(tensor + ": shape is not an array");
+  for (const auto& d : value["shape"]) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0 || (d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX))
+      throw DataError(tensor + ": shape " + value["shape"].dump() + " has a negative or non-integer dimension");
+    e.shape.push_back(d.get<int64_t>());
+  }
+  e.nbytes = checked_nbytes(e.shape, int64_t(c10::elementSize(e.dtype)));
+  // Every byte of a tensor is in the file: a size beyond the file is refused before any
+  // arithmetic on it, and before read() would allocate it.
+  if (e.nbytes < 0 || e.nbytes > file_bytes - data_start - expected_offset)
+    throw DataError(tensor + ": shape " + value["shape"].dump() + " needs " +
+                    (e.nbytes < 0 ? std::string("more bytes than a 64-bit size holds") : std::to_string(e.nbytes) + " bytes") +
+                    ", more than the " + std::to_string(file_bytes - data_start - expected_offset) +
+                    " bytes left in the file (truncated or damaged)");
+  const auto& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() || !offsets[1].is_number_integer())
+    throw DataError(tensor + ": data_offsets " + offsets.dump());
+  const bool representable = (!offsets[0].is_number_unsigned() || offsets[0].get<uint64_t>() <= INT64_MAX) &&
+                             (!offsets[1].is_number_unsigned() || offsets[1].get<uint64_t>() <= INT64_MAX);
+  const int64_t begin = representable ? offsets[0].get<int64_t>() : -1;
+  const int64_t end = representable ? offsets[1].get<int64_t>() : -1;
+  // `end` is compared, not subtracted.
+  if (begin != expected_offset || end != expected_offset + e.nbytes)
+    throw DataError(tensor + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") expected [" +
+                    std::to_string(expected_offset) + ", " + std::to_string(expected_offset + e.nbytes) + ")");
+  e.offset = data_start + begin;
+  auto crc = meta.find(kTensorCrcPrefix + name);
+  if (crc == meta.end() || crc->second.size() != 8 || crc->second.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw DataError(tensor + ": no checksum");
+  e.crc32 = uint32_t(std::stoul(crc->second, nullptr, 16));
+  return e;
+}
+
+}  // namespace
+
+SafetensorsReader::SafetensorsReader(std::filesystem::path path) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.path = std::move(path);
+  const std::string where = "'" + s.path.string() + "'";
+  s.fd.reset(::open(s.path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (s.fd.get() < 0) throw DataError("cannot open " + where + ": " + errno_text());
+  struct stat st {};
+  if (::fstat(s.fd.get(), &st) != 0) throw DataError("cannot stat " + where + ": " + errno_text());
+  const int64_t file_bytes = st.st_size;
+  const std::string text = read_header_text(s.fd.get(), s.path, where, file_bytes);
+  const auto [header, meta] = parse_header(text, where);
+  check_header_checksum(text, meta, where);
+  const int64_t data_start = 8 + int64_t(text.size());
   int64_t expected_offset = 0;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") continue;
-    const std::string tensor = "tensor '" + name + "'";
-    if (!value.is_object() || value.size() != 3 || !value.contains("dtype") || !value.contains("shape") ||
-        !value.contains("data_offsets"))
-      throw bad(tensor + ": expected exactly dtype, shape and data_offsets");
-    if (const std::string why = invalid_tensor_name(name); !why.empty()) throw bad("tensor name " + ordered_json(name).dump() + " " + why);
-    SafetensorsEntry e;
-    e.name = name;
-    const auto& dtype = value["dtype"];
-    bool known = false;
-    for (const auto& d : kDtypes)
-      if (dtype.is_string() && dtype.get<std::string>() == d.name) {
-        e.dtype = d.type;
-        known = true;
-      }
-    if (!known) throw bad(tensor + ": unknown dtype " + dtype.dump());
-    if (!value["shape"].is_array()) throw bad(tensor + ": shape is not an array");
-    for (const auto& d : value["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0 || (d.is_number_unsigned() && d.get<uint64_t>() > INT64_MAX))
-        throw bad(tensor + ": shape " + value["shape"].dump() + " has a negative or non-integer dimension");
-      e.shape.push_back(d.get<int64_t>());
-    }
-    e.nbytes = checked_nbytes(e.shape, int64_t(c10::elementSize(e.dtype)));
-    // Every byte of a tensor is in the file: a size beyond the file is refused before any
-    // arithmetic on it, and before read() would allocate it.
-    if (e.nbytes < 0 || e.nbytes > file_bytes - data_start - expected_offset)
-      throw bad(tensor + ": shape " + value["shape"].dump() + " needs " +
-                (e.nbytes < 0 ? std::string("more bytes than a 64-bit size holds") : std::to_string(e.nbytes) + " bytes") +
-                ", more than the " + std::to_string(file_bytes - data_start - expected_offset) +
-                " bytes left in the file (truncated or damaged)");
-    const auto& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_integer() || !offsets[1].is_number_integer())
-      throw bad(tensor + ": data_offsets " + offsets.dump());
-    const bool representable = (!offsets[0].is_number_unsigned() || offsets[0].get<uint64_t>() <= INT64_MAX) &&
-                               (!offsets[1].is_number_unsigned() || offsets[1].get<uint64_t>() <= INT64_MAX);
-    const int64_t begin = representable ? offsets[0].get<int64_t>() : -1;
-    const int64_t end = representable ? offsets[1].get<int64_t>() : -1;
-    // Our files list tensors in data order; the ranges must tile the data section (which also
-    // rules out overlapping tensors and ranges past the end). `end` is compared, not subtracted.
-    if (begin != expected_offset || end != expected_offset + e.nbytes)
-      throw bad(tensor + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) + ") expected [" +
-                std::to_string(expected_offset) + ", " + std::to_string(expected_offset + e.nbytes) + ")");
-    expected_offset = end;
-    e.offset = data_start + begin;
-    auto crc = meta.find(kTensorCrcPrefix + name);
-    if (crc == meta.end() || crc->second.size() != 8 || crc->second.find_first_not_of("0123456789abcdef") != std::string::npos)
-      throw bad(tensor + ": no checksum");
-    e.crc32 = uint32_t(std::stoul(crc->second, nullptr, 16));
+    SafetensorsEntry e = entry_of(name, value, meta, file_bytes, data_start, expected_offset, where);
+    expected_offset += e.nbytes;
     s.index[name] = s.entries.size();
     s.entries.push_back(std::move(e));
   }
   if (data_start + expected_offset != file_bytes)
-    throw bad("expected " + std::to_string(data_start + expected_offset) + " bytes from the header, found " +
-              std::to_string(file_bytes) + (file_bytes < data_start + expected_offset ? " (truncated)" : ""));
+    throw DataError(where + ": expected " + std::to_string(data_start + expected_offset) + " bytes from the header, found " +
+                    std::to_string(file_bytes) + (file_bytes < data_start + expected_offset ? " (truncated)" : ""));
   for (auto& [key, value] : meta)
     if (key.rfind(kHeaderCrcKey, 0) != 0) s.metadata[key] = value;
 }
