@@ -217,74 +217,45 @@ struct Phase {
 
 }  // namespace
 
-StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
-                            const EstimateOptions& options, const StepTimeOptions& what_if) {
-  const ClusterRates& r = cluster.rates;
-  const bool mixed = config.precision != Precision::FP32;
-  const double rate = mixed && r.device_flops_16bit > 0 ? r.device_flops_16bit : r.device_flops_fp32;
-  if (!(rate > 0) || !(r.device_memory_bandwidth > 0))
-    throw ConfigError(fmt::format(
-        "cluster rates: the step-time model needs the device's FLOP/s and memory bandwidth; found {} and {} "
-        "(give --cluster with a preset, or --rate device_flops_fp32=... --rate device_memory_bandwidth=...)",
-        rate, r.device_memory_bandwidth));
-  if (model.parameters <= 0) throw ConfigError("step time: the model's parameter count is unknown");
-  const int world = cluster.world_size();
-  if (world != config.world_size)
-    throw ConfigError(fmt::format("step time: the cluster has {} devices but the configuration {} ranks", world,
-                                  config.world_size));
-  const int tp = what_if.tensor_parallel;
-  if (tp < 1 || cluster.devices_per_node % tp != 0)
-    throw ConfigError(fmt::format("tensor_parallel: expected a divisor of the {} devices per node, found {}",
-                                  cluster.devices_per_node, tp));
-  const ZeroConfig& zero = config.zero;
-  const bool hpz_configured = what_if.hpz_partition_size == 1 && zero.shard_parameters && zero.hpz_partition_size > 1;
-  const int hpz = hpz_configured ? zero.hpz_partition_size : what_if.hpz_partition_size;
-  if (hpz < 1 || cluster.devices_per_node % hpz != 0)
-    throw ConfigError(fmt::format("{}: expected a divisor of the {} devices per node, found {}",
-                                  hpz_configured ? "zero_optimization.zero_hpz_partition_size" : "hpz_partition_size",
-                                  cluster.devices_per_node, hpz));
-  const OffloadTarget opt = options.offload_optimizer.value_or(zero.offload_optimizer.device);
-  const OffloadTarget param = options.offload_param.value_or(zero.offload_param.device);
-  const Recompute recompute = options.recompute.value_or(recompute_of(config));
-  const bool gpu = cluster.device == DeviceKind::Cuda;
+namespace {
 
-  StepTime st;
-  st.micro_batch = config.train_micro_batch_size_per_gpu;
-  st.accumulation = std::max<int64_t>(1, config.gradient_accumulation_steps);
-  const double micro_steps = double(st.accumulation);
-  const double element = mixed ? 2.0 : 4.0;  // bytes per working parameter and per gradient
+// One step-time prediction, in docs/step_time.md's order: compute, the data-parallel (and stage
+// 3's) collectives, tensor parallelism, offload traffic, the optimizer step, then what of the
+// queued transfers hides behind compute. The phases share the inputs and the queue of transfers.
+class StepTimeModel {
+ public:
+  StepTimeModel(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
+                const EstimateOptions& options, const StepTimeOptions& what_if)
+      : model_(model), cluster_(cluster), config_(config), zero_(config.zero), r_(cluster.rates),
+        what_if_(what_if), mixed_(config.precision != Precision::FP32),
+        rate_(mixed_ && r_.device_flops_16bit > 0 ? r_.device_flops_16bit : r_.device_flops_fp32),
+        tp_(what_if.tensor_parallel),
+        opt_(options.offload_optimizer.value_or(config.zero.offload_optimizer.device)),
+        param_(options.offload_param.value_or(config.zero.offload_param.device)),
+        recompute_(options.recompute.value_or(recompute_of(config))), gpu_(cluster.device == DeviceKind::Cuda),
+        element_(mixed_ ? 2.0 : 4.0) {}
 
-  // --- compute ---------------------------------------------------------------------------------
-  double forward_flops = 0, recompute_flops = 0, elementwise_bytes = 0;
-  const double tokens = double(st.micro_batch) * double(std::max<int64_t>(1, model.sequence_length));
-  if (model.has_shape()) {
-    const GPTConfig gpt = gpt_of(model);
-    const StepFlops f = gpt_micro_batch_flops(gpt, st.micro_batch, model.sequence_length, recompute, model.layers);
-    forward_flops = double(f.forward);
-    recompute_flops = double(f.recompute);
-    const double layer_pass = kElementwiseForwardPerHidden * double(model.hidden) * tokens * double(model.layers) * element;
-    elementwise_bytes = 3 * layer_pass + (recompute == Recompute::Full ? layer_pass : 0);
-  } else {
-    forward_flops = 2.0 * double(model.parameters) * tokens;
-    st.notes.push_back("the model's shape is unknown: compute is 6 FLOPs per parameter and token, no attention term");
+  StepTime run() {
+    validate();
+    st_.micro_batch = config_.train_micro_batch_size_per_gpu;
+    st_.accumulation = std::max<int64_t>(1, config_.gradient_accumulation_steps);
+    micro_steps_ = double(st_.accumulation);
+    tokens_ = double(st_.micro_batch) * double(std::max<int64_t>(1, model_.sequence_length));
+    compute();
+    // Data parallelism runs over the ranks holding the same tensor-parallel slice.
+    dp_ = Group{cluster_.devices_per_node / tp_, cluster_.nodes};
+    psi_ = double(model_.parameters) / tp_;
+    shard_ = psi_ / double(dp_.size());
+    data_parallel_collectives();
+    if (zero_.shard_parameters) stage3_collectives();
+    if (tp_ > 1) tensor_parallel_collectives();
+    offload_traffic();
+    optimizer_step();
+    overlap();
+    return st_;
   }
-  const double per_device = 1.0 / double(tp);
-  const double forward = forward_flops * per_device / rate + elementwise_bytes / 3 * per_device / r.device_memory_bandwidth;
-  const double backward = (2 * forward_flops + recompute_flops) * per_device / rate +
-                          (elementwise_bytes - elementwise_bytes / 3) * per_device / r.device_memory_bandwidth;
-  st.compute = micro_steps * (forward + backward);
-  st.terms.push_back({"forward compute", micro_steps * forward, micro_steps * forward, 0});
-  st.terms.push_back({recompute == Recompute::None ? "backward compute" : "backward compute with recomputation",
-                      micro_steps * backward, micro_steps * backward, 0});
 
-  // --- communication ---------------------------------------------------------------------------
-  // Data parallelism runs over the ranks holding the same tensor-parallel slice.
-  const Group dp{cluster.devices_per_node / tp, cluster.nodes};
-  const double psi = double(model.parameters) / tp;  // elements each data-parallel rank trains
-  const double ranks = double(dp.size());
-  Phase fwd{forward}, bwd{backward};
-  const double buckets = std::ceil(psi / double(std::max<int64_t>(1, zero.reduce_bucket_size)));
-  const double gathers = std::ceil(psi / double(std::max<int64_t>(1, zero.allgather_bucket_size)));
+ private:
   struct Pending {
     std::string name;
     Transfer t;
@@ -292,174 +263,268 @@ StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluste
     HiddenBehind behind;
     bool offload;
   };
-  std::vector<Pending> pending;
-  auto queue = [&](std::string name, Transfer t, double times, HiddenBehind behind, bool offload = false) {
-    if (t.seconds > 0) pending.push_back({std::move(name), t, times, behind, offload});
-  };
-  const HiddenBehind nothing = HiddenBehind::Nothing, in_forward = HiddenBehind::Forward;
-  // Gradient reductions overlap backward only with overlap_comm (docs/zero.md).
-  const HiddenBehind grads_behind = zero.overlap_comm ? HiddenBehind::Backward : nothing;
 
-  if (!zero.shard_optimizer_states) {
-    // Stage 0: the summed gradients on every rank, once per step on the boundary micro-step.
-    queue("all-reduce gradients", collective(cluster, dp, Collective::AllReduce, psi * element, buckets), 1,
-          grads_behind);
-  } else if (!zero.shard_gradients) {
-    queue("reduce-scatter gradients", collective(cluster, dp, Collective::ReduceScatter, psi * element, buckets), 1,
-          grads_behind);
-  } else if (!zero.shard_parameters) {
-    // Stage 2 empties its buckets every micro-step.
-    queue("reduce-scatter gradients", collective(cluster, dp, Collective::ReduceScatter, psi * element, buckets),
-          micro_steps, grads_behind);
+  void validate() {
+    if (!(rate_ > 0) || !(r_.device_memory_bandwidth > 0))
+      throw ConfigError(fmt::format(
+          "cluster rates: the step-time model needs the device's FLOP/s and memory bandwidth; found {} and {} "
+          "(give --cluster with a preset, or --rate device_flops_fp32=... --rate device_memory_bandwidth=...)",
+          rate_, r_.device_memory_bandwidth));
+    if (model_.parameters <= 0) throw ConfigError("step time: the model's parameter count is unknown");
+    if (cluster_.world_size() != config_.world_size)
+      throw ConfigError(fmt::format("step time: the cluster has {} devices but the configuration {} ranks",
+                                    cluster_.world_size(), config_.world_size));
+    if (tp_ < 1 || cluster_.devices_per_node % tp_ != 0)
+      throw ConfigError(fmt::format("tensor_parallel: expected a divisor of the {} devices per node, found {}",
+                                    cluster_.devices_per_node, tp_));
+    hpz_configured_ = what_if_.hpz_partition_size == 1 && zero_.shard_parameters && zero_.hpz_partition_size > 1;
+    hpz_ = hpz_configured_ ? zero_.hpz_partition_size : what_if_.hpz_partition_size;
+    if (hpz_ < 1 || cluster_.devices_per_node % hpz_ != 0)
+      throw ConfigError(fmt::format("{}: expected a divisor of the {} devices per node, found {}",
+                                    hpz_configured_ ? "zero_optimization.zero_hpz_partition_size" : "hpz_partition_size",
+                                    cluster_.devices_per_node, hpz_));
   }
-  if (zero.shard_optimizer_states && !zero.shard_parameters)
-    queue("all-gather updated parameters", collective(cluster, dp, Collective::AllGather, psi * element, gathers), 1, nothing);
 
-  double shard = psi / ranks;  // elements each rank owns
-  double regathered = 0;       // the fraction of the sharded parameters gathered again in backward
-  if (zero.shard_parameters) {
-    const double persistent = double(model.persistent_parameters) / tp;
-    const double sharded = std::max(0.0, psi - persistent);
-    const double blocks = model.forward_block_order.empty() ? double(std::max<int64_t>(1, model.layers) + 1)
-                                                            : double(model.forward_block_order.size());
+  void compute() {
+    double elementwise_bytes = 0;
+    if (model_.has_shape()) {
+      const GPTConfig gpt = gpt_of(model_);
+      const StepFlops f = gpt_micro_batch_flops(gpt, st_.micro_batch, model_.sequence_length, recompute_, model_.layers);
+      forward_flops_ = double(f.forward);
+      recompute_flops_ = double(f.recompute);
+      const double layer_pass =
+          kElementwiseForwardPerHidden * double(model_.hidden) * tokens_ * double(model_.layers) * element_;
+      elementwise_bytes = 3 * layer_pass + (recompute_ == Recompute::Full ? layer_pass : 0);
+    } else {
+      forward_flops_ = 2.0 * double(model_.parameters) * tokens_;
+      st_.notes.push_back("the model's shape is unknown: compute is 6 FLOPs per parameter and token, no attention term");
+    }
+    per_device_ = 1.0 / double(tp_);
+    const double forward =
+        forward_flops_ * per_device_ / rate_ + elementwise_bytes / 3 * per_device_ / r_.device_memory_bandwidth;
+    const double backward = (2 * forward_flops_ + recompute_flops_) * per_device_ / rate_ +
+                            (elementwise_bytes - elementwise_bytes / 3) * per_device_ / r_.device_memory_bandwidth;
+    fwd_ = Phase{forward};
+    bwd_ = Phase{backward};
+    st_.compute = micro_steps_ * (forward + backward);
+    st_.terms.push_back({"forward compute", micro_steps_ * forward, micro_steps_ * forward, 0});
+    st_.terms.push_back({recompute_ == Recompute::None ? "backward compute" : "backward compute with recomputation",
+                         micro_steps_ * backward, micro_steps_ * backward, 0});
+  }
+
+  void queue(std::string name, Transfer t, double times, HiddenBehind behind, bool offload = false) {
+    if (t.seconds > 0) pending_.push_back({std::move(name), t, times, behind, offload});
+  }
+  // Gradient reductions overlap backward only with overlap_comm (docs/zero.md).
+  HiddenBehind grads_behind() const { return zero_.overlap_comm ? HiddenBehind::Backward : HiddenBehind::Nothing; }
+
+  // Stages 0-2: the gradient reduction and, with sharded optimizer states, the updated parameters.
+  void data_parallel_collectives() {
+    const double buckets = std::ceil(psi_ / double(std::max<int64_t>(1, zero_.reduce_bucket_size)));
+    const double gathers = std::ceil(psi_ / double(std::max<int64_t>(1, zero_.allgather_bucket_size)));
+    if (!zero_.shard_optimizer_states) {
+      // Stage 0: the summed gradients on every rank, once per step on the boundary micro-step.
+      queue("all-reduce gradients", collective(cluster_, dp_, Collective::AllReduce, psi_ * element_, buckets), 1,
+            grads_behind());
+    } else if (!zero_.shard_gradients) {
+      queue("reduce-scatter gradients", collective(cluster_, dp_, Collective::ReduceScatter, psi_ * element_, buckets),
+            1, grads_behind());
+    } else if (!zero_.shard_parameters) {
+      // Stage 2 empties its buckets every micro-step.
+      queue("reduce-scatter gradients", collective(cluster_, dp_, Collective::ReduceScatter, psi_ * element_, buckets),
+            micro_steps_, grads_behind());
+    }
+    if (zero_.shard_optimizer_states && !zero_.shard_parameters)
+      queue("all-gather updated parameters", collective(cluster_, dp_, Collective::AllGather, psi_ * element_, gathers),
+            1, HiddenBehind::Nothing);
+  }
+
+  // Stage 3: each block gathered in forward (and again in backward unless kept), the gradients
+  // reduce-scattered block by block, persistent parameters all-reduced.
+  void stage3_collectives() {
+    const double persistent = double(model_.persistent_parameters) / tp_;
+    const double sharded = std::max(0.0, psi_ - persistent);
+    const double blocks = model_.forward_block_order.empty() ? double(std::max<int64_t>(1, model_.layers) + 1)
+                                                             : double(model_.forward_block_order.size());
     const double kept =
-        !model.forward_block_order.empty()
-            ? double(kept_at_turn(model.forward_block_order, model.block_gathered, zero.stage3_max_reuse_distance)) / tp
-            : double(kept_at_turn_equal_blocks(int64_t(sharded), std::max<int64_t>(1, model.largest_block / tp),
-                                               zero.stage3_max_reuse_distance));
+        !model_.forward_block_order.empty()
+            ? double(kept_at_turn(model_.forward_block_order, model_.block_gathered, zero_.stage3_max_reuse_distance)) / tp_
+            : double(kept_at_turn_equal_blocks(int64_t(sharded), std::max<int64_t>(1, model_.largest_block / tp_),
+                                               zero_.stage3_max_reuse_distance));
     // The gatherer prefetches at least the next block, however large, while a positive
     // stage3_prefetch_bucket_size and the live-parameter budget allow (zero/parameter_gatherer.cpp).
-    const bool prefetch = zero.stage3_prefetch_bucket_size > 0 && zero.stage3_max_live_parameters > model.largest_block;
+    const bool prefetch = zero_.stage3_prefetch_bucket_size > 0 && zero_.stage3_max_live_parameters > model_.largest_block;
     // With hpZ only the first micro-step's forward reads the primary partition; every later gather
     // until the optimizer step reads the secondary one (zero/parameter_gatherer.cpp).
-    Group secondary = dp;
-    if (hpz > 1) secondary = Group{std::min(hpz, dp.per_node), 1};
-    const double primary_forwards = hpz > 1 ? 1 : micro_steps;
+    Group secondary = dp_;
+    if (hpz_ > 1) secondary = Group{std::min(hpz_, dp_.per_node), 1};
+    const double primary_forwards = hpz_ > 1 ? 1 : micro_steps_;
     auto forward_gathers = [&](const Group& group, double times, const std::string& suffix) {
-      const Transfer gather = collective(cluster, group, Collective::AllGather, sharded * element, blocks);
+      const Transfer gather = collective(cluster_, group, Collective::AllGather, sharded * element_, blocks);
       // The first block's gather has nothing to hide behind.
       Transfer first{gather.seconds / blocks, gather.bytes / blocks};
       Transfer rest{gather.seconds - first.seconds, gather.bytes - first.bytes};
-      queue("all-gather parameters (forward, first block" + suffix + ")", first, times, nothing);
-      queue("all-gather parameters (forward" + suffix + ")", rest, times, prefetch ? in_forward : nothing);
+      queue("all-gather parameters (forward, first block" + suffix + ")", first, times, HiddenBehind::Nothing);
+      queue("all-gather parameters (forward" + suffix + ")", rest, times,
+            prefetch ? HiddenBehind::Forward : HiddenBehind::Nothing);
     };
-    forward_gathers(dp, primary_forwards, "");
-    if (micro_steps > primary_forwards)
-      forward_gathers(secondary, micro_steps - primary_forwards, ", later micro-steps, within the secondary partition");
+    forward_gathers(dp_, primary_forwards, "");
+    if (micro_steps_ > primary_forwards)
+      forward_gathers(secondary, micro_steps_ - primary_forwards, ", later micro-steps, within the secondary partition");
     const double again = std::max(0.0, sharded - kept);
-    regathered = sharded > 0 ? again / sharded : 0;
+    regathered_ = sharded > 0 ? again / sharded : 0;
     if (again > 0) {
       const double count = blocks * again / std::max(1.0, sharded);
-      queue(hpz > 1 ? "all-gather parameters (backward, within the secondary partition)"
-                    : "all-gather parameters (backward)",
-            collective(cluster, secondary, Collective::AllGather, again * element, count), micro_steps,
-            prefetch ? HiddenBehind::Backward : nothing);
+      queue(hpz_ > 1 ? "all-gather parameters (backward, within the secondary partition)"
+                     : "all-gather parameters (backward)",
+            collective(cluster_, secondary, Collective::AllGather, again * element_, count), micro_steps_,
+            prefetch ? HiddenBehind::Backward : HiddenBehind::Nothing);
     }
-    if (hpz > 1)
-      st.notes.push_back(fmt::format(
-          "hpZ{}: the gathers after the first micro-step's forward stay within groups of {} ranks{}", hpz_configured ? "" : " what-if",
-          hpz, again > 0 || micro_steps > 1 ? "" : " (none here: every block stays gathered through backward, one micro-step)"));
-    queue("reduce-scatter gradients", collective(cluster, dp, Collective::ReduceScatter, sharded * element, blocks),
-          micro_steps, grads_behind);
+    if (hpz_ > 1)
+      st_.notes.push_back(fmt::format(
+          "hpZ{}: the gathers after the first micro-step's forward stay within groups of {} ranks{}",
+          hpz_configured_ ? "" : " what-if", hpz_,
+          again > 0 || micro_steps_ > 1 ? "" : " (none here: every block stays gathered through backward, one micro-step)"));
+    queue("reduce-scatter gradients", collective(cluster_, dp_, Collective::ReduceScatter, sharded * element_, blocks),
+          micro_steps_, grads_behind());
     if (persistent > 0)
-      queue("all-reduce persistent gradients", collective(cluster, dp, Collective::AllReduce, persistent * element, 1),
-            micro_steps, grads_behind);
-    shard = sharded / ranks + persistent / ranks;
-  }
-  if (tp > 1) {
-    // Megatron: two all-reduces of the layer's activations in forward and two in backward (and
-    // two more when full recomputation runs the forward again), within the node, not overlapped.
-    const Group tensor{tp, 1};
-    const double activation = tokens * double(model.hidden) * element;
-    const double count = 2.0 * double(std::max<int64_t>(1, model.layers));
-    queue("tensor-parallel all-reduces (forward)", collective(cluster, tensor, Collective::AllReduce, activation, 1),
-          micro_steps * count, nothing);
-    queue("tensor-parallel all-reduces (backward)", collective(cluster, tensor, Collective::AllReduce, activation, 1),
-          micro_steps * count * (recompute == Recompute::Full ? 2 : 1), nothing);
+      queue("all-reduce persistent gradients",
+            collective(cluster_, dp_, Collective::AllReduce, persistent * element_, 1), micro_steps_, grads_behind());
+    shard_ = sharded / double(dp_.size()) + persistent / double(dp_.size());
   }
 
-  // --- offload traffic -------------------------------------------------------------------------
-  const double node_share = double(cluster.devices_per_node) / tp;  // ranks of a node stepping on its host
-  const bool host_step = opt != OffloadTarget::None && gpu;          // the optimizer runs on the CPUs
-  if (host_step || (gpu && param != OffloadTarget::None)) {
-    if (!(r.host_device_bandwidth > 0))
-      throw ConfigError("cluster rates: offload to the host needs host_device_bandwidth (PCIe); found none");
-  }
-  if (host_step) {
-    Transfer down{shard * element / r.host_device_bandwidth, shard * element};
-    queue("gradients to the host", down, zero.shard_gradients ? micro_steps : 1, grads_behind, true);
-    Transfer up{shard * element / r.host_device_bandwidth, shard * element};
-    queue("parameters to the device", up, 1, nothing, true);
-  }
-  if (param != OffloadTarget::None && zero.shard_parameters) {
-    const double passes = 1.0 + regathered;  // every gather reads its shard from the host first
-    if (gpu) {
-      Transfer in{shard * element / r.host_device_bandwidth, shard * element};
-      queue("parameter shards to the device", in, micro_steps * passes, in_forward, true);
-    }
-    if (param == OffloadTarget::Nvme) {
-      if (!(r.nvme_read_bandwidth > 0 && r.nvme_write_bandwidth > 0))
-        throw ConfigError("cluster rates: offload to nvme needs the NVMe read and write bandwidths; found none");
-      Transfer read{node_share * shard * element / r.nvme_read_bandwidth, shard * element};
-      queue("parameter shards from NVMe", read, micro_steps * passes, in_forward, true);
-      Transfer write{node_share * shard * element / r.nvme_write_bandwidth, shard * element};
-      queue("updated parameter shards to NVMe", write, 1, nothing, true);
-    }
+  // Megatron: two all-reduces of the layer's activations in forward and two in backward (and two
+  // more when full recomputation runs the forward again), within the node, not overlapped.
+  void tensor_parallel_collectives() {
+    const Group tensor{tp_, 1};
+    const double activation = tokens_ * double(model_.hidden) * element_;
+    const double count = 2.0 * double(std::max<int64_t>(1, model_.layers));
+    queue("tensor-parallel all-reduces (forward)", collective(cluster_, tensor, Collective::AllReduce, activation, 1),
+          micro_steps_ * count, HiddenBehind::Nothing);
+    queue("tensor-parallel all-reduces (backward)", collective(cluster_, tensor, Collective::AllReduce, activation, 1),
+          micro_steps_ * count * (recompute_ == Recompute::Full ? 2 : 1), HiddenBehind::Nothing);
   }
 
-  // --- the optimizer step ----------------------------------------------------------------------
-  const double owned = zero.shard_optimizer_states ? shard : psi;
-  double optimizer = 0;
-  if (host_step) {
-    if (!(r.host_adam_rate > 0)) throw ConfigError("cluster rates: optimizer offload needs host_adam_rate; found none");
-    optimizer = node_share * owned / r.host_adam_rate;
-  } else {
-    optimizer = owned * (mixed ? kAdamBytesMixed : kAdamBytesFp32) / r.device_memory_bandwidth;
-  }
-  double optimizer_exposed = optimizer;
-  if (opt == OffloadTarget::Nvme) {
-    if (!(r.nvme_read_bandwidth > 0 && r.nvme_write_bandwidth > 0))
+  void require_nvme_rates() const {
+    if (!(r_.nvme_read_bandwidth > 0 && r_.nvme_write_bandwidth > 0))
       throw ConfigError("cluster rates: offload to nvme needs the NVMe read and write bandwidths; found none");
-    // Sub-groups are read, stepped and written back in a pipeline: the slower side sets the pace.
-    const double bytes = node_share * owned * kOptimizerStateBytes;
-    const double swap = bytes / r.nvme_read_bandwidth + bytes / r.nvme_write_bandwidth;
-    st.offload += swap;
-    st.terms.push_back({"optimizer states through NVMe", swap, std::max(0.0, swap - optimizer), 2 * owned * kOptimizerStateBytes});
-    optimizer_exposed = std::max(optimizer, swap);
   }
-  st.optimizer = optimizer;
-  st.terms.push_back({host_step ? "optimizer step on the host" : "optimizer step", optimizer, optimizer, 0});
 
-  // --- overlap ---------------------------------------------------------------------------------
-  // A transfer issued once per step (times 1) runs in the boundary micro-step only.
-  for (const Pending& p : pending) {
-    if (p.behind == nothing) continue;
-    Phase& phase = p.behind == in_forward ? fwd : bwd;
-    if (p.times == 1 && micro_steps > 1)
-      phase.boundary += p.t.seconds;
-    else
-      phase.each += p.t.seconds * p.times / micro_steps;
+  void offload_traffic() {
+    node_share_ = double(cluster_.devices_per_node) / tp_;  // ranks of a node stepping on its host
+    host_step_ = opt_ != OffloadTarget::None && gpu_;         // the optimizer runs on the CPUs
+    if ((host_step_ || (gpu_ && param_ != OffloadTarget::None)) && !(r_.host_device_bandwidth > 0))
+      throw ConfigError("cluster rates: offload to the host needs host_device_bandwidth (PCIe); found none");
+    const double bytes = shard_ * element_;
+    if (host_step_) {
+      queue("gradients to the host", {bytes / r_.host_device_bandwidth, bytes}, zero_.shard_gradients ? micro_steps_ : 1,
+            grads_behind(), true);
+      queue("parameters to the device", {bytes / r_.host_device_bandwidth, bytes}, 1, HiddenBehind::Nothing, true);
+    }
+    if (param_ == OffloadTarget::None || !zero_.shard_parameters) return;
+    const double passes = 1.0 + regathered_;  // every gather reads its shard from the host first
+    if (gpu_)
+      queue("parameter shards to the device", {bytes / r_.host_device_bandwidth, bytes}, micro_steps_ * passes,
+            HiddenBehind::Forward, true);
+    if (param_ == OffloadTarget::Nvme) {
+      require_nvme_rates();
+      queue("parameter shards from NVMe", {node_share_ * bytes / r_.nvme_read_bandwidth, bytes}, micro_steps_ * passes,
+            HiddenBehind::Forward, true);
+      queue("updated parameter shards to NVMe", {node_share_ * bytes / r_.nvme_write_bandwidth, bytes}, 1,
+            HiddenBehind::Nothing, true);
+    }
   }
-  const double fwd_hidden = fwd.hidden(r.overlap, micro_steps), bwd_hidden = bwd.hidden(r.overlap, micro_steps);
-  double exposed = 0;
-  for (const Pending& p : pending) {
-    const double seconds = p.t.seconds * p.times;
-    const double hidden = p.behind == nothing ? 0.0 : p.behind == in_forward ? fwd_hidden : bwd_hidden;
-    StepTimeTerm term{p.name, seconds, seconds * (1 - hidden), p.t.bytes * p.times};
-    exposed += term.exposed;
-    (p.offload ? st.offload : st.communication) += seconds;
-    st.terms.push_back(term);
+
+  void optimizer_step() {
+    const double owned = zero_.shard_optimizer_states ? shard_ : psi_;
+    double optimizer = 0;
+    if (host_step_) {
+      if (!(r_.host_adam_rate > 0)) throw ConfigError("cluster rates: optimizer offload needs host_adam_rate; found none");
+      optimizer = node_share_ * owned / r_.host_adam_rate;
+    } else {
+      optimizer = owned * (mixed_ ? kAdamBytesMixed : kAdamBytesFp32) / r_.device_memory_bandwidth;
+    }
+    optimizer_exposed_ = optimizer;
+    if (opt_ == OffloadTarget::Nvme) {
+      require_nvme_rates();
+      // Sub-groups are read, stepped and written back in a pipeline: the slower side sets the pace.
+      const double bytes = node_share_ * owned * kOptimizerStateBytes;
+      const double swap = bytes / r_.nvme_read_bandwidth + bytes / r_.nvme_write_bandwidth;
+      st_.offload += swap;
+      st_.terms.push_back(
+          {"optimizer states through NVMe", swap, std::max(0.0, swap - optimizer), 2 * owned * kOptimizerStateBytes});
+      optimizer_exposed_ = std::max(optimizer, swap);
+    }
+    st_.optimizer = optimizer;
+    st_.terms.push_back({host_step_ ? "optimizer step on the host" : "optimizer step", optimizer, optimizer, 0});
   }
-  st.exposed = exposed + (optimizer_exposed - optimizer);
-  st.total = st.compute + optimizer + st.exposed;
-  const double global_tokens = tokens * micro_steps * double(world) / tp;
-  st.tokens_per_second = global_tokens / st.total;
-  st.model_flops_per_device = micro_steps * 3 * forward_flops * per_device / st.total;
-  st.executed_flops_per_device = micro_steps * (3 * forward_flops + recompute_flops) * per_device / st.total;
-  if (r.overlap < 1 && (fwd.each + fwd.boundary > 0 || bwd.each + bwd.boundary > 0))
-    st.notes.push_back(fmt::format("{:.0f}% of the overlappable communication can hide behind compute on these devices",
-                                   100 * r.overlap));
-  return st;
+
+  // What of each queued transfer hides behind its phase's compute; a transfer issued once per
+  // step (times 1) runs in the boundary micro-step only.
+  void overlap() {
+    for (const Pending& p : pending_) {
+      if (p.behind == HiddenBehind::Nothing) continue;
+      Phase& phase = p.behind == HiddenBehind::Forward ? fwd_ : bwd_;
+      if (p.times == 1 && micro_steps_ > 1)
+        phase.boundary += p.t.seconds;
+      else
+        phase.each += p.t.seconds * p.times / micro_steps_;
+    }
+    const double fwd_hidden = fwd_.hidden(r_.overlap, micro_steps_), bwd_hidden = bwd_.hidden(r_.overlap, micro_steps_);
+    double exposed = 0;
+    for (const Pending& p : pending_) {
+      const double seconds = p.t.seconds * p.times;
+      const double hidden = p.behind == HiddenBehind::Nothing ? 0.0 : p.behind == HiddenBehind::Forward ? fwd_hidden : bwd_hidden;
+      StepTimeTerm term{p.name, seconds, seconds * (1 - hidden), p.t.bytes * p.times};
+      exposed += term.exposed;
+      (p.offload ? st_.offload : st_.communication) += seconds;
+      st_.terms.push_back(term);
+    }
+    st_.exposed = exposed + (optimizer_exposed_ - st_.optimizer);
+    st_.total = st_.compute + st_.optimizer + st_.exposed;
+    const double global_tokens = tokens_ * micro_steps_ * double(cluster_.world_size()) / tp_;
+    st_.tokens_per_second = global_tokens / st_.total;
+    st_.model_flops_per_device = micro_steps_ * 3 * forward_flops_ * per_device_ / st_.total;
+    st_.executed_flops_per_device = micro_steps_ * (3 * forward_flops_ + recompute_flops_) * per_device_ / st_.total;
+    if (r_.overlap < 1 && (fwd_.each + fwd_.boundary > 0 || bwd_.each + bwd_.boundary > 0))
+      st_.notes.push_back(fmt::format("{:.0f}% of the overlappable communication can hide behind compute on these devices",
+                                      100 * r_.overlap));
+  }
+
+  const ModelFigures& model_;
+  const ClusterSpec& cluster_;
+  const TrainConfig& config_;
+  const ZeroConfig& zero_;
+  const ClusterRates& r_;
+  const StepTimeOptions& what_if_;
+  const bool mixed_;
+  const double rate_;
+  const int tp_;
+  const OffloadTarget opt_, param_;
+  const Recompute recompute_;
+  const bool gpu_;
+  const double element_;  // bytes per working parameter and per gradient
+  bool hpz_configured_ = false;
+  int hpz_ = 1;
+  StepTime st_;
+  double micro_steps_ = 1, tokens_ = 0;
+  double forward_flops_ = 0, recompute_flops_ = 0, per_device_ = 1;
+  Phase fwd_, bwd_;
+  Group dp_{1, 1};
+  double psi_ = 0;         // elements each data-parallel rank trains
+  double shard_ = 0;       // elements each rank owns
+  double regathered_ = 0;  // the fraction of the sharded parameters gathered again in backward
+  double node_share_ = 1;
+  bool host_step_ = false;
+  double optimizer_exposed_ = 0;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace
+
+StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
+                            const EstimateOptions& options, const StepTimeOptions& what_if) {
+  return StepTimeModel(model, cluster, config, options, what_if).run();
 }
 
 }  // namespace zt
