@@ -286,8 +286,36 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   return bytes;
 }
 
-MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
-                               const EstimateOptions& options) {
+namespace {
+
+// The quantities the estimate's steps share, in the order they are worked out
+// (docs/memory.md): the inputs resolved, the model-state terms, the buffers and the offload plan.
+struct EstimateTerms {
+  const ModelFigures& model;
+  const ClusterSpec& cluster;
+  const TrainConfig& config;
+  const ZeroConfig& zero;
+  OffloadTarget offload_optimizer = OffloadTarget::None, offload_param = OffloadTarget::None;
+  Recompute recompute = Recompute::None;
+  int N = 1;
+  int64_t psi = 0;
+  bool mixed = false;
+  int e = 4;  // bytes per working parameter and per gradient
+  bool cpu_device = true;
+  int64_t largest_parameter = 0, largest_block = 0;
+  ModelStateBytes formula;
+  int64_t persistent = 0, working_params = 0, secondary = 0;
+  int64_t moments_per_parameter = 0, master_per_parameter = 0, master = 0, moments = 0;
+  bool delayed = false, staged = false;
+  int64_t largest_bucket = 0, comm_buffers = 0, optimizer_partition = 0;
+  FlatLayout shape;
+  OffloadPlan plan;
+  int64_t conversion_chunk = 0, gathered = 0;
+};
+
+// The inputs checked and the devices and policy resolved (the options win over the configuration).
+EstimateTerms resolve_inputs(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
+                             const EstimateOptions& options) {
   if (model.parameters <= 0)
     throw ConfigError(fmt::format("parameters: expected a positive count, found {}", model.parameters));
   if (cluster.nodes < 1 || cluster.devices_per_node < 1)
@@ -296,140 +324,125 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   if (cluster.world_size() != config.world_size)
     throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks, the cluster has {}",
                                   config.world_size, cluster.world_size()));
+  EstimateTerms t{model, cluster, config, config.zero};
   const ZeroConfig& zero = config.zero;
-  const OffloadTarget offload_optimizer = options.offload_optimizer.value_or(target_of(zero.offload_optimizer.device));
-  const OffloadTarget offload_param = options.offload_param.value_or(target_of(zero.offload_param.device));
-  const Recompute recompute = options.recompute.value_or(recompute_of(config));
-  if (offload_param != OffloadTarget::None && !zero.shard_parameters)
+  t.offload_optimizer = options.offload_optimizer.value_or(target_of(zero.offload_optimizer.device));
+  t.offload_param = options.offload_param.value_or(target_of(zero.offload_param.device));
+  t.recompute = options.recompute.value_or(recompute_of(config));
+  if (t.offload_param != OffloadTarget::None && !zero.shard_parameters)
     throw ConfigError(fmt::format("--offload-param {}: parameters can be offloaded only when they are sharded "
                                   "(stage 3), found stage {}",
-                                  to_string(offload_param), zero.stage));
-  if (offload_optimizer != OffloadTarget::None && !zero.shard_optimizer_states)
+                                  to_string(t.offload_param), zero.stage));
+  if (t.offload_optimizer != OffloadTarget::None && !zero.shard_optimizer_states)
     throw ConfigError(fmt::format("--offload-optimizer {}: optimizer states can be offloaded only when they are "
                                   "sharded (stage 1 or more), found stage {}",
-                                  to_string(offload_optimizer), zero.stage));
+                                  to_string(t.offload_optimizer), zero.stage));
+  t.N = config.world_size;
+  t.psi = model.parameters;
+  t.mixed = config.precision != Precision::FP32;
+  t.e = t.mixed ? 2 : 4;
+  t.cpu_device = cluster.device == DeviceKind::Cpu;
+  t.largest_parameter = model.largest_parameter > 0 ? model.largest_parameter : t.psi;
+  t.largest_block = std::min(t.psi, model.largest_block > 0 ? model.largest_block : t.psi);
+  return t;
+}
 
-  MemoryEstimate est;
-  est.offload_optimizer = offload_optimizer;
-  est.offload_param = offload_param;
-  const int N = config.world_size;
-  const int64_t psi = model.parameters;
-  const bool mixed = config.precision != Precision::FP32;
-  const int e = mixed ? 2 : 4;
-  const bool cpu_device = cluster.device == DeviceKind::Cpu;
-  const int64_t largest_parameter = model.largest_parameter > 0 ? model.largest_parameter : psi;
-  const int64_t largest_block = std::min(psi, model.largest_block > 0 ? model.largest_block : psi);
-
-  // Model states: the formula (docs/design.md "Memory per parameter", with the fp32 variant), plus
-  // the whole copies of persistent parameters that every rank keeps when parameters are sharded.
-  const ModelStateBytes formula = model_state_formula(psi, N, config);
-  const int64_t persistent = zero.shard_parameters ? std::min(psi, model.persistent_parameters) : 0;
-  const int64_t working_params = formula.parameters + persistent * e;
+// Model states: the formula (docs/design.md "Memory per parameter", with the fp32 variant), plus
+// the whole copies of persistent parameters that every rank keeps when parameters are sharded.
+void model_state_terms(EstimateTerms& t) {
+  const ZeroConfig& zero = t.zero;
+  t.formula = model_state_formula(t.psi, t.N, t.config);
+  t.persistent = zero.shard_parameters ? std::min(t.psi, t.model.persistent_parameters) : 0;
+  t.working_params = t.formula.parameters + t.persistent * t.e;
   // hpZ's secondary partition (in the formula's parameters) stays on the device with offload too.
-  const int64_t secondary =
-      zero.shard_parameters && zero.hpz_partition_size > 1 ? e * psi / zero.hpz_partition_size : 0;
+  t.secondary = zero.shard_parameters && zero.hpz_partition_size > 1 ? t.e * t.psi / zero.hpz_partition_size : 0;
   // The optimizer-state term split into its parts, each divided on its own (so each is exact).
-  const int64_t moments_per_parameter = model_state_bytes_per_parameter(config).optimizer_states - (mixed ? 4 : 0);
+  t.moments_per_parameter = model_state_bytes_per_parameter(t.config).optimizer_states - (t.mixed ? 4 : 0);
   // The delayed update keeps fp32 masters of their own in fp32 training too (docs/offload.md), and
   // so does optimizer offload with the model on a GPU, whose state the engine reaches through host
   // copies (below). With parameter offload on a GPU, which the engine refuses so far, the estimate
   // keeps the design's layout instead (docs/memory.md "Offload").
-  const bool delayed = zero.offload_optimizer.delayed_update && offload_optimizer != OffloadTarget::None;
-  const bool staged = offload_optimizer != OffloadTarget::None && !cpu_device && offload_param == OffloadTarget::None;
-  const int64_t master_per_parameter = keeps_fp32_masters(mixed, delayed, staged) ? 4 : 0;
-  const int64_t opt_ranks = zero.shard_optimizer_states ? N : 1;
-  const int64_t master = master_per_parameter * psi / opt_ranks;
-  const int64_t moments = moments_per_parameter * psi / opt_ranks;
+  t.delayed = zero.offload_optimizer.delayed_update && t.offload_optimizer != OffloadTarget::None;
+  t.staged = t.offload_optimizer != OffloadTarget::None && !t.cpu_device && t.offload_param == OffloadTarget::None;
+  t.master_per_parameter = keeps_fp32_masters(t.mixed, t.delayed, t.staged) ? 4 : 0;
+  const int64_t opt_ranks = zero.shard_optimizer_states ? t.N : 1;
+  t.master = t.master_per_parameter * t.psi / opt_ranks;
+  t.moments = t.moments_per_parameter * t.psi / opt_ranks;
+}
 
-  // Buffers (src/zero/engine.cpp): the largest bucket; stage 3's buckets never span blocks.
-  const int64_t bucket_limit = std::max<int64_t>(std::max<int64_t>(1, zero.reduce_bucket_size), largest_parameter);
-  const int64_t largest_bucket = std::min(bucket_limit, zero.shard_parameters ? largest_block : psi);
-  int64_t comm_buffers = 0;
+// Buffers (src/zero/engine.cpp): the largest bucket (stage 3's buckets never span blocks), and the
+// engine's offload plan (layout/offload_plan.h) of this rank's partition: the sub-groups, the roles
+// on NVMe and their files, the host buffers the tiers stream through.
+void buffer_terms(EstimateTerms& t, MemoryEstimate& est) {
+  const ZeroConfig& zero = t.zero;
+  const int64_t bucket_limit = std::max<int64_t>(std::max<int64_t>(1, zero.reduce_bucket_size), t.largest_parameter);
+  t.largest_bucket = std::min(bucket_limit, zero.shard_parameters ? t.largest_block : t.psi);
   if (zero.shard_gradients) {
-    comm_buffers += (zero.overlap_comm ? 2 : 1) * largest_bucket * e;
-    if (config.gradient_accumulation_steps > 1) comm_buffers += ceil_div(largest_bucket, N) * e;
+    t.comm_buffers += (zero.overlap_comm ? 2 : 1) * t.largest_bucket * t.e;
+    if (t.config.gradient_accumulation_steps > 1) t.comm_buffers += ceil_div(t.largest_bucket, t.N) * t.e;
   }
-  const int64_t optimizer_partition = zero.shard_optimizer_states ? ceil_div(psi, N) : psi;
-  // The engine's offload plan (layout/offload_plan.h) of this rank's partition: the sub-groups, the
-  // roles on NVMe and their files, the host buffers the tiers stream through.
-  const FlatLayout shape = partition_shape(model, config, bucket_limit);
-  est.exact_partition = !model.parameter_list.empty() && model.parameter_list.size() == model.parameter_owner.size();
-  OffloadPlanInput plan_input = offload_plan_input(config);
-  plan_input.optimizer_on_nvme = offload_optimizer == OffloadTarget::Nvme;
-  plan_input.parameters_on_nvme = offload_param == OffloadTarget::Nvme;
-  plan_input.fp32_masters = master_per_parameter > 0;
-  plan_input.moments = optimizer_moment_arrays(config);
-  plan_input.delayed = delayed;
-  plan_input.staged = staged;
-  plan_input.host_step = cpu_device || offload_optimizer != OffloadTarget::None;
-  const OffloadPlan plan = plan_offload(shape, plan_input);
-  est.nvme_load_staging_per_rank = plan.load_staging_optimizer + plan.load_staging_parameters;
-  est.offload_host_buffers_per_rank = plan.host.total();
+  t.optimizer_partition = zero.shard_optimizer_states ? ceil_div(t.psi, t.N) : t.psi;
+  t.shape = partition_shape(t.model, t.config, bucket_limit);
+  est.exact_partition =
+      !t.model.parameter_list.empty() && t.model.parameter_list.size() == t.model.parameter_owner.size();
+  OffloadPlanInput plan_input = offload_plan_input(t.config);
+  plan_input.optimizer_on_nvme = t.offload_optimizer == OffloadTarget::Nvme;
+  plan_input.parameters_on_nvme = t.offload_param == OffloadTarget::Nvme;
+  plan_input.fp32_masters = t.master_per_parameter > 0;
+  plan_input.moments = optimizer_moment_arrays(t.config);
+  plan_input.delayed = t.delayed;
+  plan_input.staged = t.staged;
+  plan_input.host_step = t.cpu_device || t.offload_optimizer != OffloadTarget::None;
+  t.plan = plan_offload(t.shape, plan_input);
+  est.nvme_load_staging_per_rank = t.plan.load_staging_optimizer + t.plan.load_staging_parameters;
+  est.offload_host_buffers_per_rank = t.plan.host.total();
   if (!est.exact_partition && (plan_input.optimizer_on_nvme || plan_input.parameters_on_nvme))
     est.notes.push_back("the partition's shape is approximated from the model's counts (blocks of the largest "
                         "block's size), so the NVMe bytes and the offload buffers are approximate; the reference "
                         "GPT's are exact");
   // fp32 chunk through which the CPU kernels read 16-bit gradients (none for the device kernels).
-  const int64_t conversion_chunk = plan.host.conversion_scratch;
-  // Stage 3: the gather pool keeps released blocks for reuse within twice the largest block;
-  // blocks live at once are the one computing plus those prefetched ahead, which the engine
-  // launches while fewer than min(stage3_prefetch_bucket_size, stage3_max_live_parameters minus
-  // the elements live) elements are in flight: with the transformer's equal blocks, that budget rounded up to whole
-  // blocks, never more than the model. docs/memory.md "Buffers and runtime".
-  //
-  // Blocks kept gathered for their reuse (stage3_max_reuse_distance, layout/reuse_distance.h) are all
-  // live at the turn from forward to backward, beside the block computing and those prefetched
-  // with what the live limit leaves; never more than every block.
-  int64_t gathered = 0;
-  if (zero.shard_parameters) {
-    const int64_t block = std::max<int64_t>(1, largest_block);
-    // The live limit counts the block computing too.
-    const int64_t budget =
-        std::max<int64_t>(0, std::min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - block));
-    const int64_t ahead = ceil_div(budget, block) * block;
-    const int64_t live = std::min(psi, largest_block + ahead);
-    const int64_t all_blocks = std::max<int64_t>(block, psi - persistent);
-    const int64_t reuse = zero.stage3_max_reuse_distance;
-    const int64_t kept = !model.forward_block_order.empty()
-                             ? kept_at_turn(model.forward_block_order, model.block_gathered, reuse)
-                             : kept_at_turn_equal_blocks(all_blocks, block, reuse);
-    int64_t at_turn = 0;
-    if (kept > 0) {
-      const int64_t turn_budget = std::max<int64_t>(
-          0, std::min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - kept - block));
-      at_turn = std::min(all_blocks, kept + block + ceil_div(turn_budget, block) * block);
-    }
-    gathered = std::max({2 * largest_block, live, at_turn}) * e;
+  t.conversion_chunk = t.plan.host.conversion_scratch;
+}
+
+// Stage 3: the gather pool keeps released blocks for reuse within twice the largest block; blocks
+// live at once are the one computing plus those prefetched ahead, which the engine launches while
+// fewer than min(stage3_prefetch_bucket_size, stage3_max_live_parameters minus the elements live)
+// elements are in flight: with the transformer's equal blocks, that budget rounded up to whole
+// blocks, never more than the model. docs/memory.md "Buffers and runtime".
+//
+// Blocks kept gathered for their reuse (stage3_max_reuse_distance, layout/reuse_distance.h) are all
+// live at the turn from forward to backward, beside the block computing and those prefetched with
+// what the live limit leaves; never more than every block.
+int64_t gathered_bytes(const EstimateTerms& t) {
+  const ZeroConfig& zero = t.zero;
+  if (!zero.shard_parameters) return 0;
+  const int64_t block = std::max<int64_t>(1, t.largest_block);
+  // The live limit counts the block computing too.
+  const int64_t budget =
+      std::max<int64_t>(0, std::min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - block));
+  const int64_t ahead = ceil_div(budget, block) * block;
+  const int64_t live = std::min(t.psi, t.largest_block + ahead);
+  const int64_t all_blocks = std::max<int64_t>(block, t.psi - t.persistent);
+  const int64_t reuse = zero.stage3_max_reuse_distance;
+  const int64_t kept = !t.model.forward_block_order.empty()
+                           ? kept_at_turn(t.model.forward_block_order, t.model.block_gathered, reuse)
+                           : kept_at_turn_equal_blocks(all_blocks, block, reuse);
+  int64_t at_turn = 0;
+  if (kept > 0) {
+    const int64_t turn_budget = std::max<int64_t>(
+        0, std::min(zero.stage3_prefetch_bucket_size, zero.stage3_max_live_parameters - kept - block));
+    at_turn = std::min(all_blocks, kept + block + ceil_div(turn_budget, block) * block);
   }
+  return std::max({2 * t.largest_block, live, at_turn}) * t.e;
+}
 
-  const ActivationBytes acts =
-      transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, e, recompute);
-  const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
-                          : cpu_device                ? kCpuRuntimeBytes + (mixed && cpu_has_avx512() ? kCpuSixteenBitRuntimeBytes : 0)
-                                                      : kCudaRuntimeBytes;
-
-  RoleBytes device;
-  device.parameters = working_params;
-  device.gradients = formula.gradients;
-  device.master_weights = master;
-  device.optimizer_moments = moments;
-  device.activations = acts.total();
-  device.gathered_blocks = gathered;
-  device.buffers = comm_buffers + conversion_chunk + gathered;
-  device.runtime = runtime;
-
-  // Offload: what leaves the device and where it goes, per rank (docs/memory.md "Offload"). On a
-  // CPU device "cpu" is the memory it already uses, so only NVMe moves anything there; host
-  // memory is then the device's memory, and everything placed in it is counted on the device.
-  RoleBytes host_per_rank;
-  RoleBytes& nvme = est.nvme_per_rank;
-  // Elements of the partition whose state is on NVMe: whole sub-groups (offload_optimizer.ratio).
-  const int64_t state_on_nvme = plan.optimizer_elements_on_disk;
-  const bool gradients_on_nvme = plan.gradient_elements_on_disk > 0;
-  if (offload_optimizer == OffloadTarget::Cpu && !cpu_device) {
+// The optimizer state's offload: what leaves the device and where it goes, per rank.
+void offload_optimizer_state(const EstimateTerms& t, RoleBytes& device, RoleBytes& host_per_rank, MemoryEstimate& est) {
+  const OffloadPlan& plan = t.plan;
+  if (t.offload_optimizer == OffloadTarget::Cpu && !t.cpu_device) {
     // ZeRO-Offload: fp32 masters and moments leave the device.
-    host_per_rank.master_weights += master;
-    host_per_rank.optimizer_moments += moments;
+    host_per_rank.master_weights += t.master;
+    host_per_rank.optimizer_moments += t.moments;
     device.master_weights = 0;
     device.optimizer_moments = 0;
   }
@@ -437,120 +450,130 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   // role of the largest sub-group: masters, moments, the working shard (with parameters on NVMe
   // too: the fp32 master in fp32 training, the 16-bit result otherwise) and the gradients.
   host_per_rank.buffers += plan.host.optimizer_stream;
-  if (offload_optimizer == OffloadTarget::Nvme) {
-    const OffloadOptimizerConfig& o = zero.offload_optimizer;
-    const int64_t P = optimizer_partition;
-    const int64_t in_memory = std::max<int64_t>(0, P - state_on_nvme);
-    nvme.master_weights = plan.nvme.masters;
-    nvme.optimizer_moments = plan.nvme.moments;
-    host_per_rank.master_weights += master_per_parameter * in_memory;
-    host_per_rank.optimizer_moments += moments_per_parameter * in_memory;
+  if (t.offload_optimizer == OffloadTarget::Nvme) {
+    const OffloadOptimizerConfig& o = t.zero.offload_optimizer;
+    // Elements of the partition whose state is on NVMe: whole sub-groups (offload_optimizer.ratio).
+    const int64_t state_on_nvme = plan.optimizer_elements_on_disk;
+    const int64_t in_memory = std::max<int64_t>(0, t.optimizer_partition - state_on_nvme);
+    est.nvme_per_rank.master_weights = plan.nvme.masters;
+    est.nvme_per_rank.optimizer_moments = plan.nvme.moments;
+    host_per_rank.master_weights += t.master_per_parameter * in_memory;
+    host_per_rank.optimizer_moments += t.moments_per_parameter * in_memory;
     device.master_weights = 0;
     device.optimizer_moments = 0;
     const auto disk_groups = std::count(plan.optimizer_on_disk.begin(), plan.optimizer_on_disk.end(), 1);
     est.notes.push_back(fmt::format(
         "optimizer state on NVMe: {} of {} partition elements per rank ({} of {} sub-groups), streamed through {} "
         "buffers of {} B{}",
-        state_on_nvme, shape.partition_numel, disk_groups, plan.groups.size(), o.buffer_count,
+        state_on_nvme, t.shape.partition_numel, disk_groups, plan.groups.size(), o.buffer_count,
         plan.host.optimizer_stream / std::max(1, o.buffer_count),
         in_memory > 0 ? fmt::format("; {} elements' state stays in host memory (ratio {})", in_memory, o.ratio) : ""));
   }
+}
+
+// The gradients: the host copies of a GPU run with optimizer offload, and nvme_gradients.
+void offload_gradients(const EstimateTerms& t, RoleBytes& device, RoleBytes& host_per_rank, MemoryEstimate& est) {
+  const OffloadPlan& plan = t.plan;
   // With the model on a GPU, the state in host memory is reached through two host copies of the
   // partition in the working dtype, each allocated once at its exact size (page-locked with
   // pin_memory): the snapshot of the reduced gradients that the CPU step reads, and the updated
   // working values it writes for the copy back (docs/gpu.md "What lives where"). The fp32 chunk
   // through which the CPU kernels read 16-bit gradients is in host memory too.
-  if (staged) {
+  if (t.staged) {
     host_per_rank.gradients += plan.host.gradient_snapshot;
-    host_per_rank.buffers += plan.host.next_working + conversion_chunk;
-    device.buffers -= conversion_chunk;
+    host_per_rank.buffers += plan.host.next_working + t.conversion_chunk;
+    device.buffers -= t.conversion_chunk;
     // The gradients stay on the device as well (the reduced partition at stage 2, the whole
     // gradients at stage 1): the snapshot is a copy of them (measured on an H200, docs/gpu.md).
-  } else if (offload_optimizer != OffloadTarget::None && !cpu_device) {
+  } else if (t.offload_optimizer != OffloadTarget::None && !t.cpu_device) {
     // The design's layout: the gradient partition the optimizer step reads goes to host memory as
     // fp32; sharded gradients are reduced in the buckets and copied out (stage 1 still all-reduces
     // the full gradients on the device before copying its partition out).
-    host_per_rank.gradients += 4 * ceil_div(psi, N);
-    if (zero.shard_gradients) device.gradients = 0;
+    host_per_rank.gradients += 4 * ceil_div(t.psi, t.N);
+    if (t.zero.shard_gradients) device.gradients = 0;
   }
-  if (gradients_on_nvme) {
+  if (plan.gradient_elements_on_disk > 0) {
     // docs/offload.md "Gradients on NVMe": the sub-groups whose state is on NVMe keep their
     // gradients there too; each gradient bucket buffer gets an aligned staging copy of a bucket's
     // disk sub-groups and a scratch shard.
     const int64_t moved = plan.gradient_elements_on_disk;
-    nvme.gradients += plan.nvme.gradients;
-    if (cpu_device) device.gradients = std::max<int64_t>(0, device.gradients - e * moved);
-    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - (staged ? e : 4) * moved);
-    const int64_t buffers = zero.overlap_comm ? 2 : 1;
-    const int64_t shard_bytes = ceil_div(largest_bucket, N) * e;
+    est.nvme_per_rank.gradients += plan.nvme.gradients;
+    if (t.cpu_device) device.gradients = std::max<int64_t>(0, device.gradients - t.e * moved);
+    else host_per_rank.gradients = std::max<int64_t>(0, host_per_rank.gradients - (t.staged ? t.e : 4) * moved);
+    const int64_t buffers = t.zero.overlap_comm ? 2 : 1;
+    const int64_t shard_bytes = ceil_div(t.largest_bucket, t.N) * t.e;
     host_per_rank.buffers += plan.host.gradient_staging +
-                             (config.gradient_accumulation_steps > 1 ? buffers - 1 : buffers) * shard_bytes;
+                             (t.config.gradient_accumulation_steps > 1 ? buffers - 1 : buffers) * shard_bytes;
   }
+}
+
+// The parameters' offload, and the delayed update's copies.
+void offload_parameters(const EstimateTerms& t, RoleBytes& device, RoleBytes& host_per_rank, MemoryEstimate& est) {
+  const OffloadPlan& plan = t.plan;
   // Persistent parameters and the secondary partition stay where they are.
-  const int64_t shard = working_params - persistent * e - secondary;
-  if (offload_param == OffloadTarget::Cpu && !cpu_device) {
+  const int64_t shard = t.working_params - t.persistent * t.e - t.secondary;
+  if (t.offload_param == OffloadTarget::Cpu && !t.cpu_device) {
     host_per_rank.parameters += shard;
-    device.parameters = persistent * e + secondary;
+    device.parameters = t.persistent * t.e + t.secondary;
   }
-  if (offload_param == OffloadTarget::Nvme) {
+  if (t.offload_param == OffloadTarget::Nvme) {
     // The block shards beyond max_in_cpu (whole blocks, the last ones kept) are in a file, read
     // into buffer_count buffers of one block's disk shards ahead of their gather.
-    nvme.parameters = plan.nvme.parameters;
-    host_per_rank.parameters += std::max<int64_t>(0, shard - e * plan.parameter_elements_on_disk);
+    est.nvme_per_rank.parameters = plan.nvme.parameters;
+    host_per_rank.parameters += std::max<int64_t>(0, shard - t.e * plan.parameter_elements_on_disk);
     host_per_rank.buffers += plan.host.parameter_reads;
-    device.parameters = persistent * e + secondary;
+    device.parameters = t.persistent * t.e + t.secondary;
   }
-  if (delayed) {
+  if (t.delayed) {
     // The delayed update's snapshot of the owned gradients, and its second working copy of the
     // partition, which has the working shards' tiers; with the model on a GPU they are the host
     // copies counted above.
-    if (!staged) {
+    if (!t.staged) {
       host_per_rank.buffers += plan.host.gradient_snapshot + plan.host.next_working;
-      nvme.parameters += plan.nvme.next_parameters;
+      est.nvme_per_rank.parameters += plan.nvme.next_parameters;
     }
     est.notes.push_back("delayed parameter update: fp32 masters of their own, a snapshot of the owned gradients and "
                         "a second working copy of the partition");
   }
-  if (cpu_device) {  // host memory is the device's memory
-    device.parameters += host_per_rank.parameters;
-    device.gradients += host_per_rank.gradients;
-    device.master_weights += host_per_rank.master_weights;
-    device.optimizer_moments += host_per_rank.optimizer_moments;
-    device.buffers += host_per_rank.buffers;
-    host_per_rank = RoleBytes{};
-  }
-  if (cpu_device && (offload_optimizer == OffloadTarget::Cpu || offload_param == OffloadTarget::Cpu))
+}
+
+void policy_notes(const EstimateTerms& t, MemoryEstimate& est) {
+  if (t.cpu_device && (t.offload_optimizer == OffloadTarget::Cpu || t.offload_param == OffloadTarget::Cpu))
     est.notes.push_back("on a CPU device, offloading to cpu moves nothing: it is the memory already in use");
-  const std::string& retain = config.train.retain_freed_memory;
-  if (cpu_device && (retain == "always" || (retain == "auto" && !zero.shard_parameters)))
+  const std::string& retain = t.config.train.retain_freed_memory;
+  if (t.cpu_device && (retain == "always" || (retain == "auto" && !t.zero.shard_parameters)))
     est.notes.push_back("the heap is retained (train.retain_freed_memory \"always\", or \"auto\" at stages 0-2) "
                         "and fragments: measured peaks ran 14-34% above this estimate (docs/memory.md); the "
                         "policy \"never\" keeps them within 10%");
-  if (cpu_device && retain == "bounded")
+  if (t.cpu_device && retain == "bounded")
     est.notes.push_back("freed tensor blocks are kept for reuse (train.retain_freed_memory \"bounded\", the default): "
                         "the resident peak may run up to 25% above this estimate; \"never\" keeps it within 10%, "
                         "at the cost of faulting every step's temporaries in again (docs/memory.md)");
-  if (!model.has_shape())
+  if (!t.model.has_shape())
     est.notes.push_back("activations not estimated: give the model's layers, hidden size, sequence length and "
                         "vocabulary (or a preset)");
+}
 
-  // Construction: the model as built (fp32; whole, or under ShardedConstruction its shards plus
-  // one block), beside the engine's arenas, and the fp32 initial values unless fp32 parameters
-  // are adopted in place: a bucket with sharded parameters or masters on NVMe, a chunk of at most
-  // kInitialValuesChunkElements otherwise. With sharded parameters each bucket's working copy enters
-  // the gather pool, which keeps released blocks up to its limit from then on (for fp32 the
-  // initial values are that copy).
-  const int64_t as_built = zero.shard_parameters ? 4 * (ceil_div(psi, N) + largest_block) : 4 * psi;
-  const bool in_place = !mixed && !zero.shard_parameters;
-  const int64_t initial_values = zero.shard_parameters ? (mixed ? 4 * largest_bucket : 0) + gathered
-                                 : in_place            ? 0
-                                 : state_on_nvme > 0   ? 4 * largest_bucket  // masters in swap files: whole buckets
-                                                       : 4 * std::min(largest_bucket, kInitialValuesChunkElements);
+// Construction: the model as built (fp32; whole, or under ShardedConstruction its shards plus one
+// block), beside the engine's arenas, and the fp32 initial values unless fp32 parameters are
+// adopted in place: a bucket with sharded parameters or masters on NVMe, a chunk of at most
+// kInitialValuesChunkElements otherwise. With sharded parameters each bucket's working copy
+// enters the gather pool, which keeps released blocks up to its limit from then on (for fp32 the
+// initial values are that copy).
+void construction_terms(const EstimateTerms& t, RoleBytes& device, RoleBytes& host_per_rank, MemoryEstimate& est) {
+  const int64_t psi = t.psi;
+  const int64_t as_built = t.zero.shard_parameters ? 4 * (ceil_div(psi, t.N) + t.largest_block) : 4 * psi;
+  const bool in_place = !t.mixed && !t.zero.shard_parameters;
+  const int64_t initial_values = t.zero.shard_parameters ? (t.mixed ? 4 * t.largest_bucket : 0) + t.gathered
+                                 : in_place ? 0
+                                 : t.plan.optimizer_elements_on_disk > 0
+                                     ? 4 * t.largest_bucket  // masters in swap files: whole buckets
+                                     : 4 * std::min(t.largest_bucket, kInitialValuesChunkElements);
   // The gradient arenas and the reducer's buckets are made after the initial values are in place,
   // when the model as built has been freed.
-  const int64_t arenas = device.parameters + device.optimizer_states() + conversion_chunk;
+  const int64_t arenas = device.parameters + device.optimizer_states() + t.conversion_chunk;
   est.step_peak = device.step_peak();
-  if (offload_param != OffloadTarget::None && !cpu_device) {
+  if (t.offload_param != OffloadTarget::None && !t.cpu_device) {
     // Parameters offloaded: the model is built in host memory (as DeepSpeed's zero.Init with a
     // remote device does), beside the host's arenas.
     est.construction_peak = arenas;
@@ -559,9 +582,11 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     est.construction_peak = as_built + arenas + initial_values;
   }
   device.construction = std::max<int64_t>(0, est.construction_peak - est.step_peak);
-  est.per_device = device;
+}
 
-  // One node: its devices' host-side bytes; with CPU devices the devices' memory is host memory.
+// One node: its devices' host-side bytes (with CPU devices the devices' memory is host memory),
+// and whether each place fits.
+void node_totals(const ClusterSpec& cluster, bool cpu_device, const RoleBytes& host_per_rank, MemoryEstimate& est) {
   const int64_t dpn = cluster.devices_per_node;
   auto scale = [dpn](const RoleBytes& r) {
     RoleBytes s;
@@ -576,15 +601,60 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
     s.construction = dpn * r.construction;
     return s;
   };
-  est.per_host = scale(cpu_device ? device : host_per_rank);
+  est.per_host = scale(cpu_device ? est.per_device : host_per_rank);
   est.nvme_per_node = dpn * est.nvme_per_rank.total();
-
   if (!(cluster.headroom >= 0 && cluster.headroom < 1))
     throw ConfigError(fmt::format("headroom: expected a fraction in [0, 1), found {}", cluster.headroom));
   const auto usable = [&](int64_t capacity) { return int64_t(double(capacity) * (1.0 - cluster.headroom)); };
   if (cluster.device_memory > 0) est.fits_device = est.per_device.total() <= usable(cluster.device_memory);
   if (cluster.host_memory > 0) est.fits_host = est.per_host.total() <= usable(cluster.host_memory);
   est.fits_nvme = est.nvme_per_node == 0 || est.nvme_per_node <= cluster.nvme_bytes;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
+                               const EstimateOptions& options) {
+  EstimateTerms t = resolve_inputs(model, cluster, config, options);
+  MemoryEstimate est;
+  est.offload_optimizer = t.offload_optimizer;
+  est.offload_param = t.offload_param;
+  model_state_terms(t);
+  buffer_terms(t, est);
+  t.gathered = gathered_bytes(t);
+  const ActivationBytes acts =
+      transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, t.e, t.recompute);
+  const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
+                          : t.cpu_device ? kCpuRuntimeBytes + (t.mixed && cpu_has_avx512() ? kCpuSixteenBitRuntimeBytes : 0)
+                                         : kCudaRuntimeBytes;
+  RoleBytes device;
+  device.parameters = t.working_params;
+  device.gradients = t.formula.gradients;
+  device.master_weights = t.master;
+  device.optimizer_moments = t.moments;
+  device.activations = acts.total();
+  device.gathered_blocks = t.gathered;
+  device.buffers = t.comm_buffers + t.conversion_chunk + t.gathered;
+  device.runtime = runtime;
+  // Offload: what leaves the device and where it goes, per rank (docs/memory.md "Offload"). On a
+  // CPU device "cpu" is the memory it already uses, so only NVMe moves anything there; host memory
+  // is then the device's memory, and everything placed in it is counted on the device.
+  RoleBytes host_per_rank;
+  offload_optimizer_state(t, device, host_per_rank, est);
+  offload_gradients(t, device, host_per_rank, est);
+  offload_parameters(t, device, host_per_rank, est);
+  if (t.cpu_device) {  // host memory is the device's memory
+    device.parameters += host_per_rank.parameters;
+    device.gradients += host_per_rank.gradients;
+    device.master_weights += host_per_rank.master_weights;
+    device.optimizer_moments += host_per_rank.optimizer_moments;
+    device.buffers += host_per_rank.buffers;
+    host_per_rank = RoleBytes{};
+  }
+  policy_notes(t, est);
+  construction_terms(t, device, host_per_rank, est);
+  est.per_device = device;
+  node_totals(cluster, t.cpu_device, host_per_rank, est);
   return est;
 }
 
