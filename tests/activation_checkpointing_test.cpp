@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "support/multirank.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"

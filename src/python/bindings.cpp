@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "memory/cpu_block_cache.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/comms_logger.h"

@@ -9,6 +9,7 @@
 #include "checkpoint/hf.h"
 #include "memory/estimate_report.h"
 #include "train/training_run.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/error.h"

@@ -54,7 +54,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
-#include "zerotrain/blocks.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/models/bert_config.h"
 #include "zerotrain/models/bert_data.h"
 

@@ -36,7 +36,7 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
-#include "zerotrain/blocks.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/models/gpt_config.h"
 
 namespace zt {

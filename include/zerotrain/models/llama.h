@@ -32,7 +32,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
-#include "zerotrain/blocks.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/models/llama_config.h"
 
 namespace zt {

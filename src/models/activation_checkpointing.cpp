@@ -11,7 +11,7 @@
 #include <mutex>
 
 #include "common/check.h"
-#include "zerotrain/blocks.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/error.h"
 
 namespace zt {
