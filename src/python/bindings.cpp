@@ -444,5 +444,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def("checkpoint", &checkpoint_python, py::arg("function"), py::arg("inputs"), py::arg("parameters"),
         "Runs function(*inputs) keeping only the inputs; backward recomputes it with the same random "
-        "numbers (zerotrain/blocks.h checkpoint)");
+        "numbers (zerotrain/activation_checkpointing.h checkpoint)");
 }

@@ -182,7 +182,7 @@ class BertImpl : public torch::nn::Module {
 
   // Activation checkpointing of the encoder layers, with GPTImpl::Checkpointing's meaning
   // (docs/activation_checkpointing.md). Throws ConfigError on a count outside [0, n_layer].
-  using Checkpointing = CheckpointingSettings;  // zerotrain/blocks.h
+  using Checkpointing = CheckpointingSettings;  // zerotrain/activation_checkpointing.h
   void set_checkpointing(const Checkpointing& settings);
   const Checkpointing& checkpointing() const { return checkpointing_; }
   bool is_checkpointed(int64_t layer) const;

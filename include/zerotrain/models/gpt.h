@@ -118,7 +118,7 @@ class GPTImpl : public torch::nn::Module {
   // Activation checkpointing (docs/activation_checkpointing.md): which blocks recompute what in
   // backward. Gradients are bitwise those of the plain model (dropout masks are drawn again from
   // the saved generator states). Throws ConfigError on a count outside [0, n_layer].
-  using Checkpointing = CheckpointingSettings;  // zerotrain/blocks.h; profile: checkpoint_timings()
+  using Checkpointing = CheckpointingSettings;  // zerotrain/activation_checkpointing.h; profile: checkpoint_timings()
   void set_checkpointing(const Checkpointing& settings);
   const Checkpointing& checkpointing() const { return checkpointing_; }
   bool is_checkpointed(int64_t block) const;
