@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "support/process.h"
+#include "support/transformers.h"
 #include "zerotrain/error.h"
 #include "zerotrain/tokenizer.h"
 
@@ -25,10 +26,7 @@ using zt::TokenId;
 
 namespace {
 
-std::string hf_pythonpath() {
-  const char* env = std::getenv("ZT_HF_PYTHONPATH");
-  return env && *env ? env : ZT_HF_PYTHONPATH;
-}
+using zt::testing::hf_pythonpath;
 
 // Why Python's tokenizers cannot be used here, or "" when it imports.
 const std::string& tokenizers_missing() {
