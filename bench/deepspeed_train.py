@@ -262,8 +262,10 @@ def cmd_train(a):
                   "micro_batch": micro, "sequence_length": seq, "optimizer": type(engine.optimizer).__name__,
                   "basic_optimizer": type(engine.basic_optimizer).__name__, "peak_windows": windows,
                   "construction_step_undone": undone, "masters_set_by": masters}
-        with open(a.result, "w") as f:
+        # Written whole or not at all: a rank that aborts at exit must not leave half a result.
+        with open(a.result + ".tmp", "w") as f:
             json.dump(result, f, indent=1)
+        os.replace(a.result + ".tmp", a.result)
         print(f"{a.front}: {result['optimizer']} over {result['basic_optimizer']}, losses "
               f"{' '.join(f'{l:.6f}' for l in losses)}", flush=True)
     torch.distributed.barrier()
