@@ -125,7 +125,9 @@ TEST(HfLlamaInitFrom, FirstLossEqualsTransformersAtEveryStage) {
   REQUIRE_TRANSFORMERS();
   const std::string dir = make_temp_dir("hf-llama-init");
   const std::string tokens = token_file(dir);
-  auto p = python({"make", dir});
+  // The models and transformers' losses on them, in one process (importing transformers is slow).
+  const auto p = python({"make", dir, "--", "loss", tokens, "3", "16", "2", "2", dir + "/llama", dir + "/llama-sharded",
+                         dir + "/qwen2"});
   ASSERT_EQ(p.exit_code, 0) << p.output;
   struct Case {
     std::string model;
@@ -142,8 +144,6 @@ TEST(HfLlamaInitFrom, FirstLossEqualsTransformersAtEveryStage) {
     summaries.push_back(train(run, train_config(run, tokens, c.stage, init_from(dir + "/" + c.model), 1, c.extra)));
     ASSERT_FALSE(summaries.back().is_null()) << c.model << " stage " << c.stage;
   }
-  p = python({"loss", tokens, "3", "16", "2", "2", dir + "/llama", dir + "/llama-sharded", dir + "/qwen2"});
-  ASSERT_EQ(p.exit_code, 0) << p.output;
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& c = cases[i];
     SCOPED_TRACE(c.model + " stage " + std::to_string(c.stage));
@@ -244,7 +244,9 @@ TEST(HfLlamaExport, RoundTripsBitwiseAndTransformersLoadsTheTrainedModel) {
 TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
   const std::string dir = make_temp_dir("hf-llama-bad");
   const std::string tokens = token_file(dir);
-  const std::string preset = train_config(dir, tokens, 0, R"({"type": "llama"})", 1, "", false);
+  // Kept apart: train_config rewrites its file for each directory below.
+  const std::string preset =
+      write_file(dir + "/preset.json", read_file(train_config(dir, tokens, 0, R"({"type": "llama"})", 1, "", false)));
   auto r = run_process({cli_path(), "export", "--init", preset, "--format", "hf", "--out", dir + "/hf"}, {},
                        std::chrono::seconds(60));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -291,8 +293,9 @@ TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
                         {"the memory estimate models the GPT", "found \"llama\""});
 }
 
-// A preset Llama with overrides trains from the command line at every stage to the same losses
-// (stage 3 with full recomputation, 3 steps), and prints its shape.
+// A preset Llama with overrides trains from the command line to the same losses at stage 0 and at
+// stage 3 with full recomputation (3 steps; the tokens are random, so the losses stay near
+// ln 256), and prints its shape.
 TEST(HfLlamaTrain, PresetLossesAgreeAcrossStages) {
   const std::string dir = make_temp_dir("hf-llama-preset");
   const std::string tokens = token_file(dir);
@@ -310,7 +313,6 @@ TEST(HfLlamaTrain, PresetLossesAgreeAcrossStages) {
     EXPECT_TRUE(std::isfinite(a));
     EXPECT_NEAR(a, b, 1e-5 * std::abs(a)) << "step " << i + 1;
   }
-  EXPECT_LT(reference["losses"][2].get<double>(), reference["losses"][0].get<double>());
   auto r = run_process({cli_path(), "train", train_config(plain, tokens, 0, model, 1), "--nproc", "1"}, {},
                        std::chrono::seconds(60));
   ASSERT_EQ(r.exit_code, 0) << r.output;
