@@ -293,10 +293,10 @@ TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
                         {"the memory estimate models the GPT", "found \"llama\""});
 }
 
-// A preset Llama with overrides trains from the command line to the same losses at stage 0 and at
-// stage 3 with full recomputation (3 steps; the tokens are random, so the losses stay near
-// ln 256), and prints its shape.
-TEST(HfLlamaTrain, PresetLossesAgreeAcrossStages) {
+// A preset Llama with overrides trains from the command line to the same losses at stage 0, at
+// stage 3 with full recomputation, and at stage 3 with parameters and optimizer state offloaded
+// to NVMe (3 steps; the tokens are random, so the losses stay near ln 256), and prints its shape.
+TEST(HfLlamaTrain, PresetLossesAgreeAcrossStagesAndOffload) {
   const std::string dir = make_temp_dir("hf-llama-preset");
   const std::string tokens = token_file(dir);
   const std::string model = R"({"type": "llama", "n_kv_head": 1, "intermediate_size": 96})";
@@ -305,13 +305,25 @@ TEST(HfLlamaTrain, PresetLossesAgreeAcrossStages) {
   const std::string sharded = run_dir(dir, "stage3");
   const auto checkpointed =
       train(sharded, train_config(sharded, tokens, 3, model, 3, R"(, "activation_checkpointing": {"policy": "full"})"));
+  const std::string offload = run_dir(dir, "offload");
+  fs::create_directories(offload + "/swap");
+  const std::string nvme = R"({"device": "nvme", "nvme_path": ")" + offload + R"(/swap"})";
+  const std::string config = train_config(offload, tokens, 3, model, 3);
+  auto parsed = nlohmann::json::parse(read_file(config));
+  parsed["zero_optimization"]["offload_optimizer"] = nlohmann::json::parse(nvme);
+  parsed["zero_optimization"]["offload_param"] = nlohmann::json::parse(nvme);
+  const auto offloaded = train(offload, write_file(config, parsed.dump()));
   ASSERT_FALSE(reference.is_null());
   ASSERT_FALSE(checkpointed.is_null());
+  ASSERT_FALSE(offloaded.is_null());
+  EXPECT_GT(offloaded["offload"]["nvme_optimizer_bytes"].get<int64_t>(), 0) << offloaded["offload"].dump();
+  EXPECT_GT(offloaded["offload"]["bytes_written"].get<int64_t>(), 0) << offloaded["offload"].dump();
   ASSERT_EQ(reference["losses"].size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
-    const double a = reference["losses"][i].get<double>(), b = checkpointed["losses"][i].get<double>();
+    const double a = reference["losses"][i].get<double>();
     EXPECT_TRUE(std::isfinite(a));
-    EXPECT_NEAR(a, b, 1e-5 * std::abs(a)) << "step " << i + 1;
+    EXPECT_NEAR(checkpointed["losses"][i].get<double>(), a, 1e-5 * std::abs(a)) << "step " << i + 1;
+    EXPECT_NEAR(offloaded["losses"][i].get<double>(), a, 1e-5 * std::abs(a)) << "step " << i + 1;
   }
   auto r = run_process({cli_path(), "train", train_config(plain, tokens, 0, model, 1), "--nproc", "1"}, {},
                        std::chrono::seconds(60));
