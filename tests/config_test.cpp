@@ -25,6 +25,7 @@
 #include "zerotrain/error.h"
 #include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
+#include "zerotrain/models/llama_config.h"
 
 namespace {
 
@@ -994,6 +995,9 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"model.dropout", {Used, "0.5", [](C c) { return c.model.dropout == 0.5; }, "gpt_config_of"}},
       {"model.loss_chunk_tokens", {Used, "512", [](C c) { return c.model.loss_chunk_tokens == 512; }, "gpt_config_of, estimate"}},
       {"model.init_from", {Used, "\"hf/gpt2\"", [](C c) { return c.model.init_from == "hf/gpt2"; }, "trainer (Engine::load_weights), export --init"}},
+      {"model.n_kv_head", {Used, "1", [](C c) { return c.model.n_kv_head == 1 && zt::llama_config_of(c).num_key_value_heads == 1; }, "llama_config_of (Llama only; refused with gpt, bert)"}},
+      {"model.intermediate_size", {Used, "96", [](C c) { return zt::llama_config_of(c).intermediate_size == 96; }, "llama_config_of (Llama only; refused with gpt, bert)"}},
+      {"model.config_from", {Used, "\"hf/llama\"", [](C c) { return c.model.config_from == "hf/llama"; }, "llama_config_of: trainer, export --init (Llama only)"}},
       {"data.source", {Used, "\"text\"", [](C c) { return c.data.source == "text"; }, "trainer (load_data)"}},
       {"data.path", {Used, "\"p\"", [](C c) { return c.data.path == "p"; }, "trainer (text, bin; refused for embedded)"}},
       {"data.val_path", {Used, "\"v\"", [](C c) { return c.data.val_path == "v"; }, "trainer (bin only; refused otherwise)"}},
@@ -1045,6 +1049,9 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"scheduler.params.total_num_steps", {"scheduler.type=\"WarmupCosineLR\"", "scheduler.params.warmup_num_steps=5"}},
       {"data.path", {"data.source=\"text\""}},
       {"model.pre_layer_norm", {"model.type=\"bert\""}},
+      {"model.n_kv_head", {"model.type=\"llama\""}},
+      {"model.intermediate_size", {"model.type=\"llama\""}},
+      {"model.config_from", {"model.type=\"llama\""}},
       {"model.next_sentence", {"model.type=\"bert\""}},
       {"data.mlm_probability", {"model.type=\"bert\""}},
       {"data.max_predictions", {"model.type=\"bert\""}},
@@ -2078,7 +2085,7 @@ TEST(ConfigBert, KeysOfTheOtherTypeArePresetsAndPositionsAreChecked) {
     expect_one_line_error(error_of("{}", {key}), name + ": applies to model.type \"bert\" only, found model.type \"gpt\"");
   }
   expect_one_line_error(error_of(R"({"model": {"type": "bert", "init_from": "hf/gpt2"}})"),
-                        "model.init_from: applies to model.type \"gpt\" only");
+                        "model.init_from: applies to model.type \"gpt\" (Hugging Face GPT-2 directories) and \"llama\"");
   expect_one_line_error(error_of(R"({"model": {"type": "bert", "loss_chunk_tokens": 512}})"),
                         "model.loss_chunk_tokens: applies to model.type \"gpt\" only");
   // A GPT preset with type bert: the valid BERT presets are listed.

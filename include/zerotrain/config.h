@@ -14,7 +14,8 @@
 
 namespace zt {
 
-struct BertConfig;  // zerotrain/models/bert_config.h
+struct BertConfig;   // zerotrain/models/bert_config.h
+struct LlamaConfig;  // zerotrain/models/llama_config.h
 
 // Auto: the file said "auto" (the Hugging Face convention) and a rule of docs/config.md chose the value.
 enum class ValueSource { Default, File, CommandLine, Derived, Auto };
@@ -157,19 +158,27 @@ struct LossScaleConfig {  // the "fp16" block
 };
 
 struct ModelConfig {
-  // "gpt" (models/gpt.h) or "bert" (models/bert.h: masked language modelling, docs/bert.md).
+  // "gpt" (models/gpt.h), "bert" (models/bert.h: masked language modelling, docs/bert.md) or
+  // "llama" (models/llama.h: Llama 2/3 and Qwen2 decoders, docs/llama.md).
   std::string type = "gpt";
-  // A preset of the type: models/gpt.h's, or bert_preset_names() ("bert-tiny" when model.type is
-  // "bert" and no preset is given).
+  // A preset of the type: models/gpt.h's, bert_preset_names() ("bert-tiny" when model.type is
+  // "bert" and no preset is given) or llama_preset_names() ("llama-tiny" for "llama").
   std::string preset = "tiny";
   // Overrides of the preset; 0 / negative means "from the preset".
   int64_t n_layer = 0, n_head = 0, n_embd = 0, vocab_size = 0, context_length = 0;
+  // Llama only (refused with the other types): key/value heads of grouped-query attention and the
+  // MLP's width; 0: the preset's.
+  int64_t n_kv_head = 0, intermediate_size = 0;
   double dropout = -1.0;
   int64_t loss_chunk_tokens = 0;  // 0: the whole micro-batch at once (GPTConfig::loss_chunk_tokens)
-  // A Hugging Face GPT-2 directory (config.json + model.safetensors, or sharded with
-  // model.safetensors.index.json) whose weights start the run instead of the preset's random
-  // initialisation; its config.json must match the model's shape. "": none.
+  // A Hugging Face directory (config.json + model.safetensors, or sharded with
+  // model.safetensors.index.json) whose weights start the run instead of the random
+  // initialisation: GPT-2 for "gpt" (its config.json must match the model's shape), a
+  // LlamaForCausalLM or Qwen2ForCausalLM for "llama" (its config.json is the shape). "": none.
   std::string init_from;
+  // Llama only: a Hugging Face directory whose config.json alone gives the shape (the weights are
+  // initialised at random). "": none.
+  std::string config_from;
   // BERT only (refused with model.type "gpt"): pre-LN layers, and the next-sentence head and loss
   // (unset: the preset's, which is on for every BERT preset).
   bool pre_layer_norm = false;
@@ -322,6 +331,16 @@ TrainConfig load_config(const std::string& path, const std::vector<std::string>&
 // model.pre_layer_norm / model.next_sentence. Throws ConfigError for an unknown BERT preset (listing
 // the valid ones) or an inconsistent shape.
 BertConfig bert_config_of(const TrainConfig& config);
+
+// The Llama-family decoder a configuration with model.type "llama" trains: the config.json of
+// model.init_from or model.config_from when one is given (no preset or shape key may be given
+// beside it), else model.preset's LlamaConfig with the overrides model.n_layer
+// (num_hidden_layers), n_head (num_attention_heads), n_kv_head (num_key_value_heads), n_embd
+// (hidden_size), intermediate_size, vocab_size and context_length (max_position_embeddings).
+// Throws ConfigError for an unknown preset (listing the valid ones), an inconsistent shape, or a
+// config.json that is missing, malformed or of an unsupported architecture (naming it and the
+// supported ones).
+LlamaConfig llama_config_of(const TrainConfig& config);
 
 // The resolved configuration, one "key = value  (source)" line per key, sorted by key.
 std::string describe(const TrainConfig& config);

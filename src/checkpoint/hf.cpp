@@ -112,8 +112,8 @@ std::string model_type_from_resolved(const std::map<std::string, std::string>& r
   if (it == resolved.end()) return "gpt";  // saved before the key existed: the GPT
   try {
     const std::string type = json::parse(it->second).get<std::string>();
-    if (type != "gpt" && type != "bert")
-      throw DataError(where + ": the saved configuration's model.type is \"" + type + "\"; expected gpt or bert");
+    if (type != "gpt" && type != "bert" && type != "llama")
+      throw DataError(where + ": the saved configuration's model.type is \"" + type + "\"; expected gpt, bert or llama");
     return type;
   } catch (const json::exception&) {
     throw DataError(where + ": the saved configuration's 'model.type' is not a JSON string: " + it->second);

@@ -1,6 +1,9 @@
-// Hugging Face GPT-2 weights in and out, and BERT weights out (docs/checkpoint.md "Hugging
-// Face"). Internal; the CLI's `export --format hf` and `export --init`, and the trainer's
-// model.init_from use it.
+// Hugging Face GPT-2 and Llama-family (LlamaForCausalLM, Qwen2ForCausalLM) weights in and out,
+// and BERT weights out (docs/checkpoint.md "Hugging Face", docs/llama.md). Internal; the CLI's
+// `export --format hf` and `export --init`, and the trainer's model.init_from use it.
+//
+// The Llama's names are transformers' own (models/llama.h), nothing is transposed, and a tied
+// head has no lm_head.weight (transformers ties it on load and does not save it).
 //
 // Names: zerotrain's GPT (models/gpt.h) and transformers' GPT2LMHeadModel hold the same tensors;
 // "wte.weight" is "transformer.wte.weight", "blocks.N.*" is "transformer.h.N.*", "ln_f.*" is
@@ -32,12 +35,14 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "zerotrain/models/bert_config.h"
 #include "zerotrain/models/gpt_config.h"
+#include "zerotrain/models/llama_config.h"
 #include "zerotrain/weight_reader.h"
 
 namespace zt {
@@ -76,6 +81,19 @@ std::string hf_bert_name(const std::string& name);
 int64_t write_hf_bert_model(const std::vector<HfTensor>& tensors, const BertConfig& config,
                             const std::filesystem::path& dir, at::ScalarType dtype, int64_t max_shard_bytes);
 
+// The same for the Llama-family decoder (models/llama.h): config.json from
+// llama_config_to_hf_json(config, dtype, base_config) (`base_config`: the text of the config.json
+// the model came from, "" for none), transformers' class by the shape (Qwen2ForCausalLM with q/k/v
+// biases, else LlamaForCausalLM). A tensor that is not one of the decoder's of `config`'s shape,
+// or a missing one, is a zt::DataError before anything is written.
+int64_t write_hf_llama_model(const std::vector<HfTensor>& tensors, const LlamaConfig& config,
+                             const std::filesystem::path& dir, at::ScalarType dtype, int64_t max_shard_bytes,
+                             const std::string& base_config);
+// The tokenizer files of a Hugging Face directory (tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, tokenizer.model, generation_config.json) that exist in `from`, copied
+// into `to` (an existing directory); returns their names.
+std::vector<std::string> copy_hf_tokenizer_files(const std::filesystem::path& from, const std::filesystem::path& to);
+
 // Plain zerotrain-named single safetensors file of the same tensors (export --format safetensors).
 int64_t write_safetensors_model(const std::vector<HfTensor>& tensors, const std::filesystem::path& out,
                                 at::ScalarType dtype, const std::map<std::string, std::string>& metadata);
@@ -85,22 +103,32 @@ int64_t write_safetensors_model(const std::vector<HfTensor>& tensors, const std:
 GPTConfig gpt_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
 
 // The model type a checkpoint was trained with ("gpt", also when the saved configuration predates
-// model.type, or "bert"), and the BERT shape from its model.* keys; zt::DataError otherwise.
+// model.type, "bert" or "llama"), and the BERT shape from its model.* keys; zt::DataError otherwise.
 std::string model_type_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
 BertConfig bert_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
+// The Llama shape of a checkpoint: the config.json of its saved model.init_from or
+// model.config_from directory (`source_dir` set to it; the directory must still be there), else
+// its model.preset with the model.* overrides (`source_dir` ""). zt::DataError when it cannot be
+// known.
+LlamaConfig llama_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where,
+                                       std::string& source_dir);
 
 class HfModelReader : public WeightReader {
  public:
   // Opens `dir` and checks config.json against `config` (see above).
   HfModelReader(const std::filesystem::path& dir, const GPTConfig& config);
+  // A LlamaForCausalLM or Qwen2ForCausalLM directory: `config` is its shape (llama_config_of
+  // reads it from DIR/config.json); every tensor of the decoder must be there with its shape.
+  HfModelReader(const std::filesystem::path& dir, const LlamaConfig& config);
   ~HfModelReader() override;
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
             float* out) override;
   int64_t bytes_read() const;
-  int64_t data_bytes() const;  // bytes of the GPT-2 tensors read from (what a whole read would take)
+  int64_t data_bytes() const;  // bytes of the tensors in its files (what a whole read would take)
+
+  struct State;  // hf_reader.cpp's
 
  private:
-  struct State;
   std::unique_ptr<State> state_;
 };
 

@@ -1,8 +1,8 @@
 // Internal to src/checkpoint: what the Hugging Face import and export (hf.h) share across its
 // parts: the layout's file names and bounds, small JSON files, tensor lists checked against a
 // model's, and the writing of transformers' save_pretrained layout (hf.cpp). The model families'
-// names and configurations are in hf_gpt2.cpp and hf_bert.cpp, the reading of a GPT-2 directory in
-// hf_reader.cpp.
+// names and configurations are in hf_gpt2.cpp, hf_bert.cpp and hf_llama.cpp, the reading of a
+// directory in hf_reader.cpp.
 #pragma once
 #include <nlohmann/json.hpp>
 
@@ -34,8 +34,9 @@ constexpr int64_t kPieceElements = int64_t(4) << 20;
 
 bool ends_with(const std::string& s, std::string_view tail);
 
-// Every tensor of our GPT of this shape, in registration order.
+// Every tensor of our GPT (Llama) of this shape, in registration order.
 std::vector<CheckpointParameter> gpt_tensors(const GPTConfig& c);
+std::vector<CheckpointParameter> llama_tensors(const LlamaConfig& c);
 
 std::string shape_text(const std::vector<int64_t>& shape);
 // A regular file of at most kMaxJsonBytes; DataError naming `what` when it is missing.

@@ -1,5 +1,6 @@
-// model.init_from of a Hugging Face GPT-2 directory: its config.json checked against the GPT's,
-// its safetensors files (one, or shards with their index) validated and read tensor by tensor.
+// model.init_from of a Hugging Face directory: a GPT-2 one's config.json checked against the GPT's
+// (a Llama's is the model's shape already: llama_config_of), its safetensors files (one, or
+// shards with their index) validated and read tensor by tensor.
 #include "checkpoint/hf.h"
 
 #include <fcntl.h>
@@ -137,6 +138,10 @@ struct ForeignFile {
 
 struct HfModelReader::State {
   fs::path dir;
+  std::string family;  // "GPT-2", "Llama": names the directory in errors
+  std::string model;   // the model such a directory fills
+  std::function<std::string(const std::string&)> hf_name;  // "" for a tensor of no such model
+  std::function<bool(const std::string&)> transposed;
   std::vector<std::unique_ptr<ForeignFile>> files;
   std::map<std::string, std::pair<size_t, std::string>> located;  // HF name -> (file, name in it)
   int64_t bytes_read = 0;
@@ -144,22 +149,24 @@ struct HfModelReader::State {
 
   // The file and entry of one of our tensors, its shape checked.
   std::pair<const ForeignFile*, const ForeignEntry*> find(const std::string& name, const std::vector<int64_t>& shape) {
-    const std::string hf = hf_gpt2_name(name);
+    const std::string hf = hf_name(name);
     if (hf.empty())
-      throw DataError("model.init_from '" + dir.string() + "': '" + name + "' is not a GPT-2 tensor (a Hugging Face "
-                      "GPT-2 directory fills the reference GPT only)");
+      throw DataError("model.init_from '" + dir.string() + "': '" + name + "' is not a " + family + " tensor (a Hugging "
+                      "Face " + family + " directory fills " + model + " only)");
     // Files saved from GPT2Model (and the original GPT-2 uploads) name tensors without "transformer.".
     auto it = located.find(hf);
-    if (it == located.end()) it = located.find(hf.substr(std::string("transformer.").size()));
+    if (it == located.end() && hf.rfind("transformer.", 0) == 0)
+      it = located.find(hf.substr(std::string("transformer.").size()));
     if (it == located.end())
-      throw DataError("model.init_from '" + dir.string() + "': no tensor '" + hf + "' (our '" + name + "') in its files");
+      throw DataError("model.init_from '" + dir.string() + "': no tensor '" + hf + "'" +
+                      (hf == name ? std::string() : " (our '" + name + "')") + " in its files");
     const ForeignFile* file = files[it->second.first].get();
     const ForeignEntry& e = file->entries.at(it->second.second);
     std::vector<int64_t> expected = shape;
-    if (hf_gpt2_transposed(name) && expected.size() == 2) std::swap(expected[0], expected[1]);
+    if (transposed(name) && expected.size() == 2) std::swap(expected[0], expected[1]);
     if (e.shape != expected)
       throw DataError("'" + file->path.string() + "': tensor '" + it->second.second + "' has shape " + shape_text(e.shape) +
-                      ", expected " + shape_text(expected) + (hf_gpt2_transposed(name) ? " (Conv1D: [in, out])" : ""));
+                      ", expected " + shape_text(expected) + (transposed(name) ? " (Conv1D: [in, out])" : ""));
     if (e.dtype == at::ScalarType::Undefined)
       throw DataError("'" + file->path.string() + "': tensor '" + it->second.second +
                       "' is not F32, F16, BF16 or F64");
@@ -176,9 +183,20 @@ struct HfModelReader::State {
   }
 };
 
+namespace {
+
+// The weight files of `dir` (one, or the index's) opened and validated into `s`.
+void open_weight_files(HfModelReader::State& s, const std::string& where);
+
+}  // namespace
+
 HfModelReader::HfModelReader(const fs::path& dir, const GPTConfig& config) : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.dir = dir;
+  s.family = "GPT-2";
+  s.model = "the reference GPT";
+  s.hf_name = hf_gpt2_name;
+  s.transposed = hf_gpt2_transposed;
   const std::string where = "model.init_from '" + dir.string() + "'";
   if (!fs::is_directory(dir)) throw ConfigError(where + ": not a directory (expected a Hugging Face GPT-2 model directory)");
   const json cfg = parse_json_file(dir / kConfigFile, "config.json", 8);
@@ -219,7 +237,28 @@ HfModelReader::HfModelReader(const fs::path& dir, const GPTConfig& config) : sta
   if (!flag("scale_attn_weights", true)) throw mismatch("scale_attn_weights", "false", "scales attention by 1/sqrt(head size)");
   if (flag("scale_attn_by_inverse_layer_idx", false))
     throw mismatch("scale_attn_by_inverse_layer_idx", "true", "does not scale attention by layer");
+  open_weight_files(s, where);
+  // Every tensor of the model is there with its shape, before any rank reads anything.
+  for (const CheckpointParameter& p : gpt_tensors(config)) s.find(p.name, p.shape);
+}
 
+HfModelReader::HfModelReader(const fs::path& dir, const LlamaConfig& config) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.dir = dir;
+  s.family = "Llama";
+  s.model = "the Llama-family decoder";
+  s.hf_name = [](const std::string& name) { return name; };
+  s.transposed = [](const std::string&) { return false; };
+  const std::string where = "model.init_from '" + dir.string() + "'";
+  if (!fs::is_directory(dir)) throw ConfigError(where + ": not a directory (expected a Hugging Face model directory)");
+  open_weight_files(s, where);
+  for (const CheckpointParameter& p : llama_tensors(config)) s.find(p.name, p.shape);
+}
+
+namespace {
+
+void open_weight_files(HfModelReader::State& s, const std::string& where) {
+  const fs::path& dir = s.dir;
   // The weight files: one, or the index's.
   std::set<std::string> names;
   if (fs::exists(dir / kSingleFile)) {
@@ -246,9 +285,9 @@ HfModelReader::HfModelReader(const fs::path& dir, const GPTConfig& config) : sta
       if (!s.located.emplace(tensor, std::make_pair(s.files.size() - 1, tensor)).second)
         throw DataError(where + ": tensor '" + tensor + "' is in two of its files");
   }
-  // Every tensor of the model is there with its shape, before any rank reads anything.
-  for (const CheckpointParameter& p : gpt_tensors(config)) s.find(p.name, p.shape);
 }
+
+}  // namespace
 
 HfModelReader::~HfModelReader() = default;
 
@@ -277,7 +316,7 @@ void HfModelReader::read(const std::string& name, const std::vector<int64_t>& sh
   auto convert = [&](const void* raw, int64_t n, float* to) {
     at::from_blob(to, {n}, at::kFloat).copy_(at::from_blob(const_cast<void*>(raw), {n}, entry->dtype));
   };
-  if (!hf_gpt2_transposed(name)) {
+  if (!s.transposed(name)) {
     for (int64_t done = 0; done < count;) {
       const int64_t n = std::min(kPieceElements, count - done);
       void* raw = s.buffer(n * element);

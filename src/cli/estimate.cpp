@@ -204,9 +204,10 @@ std::pair<zt::ModelFigures, std::string> model_of(const EstimateArgs& args, cons
     zt::ModelFigures model = raw_model_of(args, config);
     return {model, fmt::format("{:.3f}B parameters", model.parameters / 1e9)};
   }
-  if (config.model.type == "bert")
-    throw zt::ConfigError("model.type: the memory estimate models the GPT; expected \"gpt\", found \"bert\" (estimate "
-                          "a BERT with --params and --layers/--hidden/--heads/--seq/--vocab)");
+  if (config.model.type != "gpt")
+    throw zt::ConfigError(fmt::format("model.type: the memory estimate models the GPT; expected \"gpt\", found \"{}\" "
+                                      "(estimate a {} with --params and --layers/--hidden/--heads/--seq/--vocab)",
+                                      config.model.type, config.model.type == "bert" ? "BERT" : "Llama"));
   const zt::GPTConfig gpt = zt::gpt_config_of(config);
   const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
   zt::ModelFigures model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);

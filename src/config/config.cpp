@@ -472,10 +472,12 @@ void add_notes(TrainConfig& c) {
                   "activation_checkpointing.policy is \"none\" (nothing is recomputed)");
   // The flops profiler's FLOPs model is the GPT's (zerotrain/models/gpt_flops.h).
   const std::string F = "flops_profiler.";
-  if (c.model.type == "bert" && c.flops_profiler.enabled)
+  if (c.model.type != "gpt" && c.flops_profiler.enabled)
     note_if_given({F + "enabled", F + "recompute_fwd_factor", F + "profile_step", F + "module_depth", F + "top_modules",
                    F + "detailed", F + "output_file"},
-                  "the flops profiler's FLOPs model covers model.type \"gpt\" only; a BERT run is not profiled");
+                  c.model.type == "bert"
+                      ? "the flops profiler's FLOPs model covers model.type \"gpt\" only; a BERT run is not profiled"
+                      : "the flops profiler's FLOPs model covers model.type \"gpt\" only; a Llama run is not profiled");
 }
 
 // The notes of Inert keys and the warning lines of ignored reports and keys (docs/config.md

@@ -1,6 +1,7 @@
 // Values that follow from other values (derived, printed and named as derived: docs/design.md
 // "Lessons from their users"), cross-key checks, and the support matrix (docs/config.md "Policy").
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <set>
@@ -9,6 +10,7 @@
 #include "config/schema.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/bert_config.h"
+#include "zerotrain/models/llama_config.h"
 #include "zerotrain/models/gpt_config.h"
 
 namespace zt::config_detail {
@@ -250,6 +252,11 @@ void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>
     c.model.preset = "bert-tiny";
     set_derived(c, values, "model.preset", "bert-tiny");
   }
+  // model.type "llama" likewise: "llama-tiny" (unused when a Hugging Face directory gives the shape).
+  if (c.model.type == "llama" && !given(c, "model.preset")) {
+    c.model.preset = "llama-tiny";
+    set_derived(c, values, "model.preset", "llama-tiny");
+  }
   const std::set<std::string> is_auto(autos.begin(), autos.end());
   auto set = [&](const std::string& path, const json& value) {
     values[path] = value;
@@ -259,6 +266,7 @@ void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>
   auto hidden = [&]() -> int64_t {
     if (c.model.n_embd > 0) return c.model.n_embd;
     if (c.model.type == "bert") return zt::bert_config_of(c).hidden;
+    if (c.model.type == "llama") return zt::llama_config_of(c).hidden_size;
     return zt::gpt_preset(c.model.preset).n_embd;
   };
   // lr and warmup_max_lr are both the Trainer's learning rate: one given, the other follows.
@@ -352,7 +360,15 @@ void derive(TrainConfig& c, Values& values) {
 
 namespace {
 // Keys of one model type given with the other would be silently ignored: refused, naming the type.
+void validate_llama(const TrainConfig& c);
+
 void validate_model_type(const TrainConfig& c) {
+  if (c.model.type != "llama")
+    for (const char* key : {"model.n_kv_head", "model.intermediate_size", "model.config_from"})
+      if (given(c, key))
+        throw ConfigError(fmt::format("{}: applies to model.type \"llama\" only, found model.type \"{}\"", key,
+                                      c.model.type));
+  if (c.model.type == "llama") return validate_llama(c);
   if (c.model.type != "bert") {
     for (const char* key : {"model.pre_layer_norm", "model.next_sentence", "data.mlm_probability", "data.max_predictions"})
       if (given(c, key))
@@ -364,8 +380,8 @@ void validate_model_type(const TrainConfig& c) {
     throw ConfigError("model.loss_chunk_tokens: applies to model.type \"gpt\" only, found model.type \"bert\" (the "
                       "BERT's MLM head projects only the masked positions)");
   if (given(c, "model.init_from"))
-    throw ConfigError("model.init_from: applies to model.type \"gpt\" only (it reads Hugging Face GPT-2 "
-                      "directories), found model.type \"bert\"");
+    throw ConfigError("model.init_from: applies to model.type \"gpt\" (Hugging Face GPT-2 directories) and "
+                      "\"llama\" (LlamaForCausalLM, Qwen2ForCausalLM), found model.type \"bert\"");
   if (c.activation_checkpointing.policy == "auto")
     throw ConfigError("activation_checkpointing.policy: expected \"none\", \"selective\" or \"full\" with model.type "
                       "\"bert\", found \"auto\" (the memory estimate that chooses models the GPT only)");
@@ -379,6 +395,53 @@ void validate_model_type(const TrainConfig& c) {
   if (seq > 0 && seq < 5)
     throw ConfigError(fmt::format(
         "data.sequence_length: expected at least 5 with model.type \"bert\" ([CLS] A [SEP] B [SEP]), found {}", seq));
+}
+// model.type "llama": the keys of the other types refused, and the shape from a preset and its
+// overrides or from a Hugging Face directory, never both. A directory's config.json is read where
+// the model is built and before launch (zerotrain train's check of its inputs), not here.
+void validate_llama(const TrainConfig& c) {
+  for (const char* key : {"model.pre_layer_norm", "model.next_sentence", "data.mlm_probability", "data.max_predictions"})
+    if (given(c, key))
+      throw ConfigError(fmt::format("{}: applies to model.type \"bert\" only, found model.type \"llama\"", key));
+  if (given(c, "model.loss_chunk_tokens"))
+    throw ConfigError("model.loss_chunk_tokens: applies to model.type \"gpt\" only, found model.type \"llama\"");
+  if (given(c, "model.dropout"))
+    throw ConfigError("model.dropout: applies to model.type \"gpt\" and \"bert\", found model.type \"llama\" (the "
+                      "Llama-family decoder has no dropout)");
+  const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
+  if (ac.policy == "auto" || ac.policy == "selective")
+    throw ConfigError(fmt::format("activation_checkpointing.policy: expected \"none\" or \"full\" with model.type "
+                                  "\"llama\", found \"{}\" ({})",
+                                  ac.policy,
+                                  ac.policy == "auto" ? "the memory estimate that chooses models the GPT only"
+                                                      : "its attention core and SwiGLU are not split out for "
+                                                        "recomputation"));
+  if (ac.policy != "none")
+    for (const auto& [key, on] : {std::pair{"activation_checkpointing.contiguous_memory_optimization",
+                                            ac.contiguous_memory_optimization},
+                                  std::pair{"activation_checkpointing.profile", ac.profile}})
+      if (on) throw ConfigError(fmt::format("{}: not implemented for model.type \"llama\" (expected false, found true)", key));
+  const bool init = !c.model.init_from.empty(), shape_only = !c.model.config_from.empty();
+  if (init && shape_only)
+    throw ConfigError(fmt::format("model.config_from: expected at most one of model.init_from and model.config_from, "
+                                  "found both ('{}', '{}'); model.init_from gives the shape too",
+                                  c.model.init_from, c.model.config_from));
+  if (init || shape_only) {
+    const std::string dir_key = init ? "model.init_from" : "model.config_from";
+    for (const char* key : {"model.preset", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
+                            "model.intermediate_size", "model.vocab_size", "model.context_length"})
+      if (given(c, key))
+        throw ConfigError(fmt::format("{}: expected no shape beside {} (the directory's config.json is the shape), "
+                                      "found it given",
+                                      key, dir_key));
+    return;
+  }
+  const LlamaConfig llama = llama_config_of(c);  // the preset (listing the valid ones) and the shape
+  if (c.data.sequence_length > llama.max_position_embeddings)
+    throw ConfigError(fmt::format("data.sequence_length: expected at most the Llama's max_position_embeddings {} "
+                                  "(model.preset \"{}\"{}), found {}",
+                                  llama.max_position_embeddings, c.model.preset,
+                                  c.model.context_length > 0 ? ", model.context_length" : "", c.data.sequence_length));
 }
 }  // namespace
 
@@ -518,6 +581,43 @@ void validate_support(const TrainConfig& c, const Values& values) {
 }  // namespace zt::config_detail
 
 namespace zt {
+
+LlamaConfig llama_config_of(const TrainConfig& config) {
+  const ModelConfig& m = config.model;
+  if (!m.init_from.empty()) return read_llama_hf_config(m.init_from, "model.init_from");
+  if (!m.config_from.empty()) return read_llama_hf_config(m.config_from, "model.config_from");
+  const std::vector<std::string> names = llama_preset_names();
+  if (std::find(names.begin(), names.end(), m.preset) == names.end())
+    throw ConfigError(fmt::format("model.preset: expected a Llama preset with model.type \"llama\" ({}), found \"{}\"",
+                                  fmt::join(names, ", "), m.preset));
+  LlamaConfig llama = llama_preset(m.preset);
+  if (m.n_layer > 0) llama.num_hidden_layers = m.n_layer;
+  if (m.n_head > 0) llama.num_attention_heads = m.n_head;
+  if (m.n_kv_head > 0) llama.num_key_value_heads = m.n_kv_head;
+  if (m.n_embd > 0) llama.hidden_size = m.n_embd;
+  if (m.intermediate_size > 0) llama.intermediate_size = m.intermediate_size;
+  if (m.vocab_size > 0) llama.vocab_size = m.vocab_size;
+  if (m.context_length > 0) llama.max_position_embeddings = m.context_length;
+  // A preset's explicit head_dim (llama-1b's 64) follows a changed width or head count.
+  if (m.n_embd > 0 || m.n_head > 0) llama.head_dim = 0;
+  // Without a head count, the preset's kv heads stay (fewer q heads than kv heads is refused).
+  try {
+    llama.validate();
+  } catch (const ConfigError& e) {
+    // Name our keys, not transformers'.
+    static const std::pair<const char*, const char*> ours[] = {
+        {"num_hidden_layers", "model.n_layer"}, {"num_attention_heads", "model.n_head"},
+        {"num_key_value_heads", "model.n_kv_head"}, {"hidden_size", "model.n_embd"},
+        {"intermediate_size", "model.intermediate_size"}, {"vocab_size", "model.vocab_size"},
+        {"max_position_embeddings", "model.context_length"}};
+    std::string what = e.what();
+    for (const auto& [theirs, key] : ours)
+      if (what.rfind(std::string("llama ") + theirs + ":", 0) == 0)
+        throw ConfigError(std::string(key) + " (" + theirs + ")" + what.substr(6 + std::string(theirs).size()));
+    throw;
+  }
+  return llama;
+}
 
 BertConfig bert_config_of(const TrainConfig& config) {
   const ModelConfig& m = config.model;

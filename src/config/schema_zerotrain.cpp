@@ -9,7 +9,7 @@ namespace zt::config_detail::keys {
 // zerotrain's own blocks: "model", "data", "train" and "comm".
 void add_zerotrain_keys(std::vector<Leaf>& t) {
   // --- zerotrain's own blocks
-  t.push_back(string("model.type", "gpt", ZT_FIELD(model.type), {"gpt", "bert"}));
+  t.push_back(string("model.type", "gpt", ZT_FIELD(model.type), {"gpt", "bert", "llama"}));
   t.push_back(string("model.preset", "tiny", ZT_FIELD(model.preset)));
   // Upper bounds far beyond any model this library can build, low enough that the size
   // arithmetic of the estimate and the model (layers x 12 x width^2 + (vocab + context) x width)
@@ -26,11 +26,15 @@ void add_zerotrain_keys(std::vector<Leaf>& t) {
     t.push_back(integer(std::string("model.") + std::get<0>(shape), 0, 0, std::get<2>(shape),
                         [field](TrainConfig& c, const json& v) { c.model.*field = v.get<int64_t>(); }));
   }
+  // Llama only (validate_semantics refuses them with the other types); 0 keeps the preset's.
+  t.push_back(integer("model.n_kv_head", 0, 0, 1 << 16, ZT_FIELD(model.n_kv_head)));
+  t.push_back(integer("model.intermediate_size", 0, 0, 1 << 22, ZT_FIELD(model.intermediate_size)));
+  t.push_back(string("model.config_from", "", ZT_FIELD(model.config_from)));
   // -1 (the default) keeps the preset's dropout; a given value must be a probability.
   t.push_back(number("model.dropout", -1.0, 0.0, false, 1.0, true, ZT_FIELD(model.dropout)));
   t.push_back(integer("model.loss_chunk_tokens", 0, 0, 1LL << 40, ZT_FIELD(model.loss_chunk_tokens)));
   t.push_back(string("model.init_from", "", ZT_FIELD(model.init_from)));
-  // BERT only (validate_semantics refuses them with model.type "gpt").
+  // BERT only (validate_semantics refuses them with the other types).
   t.push_back(boolean("model.pre_layer_norm", false, ZT_FIELD(model.pre_layer_norm)));
   t.push_back(nullable(boolean("model.next_sentence", false, [](TrainConfig& c, const json& v) {
     c.model.next_sentence = v.is_null() ? std::nullopt : std::optional<bool>(v.get<bool>());

@@ -157,6 +157,11 @@ void LlamaImpl::set_checkpointing(const CheckpointingSettings& settings) {
   checkpointing_ = settings;
 }
 
+bool LlamaImpl::is_checkpointed(int64_t layer) const {
+  return checkpointing_.recompute == Recompute::Full && layer >= 0 && layer < int64_t(checkpointed_.size()) &&
+         checkpointed_[size_t(layer)] != 0;
+}
+
 std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rotary(int64_t T, const torch::Device& device) const {
   auto positions = torch::arange(T, torch::kLong).to(torch::kFloat);
   auto freqs = torch::outer(positions, inv_freq_);

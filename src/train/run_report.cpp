@@ -18,7 +18,7 @@ namespace {
 // The run's memory as measured on every rank, beside what `zerotrain estimate` says of it.
 struct MemoryFigures {
   std::vector<RankStats> stats;
-  MemoryEstimate estimate;     // the GPT's; empty for a BERT run (the estimate models the GPT)
+  MemoryEstimate estimate;     // the GPT's; empty for a BERT or Llama run (the estimate models the GPT)
   int64_t measured_peak = 0;   // the largest peak RSS above the pre-model baseline over ranks
   // The two moments apart (zerotrain/estimate.h: construction and step), largest over ranks; -1
   // where the kernel's peak could not be restarted after set-up.
@@ -40,7 +40,7 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
     cluster.device_memory = run.device.total_memory;
     cluster.host_memory = physical_memory_bytes();
   }
-  if (!run.is_bert)
+  if (run.is_gpt())
     m.estimate = estimate_memory(
         gpt_model_figures(run.gpt_config, run.seq_len, run.config.zero.stage3_param_persistence_threshold), cluster,
         run.config);
@@ -62,12 +62,12 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
 
 void print_memory_line(const TrainingRun& run, const MemoryFigures& m) {
   const RankDevice& device = run.device;
-  if (run.is_bert && device.cuda()) {
+  if (!run.is_gpt() && device.cuda()) {
     fmt::print("memory per rank: measured {} allocated / {} reserved of {} ({}); peak RSS {} above the pre-model "
                "baseline (no estimate: the memory estimate models the GPT)\n",
                human_bytes(m.gpu_peak.allocated), human_bytes(m.gpu_peak.reserved), human_bytes(device.total_memory),
                device.name, human_bytes(m.measured_peak));
-  } else if (run.is_bert) {
+  } else if (!run.is_gpt()) {
     fmt::print("memory per rank: measured {} above the pre-model baseline (no estimate: the memory estimate models "
                "the GPT)\n",
                human_bytes(m.measured_peak));
@@ -137,7 +137,10 @@ nlohmann::json offload_json(const OffloadReport& offload) {
 nlohmann::json activation_checkpointing_json(const TrainingRun& run) {
   nlohmann::json ac = {{"policy", run.config.activation_checkpointing.policy}};
   nlohmann::json blocks = nlohmann::json::array();
-  const auto timings = run.is_bert ? run.bert->checkpoint_timings() : run.model->checkpoint_timings();
+  // The Llama has no per-block profile (activation_checkpointing.profile is refused for it).
+  const auto timings = run.is_bert    ? run.bert->checkpoint_timings()
+                       : run.is_llama ? std::vector<CheckpointTimings>{}
+                                      : run.model->checkpoint_timings();
   for (size_t i = 0; i < timings.size(); ++i)
     blocks.push_back({{"block", i},
                       {"checkpointed", run.is_checkpointed(int64_t(i))},
@@ -146,7 +149,7 @@ nlohmann::json activation_checkpointing_json(const TrainingRun& run) {
                       {"forward_seconds", timings[i].forward_seconds},
                       {"recompute_seconds", timings[i].recompute_seconds}});
   if (!timings.empty()) ac["blocks"] = blocks;
-  if (auto arena = run.is_bert ? std::nullopt : run.model->checkpoint_arena_stats())
+  if (auto arena = run.is_gpt() ? run.model->checkpoint_arena_stats() : std::nullopt)
     ac["contiguous_buffer"] = {{"slots", arena->slots},
                                {"slot_bytes", arena->slot_bytes},
                                {"buffer_allocations", arena->buffer_allocations},
@@ -186,7 +189,7 @@ nlohmann::json memory_json(const TrainingRun& run, const MemoryFigures& m) {
                                    {"unmapped", c.unmapped},
                                    {"high_water_bytes", c.high_water_bytes}};
   }
-  if (!run.is_bert) memory["estimate"] = estimate_to_json(m.estimate);
+  if (run.is_gpt()) memory["estimate"] = estimate_to_json(m.estimate);
   return memory;
 }
 

@@ -73,17 +73,30 @@ void open_communicator(TrainingRun& run, const TrainConfig& config_in, const Tra
 void read_model_and_data(TrainingRun& run) {
   const TrainConfig& config = run.config;
   run.is_bert = config.model.type == "bert";
+  run.is_llama = config.model.type == "llama";
+  int64_t context = 0, vocab = 0;
   if (run.is_bert) {
     run.bert_config = bert_config_of(config);
     run.bert_specials = BertSpecialTokens{run.bert_config.vocab_size - 4};
+    context = run.bert_config.max_positions;
+    vocab = run.bert_specials.content_vocab;
+    run.n_layer = run.bert_config.n_layer;
+    run.n_params = bert_parameter_count(run.bert_config);
+  } else if (run.is_llama) {
+    run.llama_config = llama_config_of(config);  // with model.init_from: its config.json
+    context = run.llama_config.max_position_embeddings;
+    vocab = run.llama_config.vocab_size;
+    run.n_layer = run.llama_config.num_hidden_layers;
+    run.n_params = llama_parameter_count(run.llama_config);
   } else {
     run.gpt_config = gpt_config_of(config);
+    context = run.gpt_config.context_length;
+    vocab = run.gpt_config.vocab_size;
+    run.n_layer = run.gpt_config.n_layer;
+    run.n_params = gpt_parameter_count(run.gpt_config);
   }
-  const int64_t context = run.is_bert ? run.bert_config.max_positions : run.gpt_config.context_length;
   run.seq_len = check_sequence_length(config.data.sequence_length, context);
-  run.data = load_data(config, run.is_bert ? run.bert_specials.content_vocab : run.gpt_config.vocab_size);
-  run.n_layer = run.is_bert ? run.bert_config.n_layer : run.gpt_config.n_layer;
-  run.n_params = run.is_bert ? bert_parameter_count(run.bert_config) : gpt_parameter_count(run.gpt_config);
+  run.data = load_data(config, vocab);
 }
 
 // activation_checkpointing.policy "auto": the cheapest recomputation whose estimated peak fits
@@ -91,7 +104,7 @@ void read_model_and_data(TrainingRun& run) {
 // that says what was chosen ("" when the policy is not "auto").
 std::string choose_recomputation(TrainingRun& run) {
   TrainConfig& config = run.config;
-  if (config.activation_checkpointing.policy != "auto" || run.is_bert) return "";
+  if (config.activation_checkpointing.policy != "auto" || !run.is_gpt()) return "";
   const RendezvousInfo& rendezvous = run.rendezvous;
   const RankDevice& device = run.device;
   ClusterSpec machine;
@@ -141,6 +154,9 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
   if (run.is_bert) {
     run.bert = Bert(run.bert_config);
     run.module = run.bert.ptr();
+  } else if (run.is_llama) {
+    run.llama = Llama(run.llama_config);
+    run.module = run.llama.ptr();
   } else {
     run.model = GPT(run.gpt_config);
     run.module = run.model.ptr();
@@ -162,6 +178,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
   settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
   settings.profile = ac.profile;
   if (run.is_bert) run.bert->set_checkpointing(settings);
+  else if (run.is_llama) run.llama->set_checkpointing(settings);
   else run.model->set_checkpointing(settings);
   if (run.leader && !policy_note.empty()) fmt::print("{}\n", policy_note);
   if (run.leader && settings.recompute != Recompute::None) {
@@ -189,7 +206,8 @@ void load_init_from(TrainingRun& run, const TrainRunOptions& options) {
     return;
   }
   const auto init_start = std::chrono::steady_clock::now();
-  HfModelReader reader(config.model.init_from, run.gpt_config);
+  HfModelReader reader = run.is_llama ? HfModelReader(config.model.init_from, run.llama_config)
+                                      : HfModelReader(config.model.init_from, run.gpt_config);
   run.engine->load_weights(reader);
   // Every rank's bytes read, for the summary: what sharding saved.
   torch::Tensor mine = torch::zeros({run.world}, torch::kLong);
@@ -240,6 +258,21 @@ void print_model_line(const TrainingRun& run) {
                100 * config.data.mlm_probability,
                config.data.max_predictions > 0 ? fmt::format(" (at most {} per sequence)", config.data.max_predictions)
                                                : "");
+    return;
+  }
+  if (run.is_llama) {
+    const LlamaConfig& l = run.llama_config;
+    const std::string source = !config.model.init_from.empty()     ? "model.init_from '" + config.model.init_from + "'"
+                               : !config.model.config_from.empty() ? "model.config_from '" + config.model.config_from + "'"
+                                                                   : "preset '" + config.model.preset + "'";
+    fmt::print("model: llama from {} ({}; {} layers, {} heads over {} kv heads of {}, width {}, MLP {}, vocab {}, "
+               "context {}{}{}), {:.2f}M parameters; data: {} train / {} held-out tokens; global batch {} x {} "
+               "tokens\n",
+               source, llama_hf_architecture(l), l.num_hidden_layers, l.num_attention_heads, l.num_key_value_heads,
+               l.resolved_head_dim(), l.hidden_size, l.intermediate_size, l.vocab_size, l.max_position_embeddings,
+               l.tie_word_embeddings ? ", tied head" : "",
+               l.rope_scaling.type == "default" ? "" : ", rope scaling " + l.rope_scaling.type, run.n_params / 1e6,
+               run.data.train.size(), run.data.val.size(), config.train_batch_size, run.seq_len);
     return;
   }
   const GPTConfig& g = run.gpt_config;

@@ -54,6 +54,7 @@ class BatchSource {
   torch::Tensor next_loss() {
     if (run_.is_bert) return run_.bert->mlm_loss(to_device(bert_prefetcher_->next()));
     Batch batch = to_device(prefetcher_->next());
+    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets);
     return run_.model->loss(batch.inputs, batch.targets);
   }
 
@@ -69,7 +70,8 @@ class BatchSource {
         continue;
       }
       auto batch = to_device(val_sampler_->eval_batch(i));
-      sum += run_.model->loss(batch.inputs, batch.targets).item<double>();
+      sum += (run_.is_llama ? run_.llama->loss(batch.inputs, batch.targets) : run_.model->loss(batch.inputs, batch.targets))
+                 .item<double>();
     }
     run_.module->train();
     return mean_over_ranks(*run_.comm, sum / double(std::max<int64_t>(1, config.train.eval_iters)), "eval.loss");
@@ -320,7 +322,7 @@ double run_micro_steps(TrainingRun& run, BatchSource& batches, ProgressWindow& w
 StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
   const TrainConfig& config = run.config;
   const FlopsProfilerConfig& fp = config.flops_profiler;
-  if (run.leader && fp.enabled && !run.is_bert && (fp.profile_step <= run.first_step || fp.profile_step > config.train.steps))
+  if (run.leader && fp.enabled && run.is_gpt() && (fp.profile_step <= run.first_step || fp.profile_step > config.train.steps))
     fmt::print("note: flops_profiler.profile_step {} is outside the steps this run takes ({} to {}): nothing is "
                "profiled\n",
                fp.profile_step, run.first_step + 1, config.train.steps);
@@ -352,7 +354,7 @@ StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
     // This step's rate on this rank: its micro-steps and the loss's reduction, not the evaluation,
     // checkpoint or printing that may follow.
     const double step_seconds = seconds_since(step_start);
-    if (fp.enabled && !run.is_bert && step + 1 == fp.profile_step) log.flops_summary = profile_flops(run, options, step_seconds);
+    if (fp.enabled && run.is_gpt() && step + 1 == fp.profile_step) log.flops_summary = profile_flops(run, options, step_seconds);
     log.losses.push_back(loss);
     log.skipped.push_back(result.skipped ? 1 : 0);
     ++window.steps;

@@ -37,6 +37,7 @@
 #include "zerotrain/models/bert_data.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/gpt_flops.h"
+#include "zerotrain/models/llama.h"
 
 namespace zt {
 namespace training {
@@ -223,10 +224,15 @@ void check_training_inputs(const TrainConfig& config) {
   // shape (a preset, the head count dividing the width), the sequence against the context, and
   // the schedule's parameters.
   int64_t context = 0;
+  std::optional<LlamaConfig> llama;
   if (config.model.type == "bert") {
     const BertConfig bert = bert_config_of(config);
     bert.validate();
     context = bert.max_positions;
+  } else if (config.model.type == "llama") {
+    // With model.init_from or model.config_from: the directory's config.json, read now.
+    llama = llama_config_of(config);
+    context = llama->max_position_embeddings;
   } else {
     const GPTConfig gpt = gpt_config_of(config);
     gpt.validate();
@@ -234,8 +240,12 @@ void check_training_inputs(const TrainConfig& config) {
   }
   training::check_sequence_length(config.data.sequence_length, context);
   LrSchedule(config.scheduler, config.optimizer.lr);
-  // A directory of another shape, or not a GPT-2 directory, fails before any rank starts.
-  if (!config.model.init_from.empty()) HfModelReader(config.model.init_from, gpt_config_of(config));
+  // A directory of another shape, or not a GPT-2 (Llama) directory, or a missing or mis-shaped
+  // tensor, fails before any rank starts.
+  if (!config.model.init_from.empty()) {
+    if (llama) HfModelReader(config.model.init_from, *llama);
+    else HfModelReader(config.model.init_from, gpt_config_of(config));
+  }
 }
 
 int run_training_rank(const TrainConfig& config, const TrainRunOptions& options) {

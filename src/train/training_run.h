@@ -20,6 +20,7 @@
 #include "zerotrain/models/bert.h"
 #include "zerotrain/models/bert_data.h"
 #include "zerotrain/models/gpt.h"
+#include "zerotrain/models/llama.h"
 #include "zerotrain/train.h"
 
 namespace zt {
@@ -101,7 +102,10 @@ struct TrainingRun {
 
   // model.type "bert": the encoder of docs/bert.md; the GPT's figures stay at their defaults.
   bool is_bert = false;
+  // model.type "llama": the decoder of docs/llama.md, trained on the GPT's token windows.
+  bool is_llama = false;
   GPTConfig gpt_config;
+  LlamaConfig llama_config;
   BertConfig bert_config;
   BertSpecialTokens bert_specials;  // its content vocabulary, then [CLS], [SEP], [MASK], [PAD]
   int64_t seq_len = 0, n_layer = 0, n_params = 0;
@@ -110,6 +114,7 @@ struct TrainingRun {
   int64_t baseline_rss = 0;  // before the model exists: the memory estimate is compared above it
   GPT model{nullptr};
   Bert bert{nullptr};
+  Llama llama{nullptr};
   std::shared_ptr<torch::nn::Module> module;
   std::unique_ptr<Engine> engine;
   int64_t first_step = 0;            // the step a resumed run continues from
@@ -119,8 +124,9 @@ struct TrainingRun {
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
 
+  bool is_gpt() const { return !is_bert && !is_llama; }
   bool is_checkpointed(int64_t block) const {
-    return is_bert ? bert->is_checkpointed(block) : model->is_checkpointed(block);
+    return is_bert ? bert->is_checkpointed(block) : is_llama ? llama->is_checkpointed(block) : model->is_checkpointed(block);
   }
 };
 

@@ -105,6 +105,9 @@ class LlamaImpl : public torch::nn::Module {
   // Full recomputation of the checkpointed layers in backward (docs/activation_checkpointing.md);
   // selective recomputation is refused (zt::ConfigError) for this model.
   void set_checkpointing(const CheckpointingSettings& settings);
+  const CheckpointingSettings& checkpointing() const { return checkpointing_; }
+  // Whether layer `layer` is recomputed in backward under the current settings.
+  bool is_checkpointed(int64_t layer) const;
 
   const LlamaConfig& config() const { return config_; }
   // The rotary tables for positions [0, T): cos and sin [T, head_dim] in fp32.

@@ -49,6 +49,32 @@ struct LlamaConfig {
 LlamaConfig llama_preset(const std::string& name);
 std::vector<std::string> llama_preset_names();
 
+// Hugging Face's config.json of a Llama-family model (implemented in src/models/llama_hf_config.cpp).
+//
+// llama_config_from_hf_json reads the text of a config.json whose "architectures" is
+// ["LlamaForCausalLM"] or ["Qwen2ForCausalLM"] (or, without "architectures", whose "model_type" is
+// "llama" or "qwen2"), in transformers 5's form (rope_parameters with rope_theta inside) or 4's
+// (rope_theta and rope_scaling beside each other, rope_scaling's kind as "rope_type" or "type"):
+// vocab_size, hidden_size, intermediate_size, num_hidden_layers and num_attention_heads (required),
+// num_key_value_heads (absent: num_attention_heads), head_dim (absent or null, and always for
+// Qwen2: hidden_size / num_attention_heads), max_position_embeddings, rms_norm_eps, rope theta
+// and scaling, attention_bias and mlp_bias (Llama), Qwen2's q/k/v biases, tie_word_embeddings,
+// initializer_range; other absent keys take transformers' defaults of the architecture. What this
+// decoder does not compute is refused rather than ignored: hidden_act other than "silu", attention
+// dropout, Qwen2's sliding window, another rope_type. Throws zt::ConfigError starting with `where`
+// naming the key, the expected and the found (another architecture: naming it and the supported
+// ones), then validate()s the result.
+LlamaConfig llama_config_from_hf_json(const std::string& text, const std::string& where);
+// DIR/config.json read (at most 1 MiB) and parsed so; `key` names the setting that gave DIR
+// ("model.init_from") in errors. A missing directory or file is a zt::ConfigError.
+LlamaConfig read_llama_hf_config(const std::string& dir, const std::string& key);
+// transformers' class of a shape: "Qwen2ForCausalLM" for qkv_bias, else "LlamaForCausalLM".
+std::string llama_hf_architecture(const LlamaConfig& config);
+// config.json of `config` as transformers 5 writes it for llama_hf_architecture(config), with
+// "dtype" `dtype` ("float32", "bfloat16"). `base`: the text of the config.json the model came from
+// ("" for none): its other keys (token ids, ...) are kept, the shape's replaced.
+std::string llama_config_to_hf_json(const LlamaConfig& config, const std::string& dtype, const std::string& base);
+
 // Exact trainable parameter count: embeddings V·H (twice untied), per layer the q/k/v/o
 // projections, the three MLP projections, their biases and two norms, and the final norm.
 int64_t llama_parameter_count(const LlamaConfig& config);
