@@ -390,6 +390,18 @@ TEST(TokenizedDataCli, BadDataIsOneLineBeforeLaunchAndFinetuningTrains) {
     EXPECT_NE(r.output.find(part), std::string::npos) << part << " in " << r.output;
   EXPECT_FALSE(fs::exists(dir / "runs" / "logs")) << "nothing may start";
 
+  // The BERT reads uint16 ids only: an llm.c file of uint32 ids is refused before launch too.
+  zt::TokenDataset::write_bin_file(dir / "wide.bin", std::vector<uint32_t>(400, 7));
+  r = run_process({cli_path(), "train", config, "--nproc", "1", "--set", "model.type=bert", "--set",
+                   "model.preset=bert-tiny", "--set",
+                   "data.path=" + (dir / "wide.bin").string()},
+                  {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("wide.bin"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("uint32"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "runs" / "logs")) << "nothing may start";
+
   // A WordPiece tokenizer.json (BERT's) is refused by the tokenizer layer, before launch.
   json wordpiece = byte_level_tokenizer();
   wordpiece["model"] = {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"vocab", {{"[UNK]", 0}, {"a", 1}}}};

@@ -76,7 +76,8 @@ TokenDataset::TokenDataset(std::vector<uint32_t> tokens, std::string source)
 
 const uint16_t* TokenDataset::data16() const {
   if (width_ != TokenWidth::U16)
-    throw DataError("token data " + source_ + " holds uint32 ids; this reader takes uint16 ids only");
+    throw DataError("token data " + source_ +
+                    " holds uint32 ids (an llm.c version 2 file); expected uint16 ids (the BERT's data is uint16 only)");
   return static_cast<const uint16_t*>(data_);
 }
 

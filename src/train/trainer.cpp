@@ -260,13 +260,19 @@ void check_training_inputs(const TrainConfig& config) {
   }
   training::check_sequence_length(config.data.sequence_length, context);
   // The data itself: a tokenizer of a kind not implemented, a line that is not an example, a token
-  // id past the model's vocabulary. Tokenizing here also builds the token cache once, before the
-  // ranks read it. (The BERT's data is checked against its content vocabulary as its ranks start.)
-  if (config.model.type == "gpt" && config.data.source != "embedded") {
-    const GPTConfig gpt = gpt_config_of(config);
-    const training::Splits splits = training::load_data(config, gpt.vocab_size, /*progress=*/true);
+  // id past the model's vocabulary (the BERT's: its content vocabulary, in uint16 ids). Tokenizing
+  // here also builds the token cache once, before the ranks read it.
+  if (config.data.source != "embedded" && (config.model.type == "gpt" || config.model.type == "bert")) {
+    const bool bert = config.model.type == "bert";
+    const int64_t vocab = bert ? BertSpecialTokens{bert_config_of(config).vocab_size - 4}.content_vocab
+                               : gpt_config_of(config).vocab_size;
+    const training::Splits splits = training::load_data(config, vocab, /*progress=*/true);
+    if (bert) {  // a uint32 file is refused here, naming it
+      splits.train.data16();
+      splits.val.data16();
+    }
     if (splits.finetune()) {
-      const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
+      const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : context;
       // Every example has a trained token in reach; the held-out ones exist when the run evaluates.
       FinetuneSampler(*splits.finetune_train, seq, 1, 1, 0, 0);
       if (config.train.eval_interval > 0) FinetuneSampler(*splits.finetune_val, seq, 1, 1, 0, 0);
