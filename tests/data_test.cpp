@@ -85,7 +85,7 @@ TEST(TokenDataset, ReadsBothBinFormats) {
     EXPECT_EQ(fs::file_size(path), 2 * tokens.size() + (fmt == BinFormat::LlmC ? 1024 : 0));
     auto ds = TokenDataset::from_bin_file(path);
     ASSERT_EQ(ds.size(), 1000);
-    EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), ds.tokens().begin()));
+    EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), ds.tokens16().begin()));
     EXPECT_EQ(ds.max_token(), *std::max_element(tokens.begin(), tokens.end()));
     EXPECT_EQ(ds.source(), path.string());
     EXPECT_NO_THROW(ds.validate(50257));
@@ -126,7 +126,7 @@ TEST(TokenDataset, MalformedFilesAreDataErrors) {
   fs::resize_file(dir / "hdr.bin", 100);
   expect_data_error([&] { TokenDataset::from_bin_file(dir / "hdr.bin"); }, {"hdr.bin", "header"});
 
-  // Unsupported llm.c version 2 (uint32 tokens).
+  // llm.c version 2 (written by hand as llm.c does) holds uint32 tokens; version 3 is refused.
   {
     std::vector<int32_t> header(256, 0);
     header[0] = 20240520;
@@ -134,10 +134,33 @@ TEST(TokenDataset, MalformedFilesAreDataErrors) {
     header[2] = 4;
     std::ofstream out(dir / "v2.bin", std::ios::binary);
     out.write(reinterpret_cast<const char*>(header.data()), 1024);
-    uint32_t toks[4] = {1, 2, 3, 4};
+    uint32_t toks[4] = {1, 70000, 3, 128255};
     out.write(reinterpret_cast<const char*>(toks), sizeof toks);
   }
-  expect_data_error([&] { TokenDataset::from_bin_file(dir / "v2.bin"); }, {"v2.bin", "version 2"});
+  {
+    auto v2 = TokenDataset::from_bin_file(dir / "v2.bin");
+    EXPECT_EQ(v2.width(), zt::TokenWidth::U32);
+    ASSERT_EQ(v2.size(), 4);
+    EXPECT_EQ(v2[1], 70000u);
+    EXPECT_EQ(v2.max_token(), 128255u);
+    EXPECT_THROW(v2.data16(), zt::DataError);
+    expect_data_error([&] { v2.validate(128000); }, {"v2.bin", "128255", "position 3", "< 128000"});
+  }
+  {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520;
+    header[1] = 3;
+    header[2] = 1;
+    std::ofstream out(dir / "v3.bin", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(header.data()), 1024);
+    uint32_t tok = 1;
+    out.write(reinterpret_cast<const char*>(&tok), sizeof tok);
+  }
+  expect_data_error([&] { TokenDataset::from_bin_file(dir / "v3.bin"); }, {"v3.bin", "version 3"});
+  // A uint32 file whose byte count disagrees with its header.
+  TokenDataset::write_bin_file(dir / "t32.bin", std::vector<uint32_t>{5, 6, 7});
+  fs::resize_file(dir / "t32.bin", 1024 + 10);
+  expect_data_error([&] { TokenDataset::from_bin_file(dir / "t32.bin"); }, {"t32.bin", "3 tokens", "10 bytes"});
 
   // A directory is not a token file.
   fs::create_directories(dir / "adir");
@@ -159,8 +182,8 @@ TEST(TokenDataset, SplitIsContiguousTail) {
   auto [train, val] = ds.split(0.1);
   EXPECT_EQ(train.size(), 900);
   EXPECT_EQ(val.size(), 100);
-  EXPECT_EQ(train.data(), ds.data());
-  EXPECT_EQ(val.data(), ds.data() + 900);
+  EXPECT_EQ(train.data16(), ds.data16());
+  EXPECT_EQ(val.data16(), ds.data16() + 900);
   EXPECT_EQ(val.source(), "mem [val]");
   auto [all, none] = ds.split(0.0);
   EXPECT_EQ(all.size(), 1000);
@@ -192,13 +215,33 @@ TEST(DistributedSampler, DeterministicAndTargetsShiftedByOne) {
   // targets[:, t] == inputs[:, t+1] and both are real windows of the data.
   using torch::indexing::Slice;
   EXPECT_TRUE(torch::equal(x.targets.index({Slice(), Slice(0, 15)}), x.inputs.index({Slice(), Slice(1, 16)})));
-  const auto* tok = ds.data();
+  const auto* tok = ds.data16();
   for (int64_t i = 0; i < 4; ++i) {
     const int64_t start = a.sample_start(3, 1 * 2 * 4 + 1 * 4 + i);
     EXPECT_LE(start + 16, ds.size() - 1);
     for (int64_t t = 0; t < 16; ++t) {
       EXPECT_EQ(x.inputs[i][t].item<int64_t>(), tok[start + t]);
       EXPECT_EQ(x.targets[i][t].item<int64_t>(), tok[start + t + 1]);
+    }
+  }
+}
+
+TEST(DistributedSampler, Uint32DatasetsGiveTheSameWindowsWithWideIds) {
+  // The same sampling over uint32 ids: identical starts, ids past 65,535 intact, split views too.
+  std::vector<uint32_t> wide(3000);
+  for (size_t i = 0; i < wide.size(); ++i) wide[i] = uint32_t(100'000 + i * 7);
+  TokenDataset ds(wide, "wide");
+  EXPECT_EQ(ds.width(), zt::TokenWidth::U32);
+  auto [train, val] = ds.split(0.25);
+  EXPECT_EQ(val[0], wide[2250]);
+  EXPECT_EQ(val.data32(), ds.data32() + 2250);
+  DistributedSampler s(train, 8, 2, 1, 0, 7);
+  auto b = s.batch(2, 0);
+  for (int64_t i = 0; i < 2; ++i) {
+    const int64_t start = s.sample_start(2, i);
+    for (int64_t t = 0; t < 8; ++t) {
+      EXPECT_EQ(b.inputs[i][t].item<int64_t>(), int64_t(wide[size_t(start + t)]));
+      EXPECT_EQ(b.targets[i][t].item<int64_t>(), int64_t(wide[size_t(start + t + 1)]));
     }
   }
 }

@@ -186,14 +186,23 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string source = "embedded";  // "embedded" (built-in corpus), "bin" (uint16 tokens), "text"
-  std::string path;                 // for "bin": train file; for "text": a UTF-8 text file
+  // "embedded" (built-in corpus), "bin" (uint16/uint32 token file), "text" (a UTF-8 text file),
+  // "jsonl" ({"text": ...} lines, needs `tokenizer`), "finetune" (prompt/response or chat
+  // messages lines, needs `tokenizer`; docs/finetuning.md)
+  std::string source = "embedded";
+  std::string path;                 // the train file of "bin", the input file of the others
   std::string val_path;             // for "bin": optional held-out file
   double val_fraction = 0.1;        // held-out split when there is no val_path
   int64_t sequence_length = 0;      // 0: the model's context length (BERT: max_positions)
   // BERT's masking (MlmOptions, models/bert_data.h); refused with model.type "gpt".
   double mlm_probability = 0.15;    // share of each sequence's content positions predicted
   int64_t max_predictions = 0;      // cap per sequence; 0: none
+  // A tokenizer.json (or a directory holding one): "text" and "jsonl" are tokenized with it at
+  // load time (cached, docs/tokenizers.md "Tokenizing the training data"); "" with "text": bytes.
+  std::string tokenizer;
+  std::string cache_dir;            // where token caches go; "": beside the input file
+  std::string eos_token;            // a token appended after each document / example; "": none
+  std::string chat_template = "auto";  // "finetune" chat lines: "auto", "chatml", "llama3"
 };
 
 struct TrainLoopConfig {

@@ -35,29 +35,44 @@ class ByteTokenizer {
   std::string decode(std::span<const uint16_t> tokens) const;
 };
 
-// On-disk layouts of flat uint16 token files.
+// On-disk layouts of flat token files.
 enum class BinFormat {
   NanoGPT,  // raw little-endian uint16 tokens, no header (nanoGPT's prepare.py: np.uint16 tofile)
-  LlmC,     // llm.c: 256 × int32 header {20240520, 1, n_tokens, 0…}, then n_tokens uint16
+  LlmC,     // llm.c: 256 × int32 header {20240520, version, n_tokens, 0…}, then n_tokens tokens:
+            // version 1 holds uint16 tokens, version 2 uint32 tokens (llm.c's own Llama 3 layout)
 };
 
-// A contiguous, read-only run of uint16 tokens. Copies share the storage (a vector, or a read-only
-// memory map of a `.bin` file so multi-GB datasets are neither copied nor read up front); split()
-// returns views of the same storage.
+// How wide the ids of a TokenDataset are: uint16 while every id fits (GPT-2's 50,257), uint32 for
+// the vocabularies past 65,535 (Llama 3's 128,256, Qwen2's 151,665).
+enum class TokenWidth : uint8_t {
+  U16 = 2,
+  U32 = 4,
+};
+
+// A contiguous, read-only run of token ids of one width. Copies share the storage (a vector, or a
+// read-only memory map of a `.bin` file so multi-GB datasets are neither copied nor read up front);
+// split() returns views of the same storage. Readers branch on width() once per batch, not per
+// token: data16()/data32() give the typed run.
 class TokenDataset {
  public:
   TokenDataset() = default;
   explicit TokenDataset(std::vector<uint16_t> tokens, std::string source = "<memory>");
+  explicit TokenDataset(std::vector<uint32_t> tokens, std::string source = "<memory>");
 
   // Reads either layout: a file that starts with the llm.c magic 20240520 is llm.c (its header's
-  // token count must match the file size); anything else is headerless nanoGPT (byte count must be
-  // even). The magic cannot be mistaken for GPT-2 tokens: as uint16 pairs it reads 55368, 308 and
-  // 55368 >= 50257. Throws zt::DataError for a missing/unreadable file, an empty file, an odd
-  // byte count, a truncated llm.c file or an unsupported llm.c version.
+  // token count must match the file size; version 1 is uint16, version 2 uint32); anything else is
+  // headerless nanoGPT uint16 (byte count must be even). The magic cannot be mistaken for GPT-2
+  // tokens: as uint16 pairs it reads 55368, 308 and 55368 >= 50257. Throws zt::DataError for a
+  // missing/unreadable file, an empty file, an odd byte count, a truncated llm.c file or an llm.c
+  // version other than 1 and 2.
   static TokenDataset from_bin_file(const std::filesystem::path& path);
   // Writes tokens in the given layout (tests, data preparation). Throws zt::DataError on I/O error.
   static void write_bin_file(const std::filesystem::path& path, std::span<const uint16_t> tokens,
                              BinFormat format = BinFormat::LlmC);
+  // llm.c version 2 (uint32). `header_extra` fills header ints 3… (llm.c leaves them zero and
+  // ignores them; the tokenizing loader keeps its cache key there).
+  static void write_bin_file(const std::filesystem::path& path, std::span<const uint32_t> tokens,
+                             std::span<const int32_t> header_extra = {});
   static TokenDataset from_text(std::string_view text, const ByteTokenizer& tokenizer = {});
 
   // {train, val}: val is the last round(size·val_fraction) tokens (a contiguous held-out tail, so
@@ -66,12 +81,20 @@ class TokenDataset {
 
   int64_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  const uint16_t* data() const { return data_; }
-  std::span<const uint16_t> tokens() const { return {data_, static_cast<size_t>(size_)}; }
-  uint16_t operator[](int64_t i) const { return data_[i]; }
+  TokenWidth width() const { return width_; }
+  // The ids of a TokenWidth::U16 (data16) or U32 (data32) dataset; the other accessor throws
+  // zt::DataError naming the source.
+  const uint16_t* data16() const;
+  const uint32_t* data32() const;
+  std::span<const uint16_t> tokens16() const { return {data16(), static_cast<size_t>(size_)}; }
+  std::span<const uint32_t> tokens32() const { return {data32(), static_cast<size_t>(size_)}; }
+  uint32_t operator[](int64_t i) const {
+    return width_ == TokenWidth::U16 ? static_cast<const uint16_t*>(data_)[i] : static_cast<const uint32_t*>(data_)[i];
+  }
   // Largest token id (scans the tokens; 0 for an empty dataset).
-  uint16_t max_token() const;
-  // Throws zt::DataError naming the source and the first offending position when any id >= vocab_size.
+  uint32_t max_token() const;
+  // Throws zt::DataError naming the source, the first offending id and its position, and the
+  // vocabulary when any id >= vocab_size.
   void validate(int64_t vocab_size) const;
   // Throws zt::DataError unless at least `n` tokens are present; `what` says what they are for.
   void require_tokens(int64_t n, const std::string& what) const;
@@ -80,10 +103,12 @@ class TokenDataset {
 
  private:
   struct Storage;
-  TokenDataset(std::shared_ptr<const Storage> storage, const uint16_t* data, int64_t size, std::string source);
+  TokenDataset(std::shared_ptr<const Storage> storage, const void* data, TokenWidth width, int64_t size,
+               std::string source);
 
   std::shared_ptr<const Storage> storage_;
-  const uint16_t* data_ = nullptr;
+  const void* data_ = nullptr;
+  TokenWidth width_ = TokenWidth::U16;
   int64_t size_ = 0;
   std::string source_ = "<empty>";
 };

@@ -496,8 +496,30 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
         "activation_checkpointing.contiguous_memory_optimization: holds the inputs of fully recomputed blocks; "
         "selective recomputation keeps no block inputs (use policy \"full\" or \"auto\", or set it to false)");
 
-  if ((c.data.source == "bin" || c.data.source == "text") && c.data.path.empty())
+  if (c.data.source != "embedded" && c.data.path.empty())
     throw ConfigError(fmt::format("data.path: required when data.source is \"{}\"", c.data.source));
+  // The tokenizer and what goes with it: read by "text", "jsonl" and "finetune" only.
+  const bool tokenized_source = c.data.source == "text" || c.data.source == "jsonl" || c.data.source == "finetune";
+  if ((c.data.source == "jsonl" || c.data.source == "finetune") && c.data.tokenizer.empty())
+    throw ConfigError(fmt::format("data.tokenizer: required when data.source is \"{}\" (a tokenizer.json or a "
+                                  "directory holding one)",
+                                  c.data.source));
+  if (!tokenized_source && given(c, "data.tokenizer"))
+    throw ConfigError(fmt::format("data.tokenizer: read only when data.source is \"text\", \"jsonl\" or "
+                                  "\"finetune\", found \"{}\"",
+                                  c.data.source));
+  for (const char* key : {"data.cache_dir", "data.eos_token"})
+    if (c.data.tokenizer.empty() && given(c, key))
+      throw ConfigError(fmt::format("{}: read only with data.tokenizer, which is not set", key));
+  if (c.data.source != "finetune" && given(c, "data.chat_template"))
+    throw ConfigError(fmt::format("data.chat_template: read only when data.source is \"finetune\", found \"{}\"",
+                                  c.data.source));
+  if (c.data.source == "finetune" && given(c, "data.cache_dir"))
+    throw ConfigError("data.cache_dir: fine-tuning examples are tokenized in memory at each load, not cached (remove "
+                      "the key)");
+  if (c.model.type == "bert" && !c.data.tokenizer.empty())
+    throw ConfigError("data.tokenizer: applies to model.type \"gpt\"; the BERT reads bytes or its own uint16 token "
+                      "files");
   // Data keys the chosen source never reads would be silently ignored.
   if (c.data.source == "embedded" && given(c, "data.path"))
     throw ConfigError("data.path: not read when data.source is \"embedded\" (set data.source to \"bin\" or \"text\")");

@@ -40,13 +40,17 @@ void add_zerotrain_keys(std::vector<Leaf>& t) {
     c.model.next_sentence = v.is_null() ? std::nullopt : std::optional<bool>(v.get<bool>());
   })));
   t.back().def = nullptr;
-  t.push_back(string("data.source", "embedded", ZT_FIELD(data.source), {"embedded", "bin", "text"}));
+  t.push_back(string("data.source", "embedded", ZT_FIELD(data.source), {"embedded", "bin", "text", "jsonl", "finetune"}));
   t.push_back(string("data.path", "", ZT_FIELD(data.path)));
   t.push_back(string("data.val_path", "", ZT_FIELD(data.val_path)));
   t.push_back(number("data.val_fraction", 0.1, 0.0, false, 1.0, true, ZT_FIELD(data.val_fraction)));
   t.push_back(integer("data.sequence_length", 0, 0, std::nullopt, ZT_FIELD(data.sequence_length)));
   t.push_back(number("data.mlm_probability", 0.15, 0.0, true, 1.0, false, ZT_FIELD(data.mlm_probability)));
   t.push_back(integer("data.max_predictions", 0, 0, 1LL << 24, ZT_FIELD(data.max_predictions)));
+  t.push_back(string("data.tokenizer", "", ZT_FIELD(data.tokenizer)));
+  t.push_back(string("data.cache_dir", "", ZT_FIELD(data.cache_dir)));
+  t.push_back(string("data.eos_token", "", ZT_FIELD(data.eos_token)));
+  t.push_back(string("data.chat_template", "auto", ZT_FIELD(data.chat_template), {"auto", "chatml", "llama3"}));
   // The trainer keeps one loss per step; a hundred million steps is beyond any run and its
   // bookkeeping still fits in memory (a value past it is a typo or damage, refused up front).
   t.push_back(integer("train.steps", 200, 1, 100'000'000, ZT_FIELD(train.steps)));

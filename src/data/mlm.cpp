@@ -140,6 +140,7 @@ SentencePairSampler::SentencePairSampler(const TokenDataset& data, SentencePairO
   // and B's start after it (<= 2L) all stay inside the data (see write_pair).
   data_.require_tokens(5 * L + 1, "sentence pairs of max_length=" + std::to_string(options_.max_length) +
                                       " (5·(max_length-3) + 1 tokens)");
+  data_.data16();  // BERT's vocabularies are uint16: a uint32 dataset is refused here, not at the first batch
   is_end_.assign(65536, 0);
   is_skip_.assign(65536, 0);
   for (uint16_t t : options_.sentence_ends) is_end_[t] = 1;
@@ -152,7 +153,7 @@ int64_t SentencePairSampler::first_global_sample(int64_t micro_step) const {
 
 void SentencePairSampler::write_pair(int64_t step, int64_t global_sample, int64_t* ids, int64_t* types, int64_t* mask,
                                      int64_t* nsp) const {
-  const uint16_t* tok = data_.data();
+  const uint16_t* tok = data_.data16();
   const int64_t n = data_.size(), T = options_.max_length, L = T - 3;
   const bool sentences = !options_.sentence_ends.empty();
   Stream rng(seed_, kPairSalt, step, global_sample);

@@ -28,20 +28,32 @@ int64_t DistributedSampler::sample_start(int64_t step, int64_t global_sample) co
   return static_cast<int64_t>(h % static_cast<uint64_t>(data_.size() - seq_len_));
 }
 
+namespace {
+
+// One window per row; the loop is instantiated per id width so the uint16 path stays a plain copy.
+template <typename Id>
+void fill_windows(const Id* tok, int64_t rows, int64_t seq_len, const std::function<int64_t(int64_t i)>& start_of,
+                  int64_t* in, int64_t* tg) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const Id* w = tok + start_of(i);
+    for (int64_t t = 0; t < seq_len; ++t) {
+      in[i * seq_len + t] = w[t];
+      tg[i * seq_len + t] = w[t + 1];
+    }
+  }
+}
+
+}  // namespace
+
 Batch DistributedSampler::make_batch(const std::function<int64_t(int64_t i)>& start_of) const {
   auto inputs = torch::empty({micro_batch_, seq_len_}, torch::kLong);
   auto targets = torch::empty({micro_batch_, seq_len_}, torch::kLong);
   int64_t* in = inputs.data_ptr<int64_t>();
   int64_t* tg = targets.data_ptr<int64_t>();
-  const uint16_t* tok = data_.data();
-  for (int64_t i = 0; i < micro_batch_; ++i) {
-    const int64_t start = start_of(i);
-    const uint16_t* w = tok + start;
-    for (int64_t t = 0; t < seq_len_; ++t) {
-      in[i * seq_len_ + t] = w[t];
-      tg[i * seq_len_ + t] = w[t + 1];
-    }
-  }
+  if (data_.width() == TokenWidth::U16)
+    fill_windows(data_.data16(), micro_batch_, seq_len_, start_of, in, tg);
+  else
+    fill_windows(data_.data32(), micro_batch_, seq_len_, start_of, in, tg);
   return {std::move(inputs), std::move(targets)};
 }
 

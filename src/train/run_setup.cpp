@@ -276,10 +276,15 @@ void print_model_line(const TrainingRun& run) {
     return;
   }
   const GPTConfig& g = run.gpt_config;
+  const std::string data =
+      run.data.finetune()
+          ? fmt::format("{} train / {} held-out fine-tuning examples (loss on the response tokens)",
+                        run.data.finetune_train->count(), run.data.finetune_val->count())
+          : fmt::format("{} train / {} held-out tokens", run.data.train.size(), run.data.val.size());
   fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
-             "data: {} train / {} held-out tokens; global batch {} x {} tokens\n",
+             "data: {}; global batch {} x {} tokens\n",
              config.model.preset, g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.context_length, run.n_params / 1e6,
-             run.data.train.size(), run.data.val.size(), config.train_batch_size, run.seq_len);
+             data, config.train_batch_size, run.seq_len);
 }
 
 }  // namespace

@@ -36,11 +36,21 @@ class BatchSource {
       set_up_bert(micro, accum, seed);
       return;
     }
-    train_sampler_.emplace(run.data.train, run.seq_len, micro, run.world, run.rank, seed);
-    val_sampler_.emplace(run.data.val, run.seq_len, micro, run.world, run.rank, seed ^ 0x5eedULL);
+    const bool finetune = run.data.finetune();
+    if (finetune) {
+      // Fine-tuning examples: targets -100 outside the responses. The held-out examples are
+      // sampled only when the run evaluates (the split may hold none otherwise).
+      train_examples_.emplace(*run.data.finetune_train, run.seq_len, micro, run.world, run.rank, seed);
+      if (config.train.eval_interval > 0)
+        val_examples_.emplace(*run.data.finetune_val, run.seq_len, micro, run.world, run.rank, seed ^ 0x5eedULL);
+    } else {
+      train_sampler_.emplace(run.data.train, run.seq_len, micro, run.world, run.rank, seed);
+      val_sampler_.emplace(run.data.val, run.seq_len, micro, run.world, run.rank, seed ^ 0x5eedULL);
+    }
     prefetcher_.emplace(
-        [this, accum](int64_t i) {
-          Batch batch = train_sampler_->batch(i / accum, i % accum);
+        [this, accum, finetune](int64_t i) {
+          Batch batch = finetune ? train_examples_->batch(i / accum, i % accum)
+                                 : train_sampler_->batch(i / accum, i % accum);
           if (run_.device.cuda()) {
             batch.inputs = batch.inputs.pin_memory();
             batch.targets = batch.targets.pin_memory();
@@ -69,7 +79,7 @@ class BatchSource {
         sum += run_.bert->mlm_loss(to_device(val_pairs_->batch(i, 0, *masker_))).item<double>();
         continue;
       }
-      auto batch = to_device(val_sampler_->eval_batch(i));
+      auto batch = to_device(val_examples_ ? val_examples_->eval_batch(i) : val_sampler_->eval_batch(i));
       sum += (run_.is_llama ? run_.llama->loss(batch.inputs, batch.targets) : run_.model->loss(batch.inputs, batch.targets))
                  .item<double>();
     }
@@ -128,6 +138,7 @@ class BatchSource {
 
   TrainingRun& run_;
   std::optional<DistributedSampler> train_sampler_, val_sampler_;
+  std::optional<FinetuneSampler> train_examples_, val_examples_;
   std::optional<BatchPrefetcher> prefetcher_;
   std::optional<SentencePairSampler> train_pairs_, val_pairs_;
   std::optional<MlmMasker> masker_;

@@ -38,6 +38,8 @@
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/gpt_flops.h"
 #include "zerotrain/models/llama.h"
+#include "zerotrain/tokenized_data.h"
+#include "zerotrain/tokenizer.h"
 
 namespace zt {
 namespace training {
@@ -51,27 +53,50 @@ std::string read_text_file(const std::string& path) {
 
 }  // namespace
 
-Splits load_data(const TrainConfig& config, int64_t vocab_size) {
+Splits load_data(const TrainConfig& config, int64_t vocab_size, bool progress) {
   const auto& d = config.data;
   ByteTokenizer tokenizer;
   std::optional<TokenDataset> all;
-  if (d.source == "embedded") all = TokenDataset::from_text(embedded_corpus(), tokenizer);
-  else if (d.source == "text") all = TokenDataset::from_text(read_text_file(d.path), tokenizer);
-  else if (d.source == "bin") {
+  if (d.source == "finetune") {
+    const HfTokenizer hf = HfTokenizer::from_file(d.tokenizer);
+    std::optional<TokenId> eos;
+    if (!d.eos_token.empty()) eos = require_token(hf, d.eos_token, "data.eos_token");
+    const FinetuneExamples examples = load_finetune_examples(d.path, hf, d.chat_template, eos);
+    examples.validate(vocab_size);
+    auto [train, val] = examples.split(d.val_fraction);
+    Splits s;
+    s.finetune_train = std::make_shared<const FinetuneExamples>(std::move(train));
+    s.finetune_val = std::make_shared<const FinetuneExamples>(std::move(val));
+    return s;
+  }
+  if (!d.tokenizer.empty()) {
+    TokenizeOptions options;
+    options.cache_dir = d.cache_dir;
+    options.eos_token = d.eos_token;
+    options.progress = progress;
+    all = load_tokenized_corpus(d.path, d.source == "jsonl" ? CorpusFormat::Jsonl : CorpusFormat::Text, d.tokenizer,
+                                options)
+              .tokens;
+  } else if (d.source == "embedded") {
+    all = TokenDataset::from_text(embedded_corpus(), tokenizer);
+  } else if (d.source == "text") {
+    all = TokenDataset::from_text(read_text_file(d.path), tokenizer);
+  } else if (d.source == "bin") {
     auto train = TokenDataset::from_bin_file(d.path);
     if (!d.val_path.empty()) {
-      Splits s{std::move(train), TokenDataset::from_bin_file(d.val_path)};
+      Splits s{std::move(train), TokenDataset::from_bin_file(d.val_path), nullptr, nullptr};
       s.train.validate(vocab_size);
       s.val.validate(vocab_size);
       return s;
     }
     all = std::move(train);
   } else {
-    throw ConfigError(fmt::format("data.source: expected \"embedded\", \"text\" or \"bin\", found \"{}\"", d.source));
+    throw ConfigError(fmt::format(
+        "data.source: expected \"embedded\", \"text\", \"jsonl\", \"finetune\" or \"bin\", found \"{}\"", d.source));
   }
   all->validate(vocab_size);
   auto [train, val] = all->split(d.val_fraction);
-  return Splits{std::move(train), std::move(val)};
+  return Splits{std::move(train), std::move(val), nullptr, nullptr};
 }
 
 std::string human_duration(double seconds) {
@@ -211,13 +236,14 @@ void check_training_inputs(const TrainConfig& config) {
     if (!probe) throw DataError(fmt::format("{}: cannot open '{}' for reading", key, path));
     const auto size = std::filesystem::file_size(path, ec);
     if (token_file && (size == 0 || size % 2 != 0))
-      throw DataError(fmt::format("{}: expected a non-empty file of uint16 tokens (even byte count), found {} bytes in '{}'",
+      throw DataError(fmt::format("{}: expected a non-empty file of uint16 or uint32 tokens (even byte count), found {} "
+                                  "bytes in '{}'",
                                   key, size, path));
   };
   if (d.source == "bin") {
     check_file("data.path", d.path, true);
     if (!d.val_path.empty()) check_file("data.val_path", d.val_path, true);
-  } else if (d.source == "text") {
+  } else if (d.source != "embedded") {
     check_file("data.path", d.path, false);
   }
   // What every rank would refuse as it starts is refused once, before any starts: the model's
@@ -239,6 +265,26 @@ void check_training_inputs(const TrainConfig& config) {
     context = gpt.context_length;
   }
   training::check_sequence_length(config.data.sequence_length, context);
+  // The data itself: a tokenizer of a kind not implemented, a line that is not an example, a token
+  // id past the model's vocabulary (the BERT's: its content vocabulary, in uint16 ids). Tokenizing
+  // here also builds the token cache once, before the ranks read it.
+  if (config.data.source != "embedded") {
+    const bool bert = config.model.type == "bert";
+    const int64_t vocab = bert    ? BertSpecialTokens{bert_config_of(config).vocab_size - 4}.content_vocab
+                          : llama ? llama->vocab_size
+                                  : gpt_config_of(config).vocab_size;
+    const training::Splits splits = training::load_data(config, vocab, /*progress=*/true);
+    if (bert) {  // a uint32 file is refused here, naming it
+      splits.train.data16();
+      splits.val.data16();
+    }
+    if (splits.finetune()) {
+      const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : context;
+      // Every example has a trained token in reach; the held-out ones exist when the run evaluates.
+      FinetuneSampler(*splits.finetune_train, seq, 1, 1, 0, 0);
+      if (config.train.eval_interval > 0) FinetuneSampler(*splits.finetune_val, seq, 1, 1, 0, 0);
+    }
+  }
   LrSchedule(config.scheduler, config.optimizer.lr);
   // A directory of another shape, or not a GPT-2 (Llama) directory, or a missing or mis-shaped
   // tensor, fails before any rank starts.

@@ -21,6 +21,7 @@
 #include "zerotrain/models/bert_data.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/llama.h"
+#include "zerotrain/tokenized_data.h"
 #include "zerotrain/train.h"
 
 namespace zt {
@@ -83,8 +84,11 @@ at::ScalarType working_dtype_of(Precision precision);
 std::string human_duration(double seconds);
 std::string human_rate(double per_second);
 
+// The token streams, or with data.source "finetune" the examples (then train and val are empty).
 struct Splits {
   TokenDataset train, val;
+  std::shared_ptr<const FinetuneExamples> finetune_train, finetune_val;
+  bool finetune() const { return finetune_train != nullptr; }
 };
 
 // What set-up made, read by the phases after it. Not movable once made: the step loop's samplers
@@ -147,7 +151,9 @@ void report_run(TrainingRun& run, const TrainRunOptions& options, const StepLog&
 
 // data.sequence_length (0: the model's context) against the model's context; the length used.
 int64_t check_sequence_length(int64_t configured, int64_t context);
-Splits load_data(const TrainConfig& config, int64_t vocab_size);
+// The configured data, validated against the model's vocabulary. `progress`: print progress lines
+// while tokenizing a large corpus (the launcher's check, which builds the token caches).
+Splits load_data(const TrainConfig& config, int64_t vocab_size, bool progress = false);
 
 }  // namespace training
 }  // namespace zt

@@ -1,0 +1,132 @@
+// Training data through a Hugging Face tokenizer (zerotrain/tokenizer.h): text and jsonl corpora
+// tokenized at load time and cached as llm.c token files, and fine-tuning examples (prompt/response
+// pairs, chat messages) with the loss on the response tokens only (docs/tokenizers.md "Tokenizing
+// the training data", docs/finetuning.md).
+//
+// All failures on input data throw zt::DataError naming the file (and line), what was expected and
+// what was found. FinetuneExamples and FinetuneSampler are immutable after construction and safe
+// to read from several threads.
+#pragma once
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zerotrain/data.h"
+#include "zerotrain/tokenizer.h"
+
+namespace zt {
+
+// The corpora a tokenizer turns into one token stream.
+enum class CorpusFormat : int32_t {
+  Text = 1,   // a UTF-8 text file: one stream, no special tokens added
+  Jsonl = 2,  // one JSON object per line with a string "text": each a document, encoded with the
+              // post-processor's special tokens (e.g. Llama's begin-of-text) and followed by the
+              // end-of-document token when one is given; blank lines are skipped, other keys ignored
+};
+
+struct TokenizeOptions {
+  std::filesystem::path cache_dir;  // "": the cache file goes beside the corpus
+  std::string eos_token;            // a token of the tokenizer appended after every Jsonl document; "": none
+  bool progress = false;            // print progress lines on stderr while tokenizing a large corpus
+  // A text file is encoded in pieces of at least this many bytes, each cut just after a newline
+  // that stands alone between two printable ASCII characters. Byte-level BPE (GPT-2, Llama 3,
+  // Qwen2) splits the whole text there too, so the ids equal those of the whole file at once; a
+  // SentencePiece-style tokenizer (Llama 2) starts each piece as a new text (with its leading "▁").
+  int64_t text_piece_bytes = 1 << 20;
+};
+
+// Where a corpus's cache lives and whether loading it used the cache.
+struct TokenizedCorpus {
+  TokenDataset tokens;
+  std::filesystem::path cache_file;
+  bool built = false;  // true: tokenized now (missing or stale cache); false: read from the cache
+};
+
+// The tokens of `corpus` through the tokenizer.json at `tokenizer_path` (a file or a directory
+// holding one). The cache file is `<corpus file name>.<tokenizer hash>.tokens.bin` in
+// options.cache_dir (else beside the corpus): an llm.c token file (version 1, uint16 ids, when the
+// vocabulary has at most 65,536 ids; version 2, uint32, otherwise) whose spare header ints hold
+// the key it was made under: the tokenizer file's content hash, the corpus's size and
+// modification time, the format and the end-of-document token. A cache with another key is stale
+// and rebuilt; a new cache is written to a temporary file and renamed into place, so a reader
+// never sees a partial one. The tokenizer is loaded only when the cache must be built (so a cache
+// hit neither parses it nor checks options.eos_token against it). Throws zt::DataError for an
+// eos_token the tokenizer does not have.
+TokenizedCorpus load_tokenized_corpus(const std::filesystem::path& corpus, CorpusFormat format,
+                                      const std::filesystem::path& tokenizer_path, const TokenizeOptions& options);
+
+// How chat messages become tokens (docs/finetuning.md "Chat templates").
+enum class ChatTemplate {
+  ChatML,  // Qwen2: <|im_start|>ROLE\nCONTENT<|im_end|>\n per message
+  Llama3,  // <|begin_of_text|>, then <|start_header_id|>ROLE<|end_header_id|>\n\nCONTENT<|eot_id|>
+};
+// "chatml", "llama3", or "auto": ChatML when the tokenizer has <|im_start|> and <|im_end|>,
+// Llama3 when it has <|start_header_id|>, <|end_header_id|> and <|eot_id|>. Throws zt::DataError
+// naming the tokenizer when the choice needs tokens it does not have, or "auto" finds neither.
+ChatTemplate resolve_chat_template(const std::string& name, const HfTokenizer& tokenizer);
+
+// Fine-tuning examples back to back: example i is tokens [starts[i], starts[i+1]); trained[k] is 1
+// where token k is a response (assistant) token that the loss predicts, 0 for prompt tokens.
+struct FinetuneExamples {
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> trained;
+  std::vector<int64_t> starts{0};  // starts.back() == tokens.size()
+  std::vector<int64_t> lines;      // the input line of each example (1-based), for messages
+  std::string source = "<memory>";
+
+  int64_t count() const { return int64_t(starts.size()) - 1; }
+  // Appends one example; `trained` as tokens.
+  void add(const std::vector<uint32_t>& example_tokens, const std::vector<uint8_t>& example_trained, int64_t line);
+  // {train, val}: val holds the last round(count·val_fraction) examples. val_fraction in [0, 1).
+  std::pair<FinetuneExamples, FinetuneExamples> split(double val_fraction) const;
+  // Throws zt::DataError naming the source, the example's line and the id when an id >= vocab_size.
+  void validate(int64_t vocab_size) const;
+};
+
+// Reads a jsonl file of fine-tuning examples, one per line (blank lines skipped), each either
+//   {"prompt": STRING, "response": STRING}: the prompt encoded with the post-processor's special
+//       tokens, then the response's ids (trained), then `eos` when given (trained); no separator is
+//       put between them, so the text carries its own;
+//   {"messages": [{"role": STRING, "content": STRING}, ...]}: rendered with the chat template
+//       (resolved from `chat_template` at the first such line); the content of "assistant"
+//       messages and the end-of-turn token after each is trained, everything else is not.
+// Each message part (header, content, end of turn) is encoded on its own and the ids joined.
+// The id of `token` (a key's value, named in the error by `key`); throws zt::DataError naming the
+// tokenizer when it has no such token.
+TokenId require_token(const HfTokenizer& tokenizer, const std::string& token, const std::string& key);
+
+FinetuneExamples load_finetune_examples(const std::filesystem::path& path, const HfTokenizer& tokenizer,
+                                        const std::string& chat_template, std::optional<TokenId> eos);
+
+// Batches of fine-tuning examples: one example per row, its first seq_len + 1 tokens (a longer
+// example is cut), padded with id 0 after its end. targets[b][t] is the token after inputs[b][t]
+// where that token is trained, else -100 (prompt and padding: the models' losses skip -100, so
+// the loss of a batch is the mean over its response tokens). Example of global sample g at step s:
+// mix(seed, s, g) mod count(), ranks and micro-steps assigned as DistributedSampler's windows;
+// eval_batch(index) walks the examples in order as DistributedSampler walks its windows.
+class FinetuneSampler {
+ public:
+  // Throws zt::ConfigError for non-positive sizes or rank outside [0, world_size), and
+  // zt::DataError for no examples or an example with no trained token in its first seq_len + 1.
+  FinetuneSampler(FinetuneExamples examples, int64_t seq_len, int64_t micro_batch, int world_size, int rank,
+                  uint64_t seed);
+  Batch batch(int64_t step, int64_t micro_step) const;
+  Batch eval_batch(int64_t index) const;
+  int64_t eval_batches() const;
+  int64_t example_of(int64_t step, int64_t global_sample) const;
+  const FinetuneExamples& examples() const { return examples_; }
+
+ private:
+  Batch make_batch(const std::function<int64_t(int64_t i)>& example_of_row) const;
+
+  FinetuneExamples examples_;
+  int64_t seq_len_, micro_batch_;
+  int world_size_, rank_;
+  uint64_t seed_;
+};
+
+}  // namespace zt

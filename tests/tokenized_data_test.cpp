@@ -1,0 +1,430 @@
+// Training data through a tokenizer (include/zerotrain/tokenized_data.h): the token cache (miss,
+// hit, stale, atomic), uint32 ids for large vocabularies, jsonl documents, fine-tuning examples
+// with the loss on the responses only (equal to transformers' loss with labels -100 on the
+// prompts), and the CLI's one-line refusals before launch.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "checkpoint/hf.h"
+#include "data/hf_bpe.h"
+#include "support/process.h"
+#include "support/transformers.h"
+#include "zerotrain/error.h"
+#include "zerotrain/models/gpt.h"
+#include "zerotrain/tokenized_data.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using zt::TokenId;
+using zt::testing::cli_path;
+using zt::testing::make_temp_dir;
+using zt::testing::run_process;
+
+namespace {
+
+// A byte-level BPE tokenizer.json as GPT-2's: ids 0-255 are the bytes, a few merges, and added
+// special tokens at `special_ids` (<|endoftext|>, <|im_start|>, <|im_end|>).
+json byte_level_tokenizer(const std::vector<int64_t>& special_ids = {259, 260, 261}) {
+  const auto& map = zt::hf::ByteUnicodeMap::instance();
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[map.utf8_of(uint8_t(b))] = b;
+  vocab["he"] = 256;
+  vocab["\u0120t"] = 257;
+  vocab["\u0120the"] = 258;
+  const std::vector<std::string> names = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  json added = json::array();
+  for (size_t i = 0; i < names.size(); ++i) {
+    vocab[names[i]] = special_ids[i];
+    added.push_back({{"id", special_ids[i]}, {"content", names[i]}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  }
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"post_processor", nullptr},
+          {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+          {"model",
+           {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+            {"vocab", vocab}, {"merges", json::array({"h e", "\u0120 t", "\u0120t he"})}}}};
+}
+
+std::string write_file(const fs::path& path, const std::string& text) {
+  fs::create_directories(path.parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+  return path.string();
+}
+
+std::string write_tokenizer(const fs::path& dir, const json& tokenizer) {
+  write_file(dir / "tokenizer.json", tokenizer.dump());
+  return dir.string();
+}
+
+const std::string kText =
+    "the cat sat on the mat.\nThe other cat\n\n  watched the hat\nthen  the end\n   indented line\nlast";
+
+template <typename Fn>
+std::string data_error_of(Fn&& fn) {
+  try {
+    fn();
+  } catch (const zt::DataError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a zt::DataError";
+  return "";
+}
+
+std::vector<uint32_t> ids_of(const zt::TokenDataset& d) {
+  std::vector<uint32_t> out;
+  for (int64_t i = 0; i < d.size(); ++i) out.push_back(d[i]);
+  return out;
+}
+
+}  // namespace
+
+// A miss tokenizes and writes the cache, a hit reads it back unchanged, a changed corpus makes it
+// stale (rebuilt), another tokenizer has its own cache file; no temporary file is left.
+TEST(TokenizedCorpus, CacheMissHitStaleAndPerTokenizer) {
+  const fs::path dir = make_temp_dir("tokenized");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  const fs::path corpus = write_file(dir / "corpus.txt", kText);
+  zt::TokenizeOptions options;
+  options.cache_dir = dir / "cache";
+  const auto first = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, options);
+  EXPECT_TRUE(first.built);
+  EXPECT_EQ(first.cache_file.parent_path(), dir / "cache");
+  EXPECT_TRUE(fs::exists(first.cache_file));
+  const auto tokenizer = zt::HfTokenizer::from_file(tok);
+  EXPECT_EQ(ids_of(first.tokens), tokenizer.encode(kText));
+  EXPECT_EQ(first.tokens.width(), zt::TokenWidth::U16);
+
+  const auto second = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, options);
+  EXPECT_FALSE(second.built);
+  EXPECT_EQ(second.cache_file, first.cache_file);
+  EXPECT_EQ(ids_of(second.tokens), ids_of(first.tokens));
+  // The cache is an ordinary llm.c file.
+  EXPECT_EQ(ids_of(zt::TokenDataset::from_bin_file(first.cache_file)), ids_of(first.tokens));
+
+  // A changed corpus (size and time) makes the cache stale.
+  write_file(corpus, kText + " more");
+  const auto third = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, options);
+  EXPECT_TRUE(third.built);
+  EXPECT_EQ(third.cache_file, first.cache_file);
+  EXPECT_EQ(ids_of(third.tokens), tokenizer.encode(kText + " more"));
+  // The same size, another modification time: stale too.
+  write_file(corpus, kText + " mare");
+  fs::last_write_time(corpus, fs::last_write_time(corpus) + std::chrono::seconds(5));
+  const auto fourth = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, options);
+  EXPECT_TRUE(fourth.built);
+  EXPECT_EQ(ids_of(fourth.tokens), tokenizer.encode(kText + " mare"));
+
+  // Another tokenizer file (one more merge): its own cache, beside the corpus without cache_dir.
+  json other = byte_level_tokenizer();
+  other["model"]["vocab"]["at"] = 262;
+  other["model"]["merges"].push_back("a t");
+  const std::string tok2 = write_tokenizer(dir / "tok2", other);
+  const auto beside = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok2, {});
+  EXPECT_TRUE(beside.built);
+  EXPECT_EQ(beside.cache_file.parent_path(), corpus.parent_path());
+  EXPECT_NE(beside.cache_file.filename(), first.cache_file.filename());
+  EXPECT_EQ(ids_of(beside.tokens), zt::HfTokenizer::from_file(tok2).encode(kText + " mare"));
+  EXPECT_FALSE(zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, options).built);
+
+  for (const fs::path& d : {dir / "cache", dir})
+    for (const auto& entry : fs::directory_iterator(d))
+      EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+}
+
+// Cutting a text into pieces after lone newlines gives the ids of the whole text, blank lines,
+// indentation and non-ASCII spaces around newlines included (with a merge of "\n\n", which a cut
+// inside a run of newlines would change).
+TEST(TokenizedCorpus, TextPiecesGiveTheIdsOfTheWholeText) {
+  const fs::path dir = make_temp_dir("tokenized");
+  json with_newlines = byte_level_tokenizer();
+  const std::string nl(zt::hf::ByteUnicodeMap::instance().utf8_of('\n'));
+  with_newlines["model"]["vocab"][nl + nl] = 262;
+  with_newlines["model"]["merges"].push_back(nl + " " + nl);
+  const std::string tok = write_tokenizer(dir / "tok", with_newlines);
+  const std::vector<std::string> lines = {"the hat\n", "  then\n\n", "x.\n", "\u00a0y\n", "z\u3000\n", "\n\n\n"};
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += lines[size_t(i) % lines.size()] + std::to_string(i) + (i % 4 ? " " : "");
+  const fs::path corpus = write_file(dir / "c.txt", text);
+  zt::TokenizeOptions options;
+  options.text_piece_bytes = 7;
+  const auto pieces = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, options);
+  const auto whole = zt::HfTokenizer::from_file(tok).encode(text);
+  EXPECT_EQ(ids_of(pieces.tokens), whole);
+  EXPECT_NE(std::find(whole.begin(), whole.end(), 262u), whole.end()) << "the text has the merged \\n\\n";
+}
+
+// jsonl: every document with the template's tokens, then the end-of-document token; a bad line
+// and an unknown end token name the file and the line.
+TEST(TokenizedCorpus, JsonlDocumentsEndWithTheEosToken) {
+  const fs::path dir = make_temp_dir("tokenized");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  const fs::path corpus =
+      write_file(dir / "docs.jsonl", "{\"text\": \"the cat\", \"id\": 1}\n\n{\"text\": \"then <|im_end|> he\"}\n");
+  zt::TokenizeOptions options;
+  options.eos_token = "<|endoftext|>";
+  const auto loaded = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Jsonl, tok, options);
+  const auto tokenizer = zt::HfTokenizer::from_file(tok);
+  std::vector<TokenId> expected = tokenizer.encode_with_special_tokens("the cat");
+  expected.push_back(259);
+  for (TokenId id : tokenizer.encode_with_special_tokens("then <|im_end|> he")) expected.push_back(id);
+  expected.push_back(259);
+  EXPECT_EQ(ids_of(loaded.tokens), expected);
+  EXPECT_NE(std::find(expected.begin(), expected.end(), 261u), expected.end()) << "special tokens in text match";
+  // Another end token is another cache key.
+  options.eos_token = "<|im_end|>";
+  EXPECT_TRUE(zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Jsonl, tok, options).built);
+  options.eos_token = "<eos>";
+  auto message = data_error_of([&] { zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Jsonl, tok, options); });
+  EXPECT_NE(message.find("data.eos_token"), std::string::npos) << message;
+  EXPECT_NE(message.find("<eos>"), std::string::npos) << message;
+
+  const fs::path bad = write_file(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"body\": \"no text\"}\n");
+  message = data_error_of([&] { zt::load_tokenized_corpus(bad, zt::CorpusFormat::Jsonl, tok, {}); });
+  EXPECT_NE(message.find(bad.string() + ":2"), std::string::npos) << message;
+  EXPECT_NE(message.find("\"text\""), std::string::npos) << message;
+  const fs::path not_json = write_file(dir / "nj.jsonl", "{\"text\": \"ok\"}\nplain words\n");
+  message = data_error_of([&] { zt::load_tokenized_corpus(not_json, zt::CorpusFormat::Jsonl, tok, {}); });
+  EXPECT_NE(message.find(not_json.string() + ":2"), std::string::npos) << message;
+}
+
+// A vocabulary past 65,535 ids: the cache is llm.c version 2 and the ids come back as uint32.
+TEST(TokenizedCorpus, LargeVocabulariesRoundTripAsUint32) {
+  const fs::path dir = make_temp_dir("tokenized");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer({70000, 128000, 128255}));
+  const fs::path corpus = write_file(dir / "docs.jsonl", "{\"text\": \"<|im_start|>the hat<|im_end|>\"}\n");
+  zt::TokenizeOptions options;
+  options.eos_token = "<|endoftext|>";
+  const auto loaded = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Jsonl, tok, options);
+  ASSERT_EQ(loaded.tokens.width(), zt::TokenWidth::U32);
+  const std::vector<uint32_t> ids = ids_of(loaded.tokens);
+  EXPECT_EQ(ids.front(), 128000u);
+  EXPECT_EQ(ids.back(), 70000u);
+  EXPECT_EQ(ids[ids.size() - 2], 128255u);
+  std::ifstream in(loaded.cache_file, std::ios::binary);
+  int32_t header[3] = {};
+  in.read(reinterpret_cast<char*>(header), sizeof header);
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 2);
+  EXPECT_EQ(header[2], int32_t(ids.size()));
+  const auto again = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Jsonl, tok, options);
+  EXPECT_FALSE(again.built);
+  EXPECT_EQ(ids_of(again.tokens), ids);
+  auto message = data_error_of([&] { again.tokens.validate(100000); });
+  EXPECT_NE(message.find("128000"), std::string::npos) << message;
+  EXPECT_NE(message.find("< 100000"), std::string::npos) << message;
+}
+
+// Prompt/response pairs and ChatML messages: which tokens are trained, and the sampler's targets.
+TEST(FinetuneExamples, TrainsOnTheResponsesOnly) {
+  const fs::path dir = make_temp_dir("finetune");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  const auto tokenizer = zt::HfTokenizer::from_file(tok);
+  const fs::path file = write_file(dir / "ft.jsonl",
+                                   "{\"prompt\": \"Q: the cat?\\nA:\", \"response\": \" the hat\"}\n"
+                                   "{\"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, {\"role\": "
+                                   "\"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"then\"}]}\n");
+  const auto examples = zt::load_finetune_examples(file, tokenizer, "auto", 259);
+  ASSERT_EQ(examples.count(), 2);
+  // Pair: prompt untrained, response and <|endoftext|> trained.
+  std::vector<uint32_t> pair = tokenizer.encode_with_special_tokens("Q: the cat?\nA:");
+  const size_t prompt = pair.size();
+  for (TokenId id : tokenizer.encode(" the hat")) pair.push_back(id);
+  pair.push_back(259);
+  ASSERT_EQ(examples.starts[1], int64_t(pair.size()));
+  EXPECT_TRUE(std::equal(pair.begin(), pair.end(), examples.tokens.begin()));
+  for (size_t k = 0; k < pair.size(); ++k) EXPECT_EQ(examples.trained[k], k >= prompt ? 1 : 0) << k;
+  // Chat: exactly "then" and its <|im_end|> are trained.
+  std::vector<uint32_t> trained_ids;
+  for (int64_t k = examples.starts[1]; k < examples.starts[2]; ++k)
+    if (examples.trained[size_t(k)]) trained_ids.push_back(examples.tokens[size_t(k)]);
+  std::vector<uint32_t> expected = tokenizer.encode("then");
+  expected.push_back(261);
+  EXPECT_EQ(trained_ids, expected);
+  EXPECT_EQ(tokenizer.decode(std::vector<TokenId>(examples.tokens.begin() + examples.starts[1], examples.tokens.end())),
+            "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nthen"
+            "<|im_end|>\n");
+
+  // The sampler: inputs are the example, padded with 0; targets the trained next tokens, else -100.
+  zt::FinetuneSampler sampler(examples, 40, 2, 1, 0, 3);
+  const zt::Batch batch = sampler.eval_batch(0);
+  for (int64_t row = 0; row < 2; ++row) {
+    const int64_t b = examples.starts[size_t(row)], n = examples.starts[size_t(row) + 1] - b;
+    for (int64_t t = 0; t < 40; ++t) {
+      const int64_t in = t < n ? examples.tokens[size_t(b + t)] : 0;
+      const int64_t target =
+          t + 1 < n && examples.trained[size_t(b + t + 1)] ? int64_t(examples.tokens[size_t(b + t + 1)]) : int64_t{-100};
+      EXPECT_EQ(batch.inputs[row][t].item<int64_t>(), in) << row << "," << t;
+      EXPECT_EQ(batch.targets[row][t].item<int64_t>(), target) << row << "," << t;
+    }
+  }
+  // Training batches draw whole examples.
+  const zt::Batch drawn = sampler.batch(5, 0);
+  for (int64_t row = 0; row < 2; ++row) {
+    const int64_t i = sampler.example_of(5, row);
+    EXPECT_EQ(drawn.inputs[row][0].item<int64_t>(), examples.tokens[size_t(examples.starts[size_t(i)])]);
+  }
+  // A window too short to reach the response is refused, naming the line.
+  auto message = data_error_of([&] { zt::FinetuneSampler(examples, 4, 1, 1, 0, 0); });
+  EXPECT_NE(message.find(file.string() + ":1"), std::string::npos) << message;
+}
+
+TEST(FinetuneExamples, BadExamplesAndTemplatesAreDataErrors) {
+  const fs::path dir = make_temp_dir("finetune");
+  const auto tokenizer = zt::HfTokenizer::from_file(write_tokenizer(dir / "tok", byte_level_tokenizer()));
+  auto refused = [&](const std::string& line, const std::string& chat, const std::vector<std::string>& parts) {
+    const fs::path file = write_file(dir / "x.jsonl", "{\"prompt\": \"a\", \"response\": \"b\"}\n" + line + "\n");
+    const std::string message = data_error_of([&] { zt::load_finetune_examples(file, tokenizer, chat, {}); });
+    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << part << " in " << message;
+  };
+  refused("{\"prompt\": \"a\"}", "auto", {"x.jsonl:2", "\"response\""});
+  refused("{\"prompt\": \"a\", \"response\": \"\"}", "auto", {"x.jsonl:2", "no response tokens"});
+  refused("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", "auto", {"x.jsonl:2", "assistant"});
+  refused("{\"messages\": [{\"role\": \"user\", \"content\": 3}]}", "auto", {"x.jsonl:2", "\"content\""});
+  refused("{\"input\": \"a\"}", "auto", {"x.jsonl:2", "prompt", "messages"});
+  refused("{\"messages\": [{\"role\": \"assistant\", \"content\": \"hi\"}]}", "llama3", {"<|begin_of_text|>", "llama3"});
+  // A tokenizer with neither template's tokens cannot render messages.
+  json plain = byte_level_tokenizer();
+  plain["added_tokens"] = json::array();
+  for (const char* t : {"<|endoftext|>", "<|im_start|>", "<|im_end|>"}) plain["model"]["vocab"].erase(t);
+  const auto bare = zt::HfTokenizer::from_json(plain.dump(), "bare.json");
+  const fs::path chat = write_file(dir / "c.jsonl", "{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\"}]}\n");
+  const std::string message = data_error_of([&] { zt::load_finetune_examples(chat, bare, "auto", {}); });
+  EXPECT_NE(message.find("bare.json"), std::string::npos) << message;
+  EXPECT_NE(message.find("data.chat_template"), std::string::npos) << message;
+}
+
+// The response-only loss of zerotrain's GPT on a fine-tuning batch equals transformers'
+// GPT2LMHeadModel loss with the same weights on the examples with labels -100 on the prompts and
+// the padding.
+TEST(FinetuneLoss, EqualsTransformersWithLabelsMinus100OnThePrompt) {
+  REQUIRE_TRANSFORMERS();
+  const fs::path dir = make_temp_dir("finetune-loss");
+  const auto tokenizer = zt::HfTokenizer::from_file(write_tokenizer(dir / "tok", byte_level_tokenizer()));
+  std::string lines;
+  for (int i = 0; i < 6; ++i)
+    lines += json({{"prompt", "Q" + std::to_string(i) + ": the cat" + std::string(size_t(i), '?') + "\nA:"},
+                   {"response", " the hat " + std::to_string(i * 7)}})
+                 .dump() +
+             "\n";
+  lines += json({{"messages", {{{"role", "user"}, {"content", "hi"}}, {{"role", "assistant"}, {"content", "then"}},
+                               {{"role", "user"}, {"content", "more"}}, {{"role", "assistant"}, {"content", "the end"}}}}})
+               .dump() +
+           "\n";
+  const auto examples =
+      zt::load_finetune_examples(write_file(dir / "ft.jsonl", lines), tokenizer, "chatml", TokenId{259});
+  zt::GPTConfig config = zt::gpt_preset("tiny");
+  config.vocab_size = 262;
+  config.dropout = 0.0;
+  const int64_t seq_len = config.context_length - 1;  // transformers reads seq_len + 1 positions
+  torch::manual_seed(5);
+  zt::GPT model(config);
+  model->eval();
+  zt::FinetuneSampler sampler(examples, seq_len, 4, 1, 0, 9);
+  // Two batches: one drawn for training, and the held-out walk (with the chat example).
+  json batches = json::array();
+  std::vector<double> losses;
+  const std::vector<std::pair<zt::Batch, std::vector<int64_t>>> drawn = {
+      {sampler.batch(0, 0), {sampler.example_of(0, 0), sampler.example_of(0, 1), sampler.example_of(0, 2),
+                             sampler.example_of(0, 3)}},
+      {sampler.eval_batch(1), {4, 5, 6, 0}}};  // the walk: examples 4·1 + row, modulo 7
+  for (const auto& [batch, rows] : drawn) {
+    torch::NoGradGuard no_grad;
+    losses.push_back(model->loss(batch.inputs, batch.targets).item<double>());
+    batches.push_back(rows);
+  }
+  // The examples themselves, as a transformers user holds them: ids and labels (-100 off the response).
+  json hf_examples = json::array();
+  for (int64_t i = 0; i < examples.count(); ++i) {
+    json ids = json::array(), labels = json::array();
+    for (int64_t k = examples.starts[size_t(i)]; k < examples.starts[size_t(i) + 1]; ++k) {
+      ids.push_back(examples.tokens[size_t(k)]);
+      labels.push_back(examples.trained[size_t(k)] ? int64_t(examples.tokens[size_t(k)]) : -100);
+    }
+    hf_examples.push_back({{"input_ids", ids}, {"labels", labels}});
+  }
+  std::vector<zt::HfTensor> tensors;
+  for (const auto& named : model->named_parameters()) {
+    const torch::Tensor value = named.value().detach().clone();
+    tensors.push_back({named.key(), value.sizes().vec(), [value] { return value; }});
+  }
+  zt::write_hf_model(tensors, config, dir / "hf", torch::kFloat, zt::hf_default_max_shard_bytes());
+  std::ofstream(dir / "case.json") << json({{"examples", hf_examples}, {"batches", batches}, {"losses", losses},
+                                            {"seq_len", seq_len}})
+                                          .dump();
+  auto r = zt::testing::run_transformers_script("finetune_loss_oracle.py", {(dir / "hf").string(), (dir / "case.json").string()});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("batch 1: zerotrain"), std::string::npos) << r.output;
+}
+
+// The CLI: an id past the model's vocabulary in a token file, and a tokenizer of a kind not
+// implemented, are one line on stderr and exit 2 before any rank starts; a fine-tuning run trains.
+TEST(TokenizedDataCli, BadDataIsOneLineBeforeLaunchAndFinetuningTrains) {
+  const fs::path dir = make_temp_dir("tokenized-cli");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  std::vector<uint16_t> ids(400, 7);
+  ids[123] = 300;
+  zt::TokenDataset::write_bin_file(dir / "big.bin", ids);
+  const std::string config = write_file(dir / "config.json", R"({
+    "train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "model": {"preset": "tiny"},
+    "data": {"source": "bin", "path": ")" + (dir / "big.bin").string() + R"(", "sequence_length": 16},
+    "train": {"steps": 2, "threads": 1, "log_dir": ")" + (dir / "runs").string() + R"("}})");
+  auto r = run_process({cli_path(), "train", config, "--nproc", "1"}, {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  for (const std::string& part : std::vector<std::string>{(dir / "big.bin").string(), "300", "< 256"})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << " in " << r.output;
+  EXPECT_FALSE(fs::exists(dir / "runs" / "logs")) << "nothing may start";
+
+  // The BERT reads uint16 ids only: an llm.c file of uint32 ids is refused before launch too.
+  zt::TokenDataset::write_bin_file(dir / "wide.bin", std::vector<uint32_t>(400, 7));
+  r = run_process({cli_path(), "train", config, "--nproc", "1", "--set", "model.type=bert", "--set",
+                   "model.preset=bert-tiny", "--set",
+                   "data.path=" + (dir / "wide.bin").string()},
+                  {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("wide.bin"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("uint32"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "runs" / "logs")) << "nothing may start";
+
+  // A WordPiece tokenizer.json (BERT's) is refused by the tokenizer layer, before launch.
+  json wordpiece = byte_level_tokenizer();
+  wordpiece["model"] = {{"type", "WordPiece"}, {"unk_token", "[UNK]"}, {"vocab", {{"[UNK]", 0}, {"a", 1}}}};
+  const std::string wp = write_tokenizer(dir / "wp", wordpiece);
+  write_file(dir / "docs.jsonl", "{\"text\": \"the cat\"}\n");
+  r = run_process({cli_path(), "train", config, "--nproc", "1", "--set", "data.source=jsonl", "--set",
+                   "data.path=" + (dir / "docs.jsonl").string(), "--set", "data.tokenizer=" + wp},
+                  {}, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("WordPiece"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "runs" / "logs")) << "nothing may start";
+
+  // Fine-tuning through the CLI: 2 steps on 2 ranks with evaluation.
+  std::string lines;
+  for (int i = 0; i < 10; ++i)
+    lines += json({{"prompt", "Q: the cat " + std::to_string(i)}, {"response", " the hat"}}).dump() + "\n";
+  write_file(dir / "ft.jsonl", lines);
+  r = run_process({cli_path(), "train", config, "--nproc", "2", "--set", "data.source=finetune", "--set",
+                   "data.path=" + (dir / "ft.jsonl").string(), "--set", "data.tokenizer=" + tok, "--set",
+                   "data.eos_token=<|endoftext|>", "--set", "model.vocab_size=262", "--set", "train.eval_interval=2",
+                   "--set", "train.eval_iters=1", "--set", "data.val_fraction=0.2"},
+                  {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("8 train / 2 held-out fine-tuning examples"), std::string::npos) << r.output;
+}
