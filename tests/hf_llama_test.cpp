@@ -20,7 +20,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <random>
 
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
@@ -54,15 +53,6 @@ std::string read_file(const std::string& path) {
 
 nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(read_file(path)); }
 
-// 4096 byte-valued tokens as a raw uint16 file (ids below every test model's vocabulary of 256).
-std::string token_file(const std::string& dir) {
-  std::mt19937 generator(5);
-  std::vector<uint16_t> tokens(4096);
-  for (auto& t : tokens) t = uint16_t(generator() % 256);
-  const std::string path = dir + "/tokens.bin";
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
-  return path;
-}
 
 // 2 ranks × 2 sequences of 16 tokens of `tokens`, seed 3. `model`: the "model" block's JSON.
 // The held-out file is the training one, so that the training windows cover the whole file (as
@@ -124,7 +114,7 @@ void expect_one_line_error(const zt::testing::ProcessResult& r, const std::vecto
 TEST(HfLlamaInitFrom, FirstLossEqualsTransformersAtEveryStage) {
   REQUIRE_TRANSFORMERS();
   const std::string dir = make_temp_dir("hf-llama-init");
-  const std::string tokens = token_file(dir);
+  const std::string tokens = zt::testing::write_byte_token_file(dir);
   // The models and transformers' losses on them, in one process (importing transformers is slow).
   const auto p = python({"make", dir, "--", "loss", tokens, "3", "16", "2", "2", dir + "/llama", dir + "/llama-sharded",
                          dir + "/qwen2"});
@@ -171,7 +161,7 @@ TEST(HfLlamaInitFrom, FirstLossEqualsTransformersAtEveryStage) {
 TEST(HfLlamaExport, RoundTripsBitwiseAndTransformersLoadsTheTrainedModel) {
   REQUIRE_TRANSFORMERS();
   const std::string dir = make_temp_dir("hf-llama-export");
-  const std::string tokens = token_file(dir);
+  const std::string tokens = zt::testing::write_byte_token_file(dir);
   auto p = python({"make", dir});
   ASSERT_EQ(p.exit_code, 0) << p.output;
   const std::map<std::string, std::string> tokenizer = {{"tokenizer.json", R"({"version": "1.0", "model": {}})"},
@@ -243,7 +233,7 @@ TEST(HfLlamaExport, RoundTripsBitwiseAndTransformersLoadsTheTrainedModel) {
 // estimate refuses a Llama in one line. Needs no transformers: the directory is our own export.
 TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
   const std::string dir = make_temp_dir("hf-llama-bad");
-  const std::string tokens = token_file(dir);
+  const std::string tokens = zt::testing::write_byte_token_file(dir);
   // Kept apart: train_config rewrites its file for each directory below.
   const std::string preset =
       write_file(dir + "/preset.json", read_file(train_config(dir, tokens, 0, R"({"type": "llama"})", 1, "", false)));
@@ -298,7 +288,7 @@ TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
 // to NVMe (3 steps; the tokens are random, so the losses stay near ln 256), and prints its shape.
 TEST(HfLlamaTrain, PresetLossesAgreeAcrossStagesAndOffload) {
   const std::string dir = make_temp_dir("hf-llama-preset");
-  const std::string tokens = token_file(dir);
+  const std::string tokens = zt::testing::write_byte_token_file(dir);
   const std::string model = R"({"type": "llama", "n_kv_head": 1, "intermediate_size": 96})";
   const std::string plain = run_dir(dir, "stage0");
   const auto reference = train(plain, train_config(plain, tokens, 0, model, 3));

@@ -14,7 +14,6 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <random>
 #include <set>
 
 #include "checkpoint/checkpoint.h"
@@ -50,19 +49,10 @@ nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-// 4096 tokens of the tiny vocabulary, as a nanoGPT .bin file (raw uint16).
-std::string token_file(const std::string& dir) {
-  std::mt19937 generator(5);
-  std::vector<uint16_t> tokens(4096);
-  for (auto& t : tokens) t = uint16_t(generator() % 256);
-  const std::string path = dir + "/tokens.bin";
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
-  return path;
-}
 
 // The tiny GPT on the token file: 2 ranks × 2 sequences of 16 tokens, no dropout.
 std::string train_config(const std::string& dir, int stage, const std::string& init_from = "", int64_t steps = 1) {
-  const std::string tokens = fs::exists(dir + "/tokens.bin") ? dir + "/tokens.bin" : token_file(dir);
+  const std::string tokens = fs::exists(dir + "/tokens.bin") ? dir + "/tokens.bin" : zt::testing::write_byte_token_file(dir);
   return write_file(dir + "/config.json", R"({
     "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
@@ -339,7 +329,7 @@ TEST(HfBertExport, CheckpointsOfTrainingExportThroughTheCli) {
 TEST(HfInitFrom, FirstLossEqualsTransformersAtEveryStage) {
   REQUIRE_TRANSFORMERS();
   const std::string dir = make_temp_dir("hf-init");
-  token_file(dir);
+  zt::testing::write_byte_token_file(dir);
   auto p = python({"make-models", dir});
   ASSERT_EQ(p.exit_code, 0) << p.output;
   struct Case {

@@ -82,12 +82,14 @@ def bert_logits(argv):
             assert nsp_diff <= 1e-5, nsp_diff
 
 
-def loss(argv):
+def loss(argv, load=GPT2LMHeadModel.from_pretrained):
+    """The loss on the batch of zerotrain's first step for each HF_DIR in argv[5:], the model read
+    by `load` (tests/support/llama_hf_check.py passes transformers' AutoModelForCausalLM)."""
     tokens_bin = argv[0]
     seed, seq, micro, world = (int(v) for v in argv[1:5])
     tokens = np.fromfile(tokens_bin, dtype=np.uint16).astype(np.int64)
     for hf_dir in argv[5:]:
-        model = GPT2LMHeadModel.from_pretrained(hf_dir, dtype=torch.float32).eval()
+        model = load(hf_dir, dtype=torch.float32).eval()
         losses = []
         for rank in range(world):
             starts = [mix64(mix64(mix64(seed) ^ 0) ^ (rank * micro + i)) % (len(tokens) - seq) for i in range(micro)]

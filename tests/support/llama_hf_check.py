@@ -21,21 +21,14 @@ import json
 import os
 import sys
 
-import numpy as np
 import torch
 import transformers as tf
 from safetensors.torch import load_file
 
-M = (1 << 64) - 1
+import hf_check  # the first-step loss of zerotrain's sampler, shared with the GPT-2 checks
+
 SHAPE = dict(vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=64)
-
-
-def mix64(x):
-    x = (x + 0x9E3779B97F4A7C15) & M
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M
-    return x ^ (x >> 31)
 
 
 def randomise_norms(model):
@@ -65,20 +58,7 @@ def make(argv):
 
 
 def loss(argv):
-    tokens_bin = argv[0]
-    seed, seq, micro, world = (int(v) for v in argv[1:5])
-    tokens = np.fromfile(tokens_bin, dtype=np.uint16).astype(np.int64)
-    for hf_dir in argv[5:]:
-        model = tf.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-        losses = []
-        for rank in range(world):
-            starts = [mix64(mix64(mix64(seed) ^ 0) ^ (rank * micro + i)) % (len(tokens) - seq) for i in range(micro)]
-            x = torch.tensor(np.stack([tokens[s:s + seq] for s in starts]))
-            y = torch.tensor(np.stack([tokens[s + 1:s + seq + 1] for s in starts]))
-            with torch.no_grad():
-                out = model(x).logits
-            losses.append(torch.nn.functional.cross_entropy(out.reshape(-1, out.size(-1)), y.reshape(-1)).item())
-        print(f"loss {hf_dir} {sum(losses) / world:.10f}")
+    hf_check.loss(argv, load=tf.AutoModelForCausalLM.from_pretrained)
 
 
 def tensors_of(hf_dir):

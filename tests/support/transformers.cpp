@@ -1,6 +1,9 @@
 #include "support/transformers.h"
 
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
+#include <random>
 
 namespace zt::testing {
 
@@ -32,6 +35,16 @@ ProcessResult run_transformers_script(const std::string& script, const std::vect
                      {{"PYTHONPATH", hf_pythonpath()}, {"PYTHONNOUSERSITE", "1"}, {"HF_HUB_OFFLINE", "1"},
                       {"PYTHONWARNINGS", "ignore"}, {"TRANSFORMERS_VERBOSITY", "error"}},
                      timeout);
+}
+
+std::string write_byte_token_file(const std::string& dir) {
+  std::mt19937 generator(5);
+  std::vector<uint16_t> tokens(4096);
+  for (auto& t : tokens) t = uint16_t(generator() % 256);
+  const std::string path = dir + "/tokens.bin";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * sizeof(uint16_t)));
+  return path;
 }
 
 }  // namespace zt::testing

@@ -21,6 +21,11 @@ const std::string& transformers_problem();
 ProcessResult run_transformers_script(const std::string& script, const std::vector<std::string>& args,
                                       std::chrono::seconds timeout = std::chrono::seconds(180));
 
+// Writes DIR/tokens.bin: 4096 seeded byte-valued tokens (below every tiny test model's vocabulary
+// of 256) as a raw uint16 (nanoGPT) file, the first-step batches both sides of a comparison read.
+// Returns its path.
+std::string write_byte_token_file(const std::string& dir);
+
 }  // namespace zt::testing
 
 #define REQUIRE_TRANSFORMERS()                                                                                  \
