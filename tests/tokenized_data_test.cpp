@@ -1,7 +1,8 @@
 // Training data through a tokenizer (include/zerotrain/tokenized_data.h): the token cache (miss,
 // hit, stale, atomic), uint32 ids for large vocabularies, jsonl documents, fine-tuning examples
 // with the loss on the responses only (equal to transformers' loss with labels -100 on the
-// prompts), and the CLI's one-line refusals before launch.
+// prompts), packed examples (the loss of each example alone), and the CLI's one-line refusals
+// before launch.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -370,6 +371,167 @@ TEST(FinetuneLoss, EqualsTransformersWithLabelsMinus100OnThePrompt) {
   EXPECT_NE(r.output.find("batch 1: zerotrain"), std::string::npos) << r.output;
 }
 
+namespace {
+
+// The examples of a packing test: pairs of different lengths, short enough that several share a row.
+zt::FinetuneExamples packing_examples(const fs::path& dir) {
+  const auto tokenizer = zt::HfTokenizer::from_file(write_tokenizer(dir / "tok", byte_level_tokenizer()));
+  std::string lines;
+  for (int i = 0; i < 9; ++i)
+    lines += json({{"prompt", "Q" + std::to_string(i) + ":" + std::string(size_t(i % 4), ' ') + "the cat\n"},
+                   {"response", " hat " + std::string(size_t(i % 3 + 1), 'x')}})
+                 .dump() +
+             "\n";
+  return zt::load_finetune_examples(write_file(dir / "ft.jsonl", lines), tokenizer, "auto", TokenId{259});
+}
+
+// The positions [begin, end) of segment k in a packed row.
+std::pair<int64_t, int64_t> segment_span(const torch::Tensor& row_segments, int64_t k) {
+  const auto positions = (row_segments == k).nonzero().flatten();
+  if (positions.numel() == 0) return {0, 0};
+  return {positions[0].item<int64_t>(), positions[-1].item<int64_t>() + 1};
+}
+
+}  // namespace
+
+// A packed batch: each row holds whole examples back to back, numbered by Batch::segments (-1 on
+// the padding), and the GPT's loss on it equals the losses of the same examples each alone in an
+// unpacked batch, weighted by their trained tokens. Plain causal attention over the row (the
+// same batch without segments: no mask, no position restart) gives another loss, and a later
+// example's hidden states equal those of the example alone, so neither the mask nor the restart
+// can be missing.
+TEST(FinetunePacking, PackedLossIsTheTokenWeightedLossOfTheExamplesAlone) {
+  const fs::path dir = make_temp_dir("finetune-pack");
+  const zt::FinetuneExamples examples = packing_examples(dir);
+  zt::GPTConfig config = zt::gpt_preset("tiny");
+  config.vocab_size = 262;
+  config.dropout = 0.0;
+  const int64_t seq_len = 48;
+  torch::manual_seed(7);
+  zt::GPT model(config);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  const zt::FinetuneSampler packed(examples, seq_len, 3, 1, 0, 11, /*pack=*/true);
+  const zt::FinetuneSampler unpacked(examples, seq_len, 3, 1, 0, 11);
+  ASSERT_TRUE(packed.packed());
+  EXPECT_FALSE(unpacked.batch(0, 0).segments.defined()) << "unpacked batches carry no segments";
+
+  int64_t later_segments_trained = 0;  // trained targets in segments after the first of a row
+  for (int64_t step = 0; step < 2; ++step) {
+    const zt::Batch batch = packed.batch(step, 0);
+    ASSERT_TRUE(batch.segments.defined());
+    ASSERT_EQ(batch.segments.sizes(), batch.inputs.sizes());
+    const zt::Batch plain = unpacked.batch(step, 0);
+    double weighted = 0, counted = 0;
+    for (int64_t row = 0; row < 3; ++row) {
+      const torch::Tensor seg = batch.segments[row];
+      // Segments 0, 1, … in order, then only padding: input 0, target -100.
+      const int64_t last = seg.max().item<int64_t>();
+      ASSERT_GE(last, 0);
+      int64_t next_start = 0;
+      for (int64_t k = 0; k <= last; ++k) {
+        const auto [b, e] = segment_span(seg, k);
+        ASSERT_EQ(b, next_start) << "row " << row << " segment " << k;
+        ASSERT_EQ((seg.narrow(0, b, e - b) == k).all().item<bool>(), true);
+        next_start = e;
+        // The example this segment holds: one whose first e - b + 1 tokens are its inputs then its last target.
+        const torch::Tensor in = batch.inputs[row].narrow(0, b, e - b), tg = batch.targets[row].narrow(0, b, e - b);
+        int64_t found = -1;
+        for (int64_t i = 0; i < examples.count() && found < 0; ++i) {
+          const int64_t s0 = examples.starts[size_t(i)], n = examples.starts[size_t(i) + 1] - s0;
+          if (n != e - b + 1) continue;
+          bool same = true;
+          for (int64_t t = 0; t < n - 1 && same; ++t) same = in[t].item<int64_t>() == examples.tokens[size_t(s0 + t)];
+          if (same) found = i;
+        }
+        ASSERT_GE(found, 0) << "row " << row << " segment " << k << " is no whole example";
+        if (k == 0) EXPECT_EQ(found, unpacked.example_of(step, row)) << "the first is the unpacked row's example";
+        // The example alone, as an unpacked batch of one row.
+        zt::FinetuneExamples alone;
+        const int64_t s0 = examples.starts[size_t(found)], n = examples.starts[size_t(found) + 1] - s0;
+        alone.add(std::vector<uint32_t>(examples.tokens.begin() + s0, examples.tokens.begin() + s0 + n),
+                  std::vector<uint8_t>(examples.trained.begin() + s0, examples.trained.begin() + s0 + n), 1);
+        const zt::Batch single = zt::FinetuneSampler(alone, seq_len, 1, 1, 0, 0).eval_batch(0);
+        EXPECT_TRUE(single.targets[0].narrow(0, 0, e - b).equal(tg)) << "targets of row " << row << " segment " << k;
+        const double count = (single.targets != -100).sum().item<double>();
+        weighted += count * model->loss(single.inputs, single.targets).item<double>();
+        counted += count;
+        if (k > 0) {
+          later_segments_trained += int64_t(count);
+          // Its hidden states in the row equal those of the example alone.
+          const auto packed_hidden = model->hidden(batch.inputs, batch.segments)[row].narrow(0, b, e - b);
+          const auto alone_hidden = model->hidden(single.inputs)[0].narrow(0, 0, e - b);
+          EXPECT_LT((packed_hidden - alone_hidden).abs().max().item<double>(), 1e-5) << row << "/" << k;
+        }
+      }
+      const int64_t pad = seq_len - next_start;
+      EXPECT_TRUE((seg.narrow(0, next_start, pad) == -1).all().item<bool>());
+      EXPECT_TRUE((batch.inputs[row].narrow(0, next_start, pad) == 0).all().item<bool>());
+      EXPECT_TRUE((batch.targets[row].narrow(0, next_start, pad) == -100).all().item<bool>());
+    }
+    const double expected = weighted / counted;
+    const double loss = model->loss(batch.inputs, batch.targets, batch.segments).item<double>();
+    EXPECT_NEAR(loss, expected, 1e-6 * expected) << "step " << step;
+    const double unmasked = model->loss(batch.inputs, batch.targets).item<double>();
+    EXPECT_GT(std::abs(unmasked - expected), 1e-3) << "step " << step << ": segments must change the loss";
+    // The packed rows hold more trained tokens than the unpacked ones.
+    EXPECT_GT(counted, (plain.targets != -100).sum().item<double>());
+  }
+  EXPECT_GT(later_segments_trained, 0) << "no row packed a second example: the test would not see the mask";
+}
+
+// Full activation recomputation runs a packed block again in backward with the same mask: the
+// gradients equal those of the plain model.
+TEST(FinetunePacking, RecomputationKeepsTheMask) {
+  const fs::path dir = make_temp_dir("finetune-pack-ckpt");
+  const zt::FinetuneExamples examples = packing_examples(dir);
+  zt::GPTConfig config = zt::gpt_preset("tiny");
+  config.vocab_size = 262;
+  config.dropout = 0.0;
+  const zt::Batch batch = zt::FinetuneSampler(examples, 48, 2, 1, 0, 3, /*pack=*/true).batch(1, 0);
+  std::vector<std::vector<torch::Tensor>> grads;
+  for (zt::Recompute recompute : {zt::Recompute::None, zt::Recompute::Full, zt::Recompute::Selective}) {
+    torch::manual_seed(3);
+    zt::GPT model(config);
+    zt::GPTImpl::Checkpointing settings;
+    settings.recompute = recompute;
+    model->set_checkpointing(settings);
+    model->loss(batch.inputs, batch.targets, batch.segments).backward();
+    grads.emplace_back();
+    for (const auto& p : model->parameters()) grads.back().push_back(p.grad().clone());
+  }
+  for (size_t run = 1; run < grads.size(); ++run)
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_TRUE(grads[run][i].equal(grads[0][i])) << "run " << run << " parameter " << i;
+}
+
+// data.pack is refused where it cannot apply: one line, exit 2, before launch.
+TEST(FinetunePacking, RefusedOutsideFineTuningAndForTheBert) {
+  const fs::path dir = make_temp_dir("finetune-pack-cli");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  write_file(dir / "ft.jsonl", "{\"prompt\": \"Q: a\", \"response\": \" b\"}\n{\"prompt\": \"Q: c\", \"response\": \" d\"}\n");
+  const std::string config = write_file(dir / "config.json", R"({
+    "train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "model": {"preset": "tiny"}, "data": {"sequence_length": 16, "pack": true},
+    "train": {"steps": 2, "threads": 1, "log_dir": ")" + (dir / "runs").string() + R"("}})");
+  const std::vector<std::vector<std::string>> cases = {
+      {},  // the embedded corpus
+      {"--set", "data.source=text", "--set", "data.path=" + write_file(dir / "t.txt", "the cat sat on the mat\n")},
+      {"--set", "model.type=bert", "--set", "model.preset=bert-tiny", "--set", "data.source=finetune", "--set",
+       "data.path=" + (dir / "ft.jsonl").string(), "--set", "data.tokenizer=" + tok}};
+  const std::vector<std::string> expected = {"\"finetune\"", "\"text\"", "model.type \"bert\""};
+  for (size_t c = 0; c < cases.size(); ++c) {
+    std::vector<std::string> args = {cli_path(), "train", config, "--nproc", "1"};
+    args.insert(args.end(), cases[c].begin(), cases[c].end());
+    auto r = run_process(args, {}, std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find("data.pack"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(expected[c]), std::string::npos) << expected[c] << " in " << r.output;
+  }
+  EXPECT_FALSE(fs::exists(dir / "runs" / "logs")) << "nothing may start";
+}
+
 // The CLI: an id past the model's vocabulary in a token file, and a tokenizer of a kind not
 // implemented, are one line on stderr and exit 2 before any rank starts; a fine-tuning run trains.
 TEST(TokenizedDataCli, BadDataIsOneLineBeforeLaunchAndFinetuningTrains) {
@@ -427,4 +589,11 @@ TEST(TokenizedDataCli, BadDataIsOneLineBeforeLaunchAndFinetuningTrains) {
                   {}, std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("8 train / 2 held-out fine-tuning examples"), std::string::npos) << r.output;
+  // And packed: several examples per row.
+  r = run_process({cli_path(), "train", config, "--nproc", "2", "--set", "data.source=finetune", "--set",
+                   "data.path=" + (dir / "ft.jsonl").string(), "--set", "data.tokenizer=" + tok, "--set",
+                   "data.eos_token=<|endoftext|>", "--set", "model.vocab_size=262", "--set", "data.pack=true"},
+                  {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
 }

@@ -203,6 +203,9 @@ struct DataConfig {
   std::string cache_dir;            // where token caches go; "": beside the input file
   std::string eos_token;            // a token appended after each document / example; "": none
   std::string chat_template = "auto";  // "finetune" chat lines: "auto", "chatml", "llama3"
+  // "finetune" with the GPT: several examples per sequence, each attending only to itself
+  // (docs/finetuning.md "Packing").
+  bool pack = false;
 };
 
 struct TrainLoopConfig {

@@ -126,6 +126,10 @@ std::string_view embedded_corpus();
 struct Batch {
   at::Tensor inputs;
   at::Tensor targets;
+  // Packed rows only (docs/finetuning.md "Packing"), else undefined: int64 [micro_batch, seq_len],
+  // the index of the example each position belongs to within its row (0, 1, …, one run each, in
+  // order) and -1 for the padding after the last; a token attends only within its own run.
+  at::Tensor segments;
 };
 
 // Deterministic sampling of training windows for data-parallel ranks.

@@ -108,25 +108,35 @@ FinetuneExamples load_finetune_examples(const std::filesystem::path& path, const
 // the loss of a batch is the mean over its response tokens). Example of global sample g at step s:
 // mix(seed, s, g) mod count(), ranks and micro-steps assigned as DistributedSampler's windows;
 // eval_batch(index) walks the examples in order as DistributedSampler walks its windows.
+//
+// Packed (`pack`, docs/finetuning.md "Packing"): batch() fills each row with several examples. An
+// example cut to n tokens takes n - 1 positions (its last token is only a target); the row of
+// global sample g takes the example the unpacked row would hold, then the examples of
+// mix(seed, s, g, k), k = 1, 2, …, while each fits in the positions left, and stops at the first
+// that does not; the rest is padding (id 0, target -100). Batch::segments numbers the examples of
+// a row 0, 1, … and its padding -1. eval_batch() is not packed: one example per row as above.
 class FinetuneSampler {
  public:
   // Throws zt::ConfigError for non-positive sizes or rank outside [0, world_size), and
   // zt::DataError for no examples or an example with no trained token in its first seq_len + 1.
   FinetuneSampler(FinetuneExamples examples, int64_t seq_len, int64_t micro_batch, int world_size, int rank,
-                  uint64_t seed);
+                  uint64_t seed, bool pack = false);
   Batch batch(int64_t step, int64_t micro_step) const;
   Batch eval_batch(int64_t index) const;
   int64_t eval_batches() const;
   int64_t example_of(int64_t step, int64_t global_sample) const;
   const FinetuneExamples& examples() const { return examples_; }
+  bool packed() const { return pack_; }
 
  private:
   Batch make_batch(const std::function<int64_t(int64_t i)>& example_of_row) const;
+  Batch make_packed_batch(int64_t step, int64_t first_sample) const;
 
   FinetuneExamples examples_;
   int64_t seq_len_, micro_batch_;
   int world_size_, rank_;
   uint64_t seed_;
+  bool pack_;
 };
 
 }  // namespace zt

@@ -51,6 +51,7 @@ void add_zerotrain_keys(std::vector<Leaf>& t) {
   t.push_back(string("data.cache_dir", "", ZT_FIELD(data.cache_dir)));
   t.push_back(string("data.eos_token", "", ZT_FIELD(data.eos_token)));
   t.push_back(string("data.chat_template", "auto", ZT_FIELD(data.chat_template), {"auto", "chatml", "llama3"}));
+  t.push_back(boolean("data.pack", false, ZT_FIELD(data.pack)));
   // The trainer keeps one loss per step; a hundred million steps is beyond any run and its
   // bookkeeping still fits in memory (a value past it is a typo or damage, refused up front).
   t.push_back(integer("train.steps", 200, 1, 100'000'000, ZT_FIELD(train.steps)));

@@ -54,7 +54,7 @@ Batch DistributedSampler::make_batch(const std::function<int64_t(int64_t i)>& st
     fill_windows(data_.data16(), micro_batch_, seq_len_, start_of, in, tg);
   else
     fill_windows(data_.data32(), micro_batch_, seq_len_, start_of, in, tg);
-  return {std::move(inputs), std::move(targets)};
+  return {std::move(inputs), std::move(targets), /*segments=*/{}};  // one window per row
 }
 
 Batch DistributedSampler::batch(int64_t step, int64_t micro_step) const {

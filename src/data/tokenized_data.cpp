@@ -431,13 +431,14 @@ FinetuneExamples load_finetune_examples(const fs::path& path, const HfTokenizer&
 // ---- the sampler ----
 
 FinetuneSampler::FinetuneSampler(FinetuneExamples examples, int64_t seq_len, int64_t micro_batch, int world_size,
-                                 int rank, uint64_t seed)
+                                 int rank, uint64_t seed, bool pack)
     : examples_(std::move(examples)),
       seq_len_(seq_len),
       micro_batch_(micro_batch),
       world_size_(world_size),
       rank_(rank),
-      seed_(seed) {
+      seed_(seed),
+      pack_(pack) {
   if (seq_len <= 0) throw ConfigError("FinetuneSampler: seq_len must be > 0, found " + std::to_string(seq_len));
   if (micro_batch <= 0)
     throw ConfigError("FinetuneSampler: micro_batch must be > 0, found " + std::to_string(micro_batch));
@@ -478,7 +479,41 @@ Batch FinetuneSampler::make_batch(const std::function<int64_t(int64_t i)>& examp
       if (t > 0 && examples_.trained[size_t(b + t)]) tg[row * seq_len_ + t - 1] = examples_.tokens[size_t(b + t)];
     }
   }
-  return {std::move(inputs), std::move(targets)};
+  return {std::move(inputs), std::move(targets), /*segments=*/{}};
+}
+
+Batch FinetuneSampler::make_packed_batch(int64_t step, int64_t first_sample) const {
+  auto inputs = torch::zeros({micro_batch_, seq_len_}, torch::kLong);
+  auto targets = torch::full({micro_batch_, seq_len_}, int64_t{-100}, torch::kLong);
+  auto segments = torch::full({micro_batch_, seq_len_}, int64_t{-1}, torch::kLong);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* tg = targets.data_ptr<int64_t>();
+  int64_t* sg = segments.data_ptr<int64_t>();
+  for (int64_t row = 0; row < micro_batch_; ++row) {
+    const int64_t g = first_sample + row;
+    const uint64_t row_hash = mix64(mix64(mix64(seed_) ^ uint64_t(step)) ^ uint64_t(g));
+    int64_t used = 0;  // positions of the row taken
+    // The first example is the unpacked row's; each takes at least one position (the constructor
+    // checked a trained target within it), so the row fills within seq_len examples.
+    for (int64_t k = 0;; ++k) {
+      const int64_t i =
+          k == 0 ? example_of(step, g) : int64_t(mix64(row_hash ^ uint64_t(k)) % uint64_t(examples_.count()));
+      const int64_t b = examples_.starts[size_t(i)];
+      const int64_t n = std::min(examples_.starts[size_t(i) + 1] - b, seq_len_ + 1);
+      if (used + n - 1 > seq_len_) break;
+      int64_t* row_in = in + row * seq_len_ + used;
+      int64_t* row_tg = tg + row * seq_len_ + used;
+      int64_t* row_sg = sg + row * seq_len_ + used;
+      for (int64_t t = 0; t + 1 < n; ++t) {
+        row_in[t] = examples_.tokens[size_t(b + t)];
+        row_sg[t] = k;
+        if (examples_.trained[size_t(b + t + 1)]) row_tg[t] = examples_.tokens[size_t(b + t + 1)];
+      }
+      used += n - 1;
+      if (used == seq_len_) break;
+    }
+  }
+  return {std::move(inputs), std::move(targets), std::move(segments)};
 }
 
 Batch FinetuneSampler::batch(int64_t step, int64_t micro_step) const {
@@ -486,6 +521,7 @@ Batch FinetuneSampler::batch(int64_t step, int64_t micro_step) const {
     throw ConfigError(fmt::format("FinetuneSampler::batch: step and micro_step must be >= 0, found {}, {}", step,
                                   micro_step));
   const int64_t base = micro_step * world_size_ * micro_batch_ + rank_ * micro_batch_;
+  if (pack_) return make_packed_batch(step, base);
   return make_batch([&](int64_t row) { return example_of(step, base + row); });
 }
 

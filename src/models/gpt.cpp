@@ -24,16 +24,20 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
   resid_drop_ = register_module("resid_drop", torch::nn::Dropout(config.dropout));
 }
 
-torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
   const int64_t hd = C / n_head_;
   // [B,T,3C] -> three [B,T,C] -> [B,nh,T,hd]
   auto qkv = c_attn(x).split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
   // LibTorch 2.x dispatches this to a fused (flash / memory-efficient) kernel where available and
-  // never materialises the [T,T] mask; is_causal applies the lower-triangular mask.
+  // never materialises the [T,T] mask; is_causal applies the lower-triangular mask. Packed rows
+  // pass their block-diagonal causal mask instead (the only case that builds one).
   const double dropout_p = is_training() ? dropout_ : 0.0;
-  auto attend = [dropout_p](const std::vector<torch::Tensor>& qkv_heads) {
+  auto attend = [dropout_p, allowed](const std::vector<torch::Tensor>& qkv_heads) {
+    if (allowed.defined())
+      return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], allowed, dropout_p,
+                                              /*is_causal=*/false);
     return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/std::nullopt,
                                             dropout_p, /*is_causal=*/true);
   };
@@ -65,8 +69,8 @@ BlockImpl::BlockImpl(const GPTConfig& config) {
   mlp = register_module("mlp", MLP(config));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + attn(ln_1(x));
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
+  auto h = x + attn(ln_1(x), allowed);
   return h + mlp(ln_2(h));
 }
 
@@ -130,7 +134,7 @@ torch::Tensor GPTImpl::head(const torch::Tensor& x) {
   return run_block(*wte, x, [this](const torch::Tensor& in) { return torch::nn::functional::linear(in, wte->weight); });
 }
 
-torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
+torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments) {
   if (!idx.defined() || idx.dim() != 2)
     bad_input("forward expects token ids of shape [B, T], found " +
               (idx.defined() ? std::to_string(idx.dim()) + "-D tensor " + c10::str(idx.sizes())
@@ -153,13 +157,30 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx) {
               std::to_string(lo) + ", " + std::to_string(hi) + "] (" + e.what_without_backtrace() + ")");
   }
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
-  auto x = drop_(tok + run_block(*wpe, pos, [this](const torch::Tensor& in) { return wpe(in); }));  // [B,T,C] + [T,C]
+  torch::Tensor allowed;  // packed rows: the block-diagonal causal mask [B,1,T,T]
+  if (segments.defined()) {
+    if (segments.sizes() != idx.sizes() || !at::isIntegralType(segments.scalar_type(), /*includeBool=*/false))
+      bad_input("segments must be integers of the inputs' shape " + c10::str(idx.sizes()) + ", found " +
+                std::string(c10::toString(segments.scalar_type())) + " " + c10::str(segments.sizes()));
+    const auto seg = segments.to(idx.device(), torch::kLong);
+    // A segment starts where its id differs from the position before; each position's id is its
+    // distance from the last start at or before it.
+    auto starts = torch::ones_like(seg, torch::kBool);
+    if (T > 1) starts.narrow(1, 1, T - 1).copy_(seg.narrow(1, 1, T - 1) != seg.narrow(1, 0, T - 1));
+    const auto at_start = torch::where(starts, pos.unsqueeze(0).expand_as(seg), torch::zeros_like(seg));
+    pos = pos.unsqueeze(0) - std::get<0>(at_start.cummax(1));  // [B,T]
+    allowed = (seg.unsqueeze(2) == seg.unsqueeze(1)).logical_and_(
+                  torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(idx.device())).tril_())
+                  .unsqueeze(1);
+  }
+  // [B,T,C] + [T,C], or + [B,T,C] for packed rows
+  auto x = drop_(tok + run_block(*wpe, pos, [this](const torch::Tensor& in) { return wpe(in); }));
 
   for (int64_t i = 0; i < static_cast<int64_t>(blocks.size()); ++i) {
     // Owns what it captures: a checkpointed block runs it again in backward.
-    BlockFn run = [b = blocks[i].ptr(), wrapper = block_wrapper_, i](const torch::Tensor& in) {
-      if (wrapper) return wrapper(i, [b](const torch::Tensor& t) { return b->forward(t); }, in);
-      return b->forward(in);
+    BlockFn run = [b = blocks[i].ptr(), wrapper = block_wrapper_, i, allowed](const torch::Tensor& in) {
+      if (wrapper) return wrapper(i, [b, allowed](const torch::Tensor& t) { return b->forward(t, allowed); }, in);
+      return b->forward(in, allowed);
     };
     if (checkpointing_.recompute == Recompute::Full && checkpointed_[size_t(i)]) {
       CheckpointOptions options;
@@ -213,11 +234,11 @@ std::optional<CheckpointArena::Stats> GPTImpl::checkpoint_arena_stats() const {
   return arena_->stats();
 }
 
-torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments) {
   if (!targets.defined() || targets.sizes() != idx.sizes())
     bad_input("loss expects targets with the shape of the inputs " + c10::str(idx.sizes()) + ", found " +
               (targets.defined() ? c10::str(targets.sizes()) : std::string("an undefined tensor")));
-  auto x = hidden(idx);
+  auto x = hidden(idx, segments);
   const int64_t tokens = x.size(0) * x.size(1), chunk = config_.loss_chunk_tokens;
   if (chunk > 0 && tokens > chunk) {
     // Chunks of the flattened tokens, each with its summed cross-entropy (fp32: log-softmax and

@@ -40,7 +40,9 @@ class BatchSource {
     if (finetune) {
       // Fine-tuning examples: targets -100 outside the responses. The held-out examples are
       // sampled only when the run evaluates (the split may hold none otherwise).
-      train_examples_.emplace(*run.data.finetune_train, run.seq_len, micro, run.world, run.rank, seed);
+      // data.pack: several examples per row, for training only (evaluation keeps one per row).
+      train_examples_.emplace(*run.data.finetune_train, run.seq_len, micro, run.world, run.rank, seed,
+                              config.data.pack);
       if (config.train.eval_interval > 0)
         val_examples_.emplace(*run.data.finetune_val, run.seq_len, micro, run.world, run.rank, seed ^ 0x5eedULL);
     } else {
@@ -54,6 +56,7 @@ class BatchSource {
           if (run_.device.cuda()) {
             batch.inputs = batch.inputs.pin_memory();
             batch.targets = batch.targets.pin_memory();
+            if (batch.segments.defined()) batch.segments = batch.segments.pin_memory();
           }
           return batch;
         },
@@ -64,8 +67,8 @@ class BatchSource {
   torch::Tensor next_loss() {
     if (run_.is_bert) return run_.bert->mlm_loss(to_device(bert_prefetcher_->next()));
     Batch batch = to_device(prefetcher_->next());
-    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets);
-    return run_.model->loss(batch.inputs, batch.targets);
+    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets);  // data.pack is refused for it
+    return run_.model->loss(batch.inputs, batch.targets, batch.segments);  // segments: packed rows only
   }
 
   // The mean held-out loss over train.eval_iters batches and all ranks (a collective).
@@ -125,6 +128,7 @@ class BatchSource {
     if (run_.device.cuda()) {
       batch.inputs = batch.inputs.to(run_.device.device, /*non_blocking=*/true);
       batch.targets = batch.targets.to(run_.device.device, /*non_blocking=*/true);
+      if (batch.segments.defined()) batch.segments = batch.segments.to(run_.device.device, /*non_blocking=*/true);
     }
     return batch;
   }

@@ -45,7 +45,9 @@ namespace zt {
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
   explicit CausalSelfAttentionImpl(const GPTConfig& config);
-  torch::Tensor forward(const torch::Tensor& x);  // [B,T,C] -> [B,T,C]
+  // [B,T,C] -> [B,T,C]. `allowed`, when defined, is a bool [B,1,T,T] mask (true: query t may
+  // attend to key s) replacing the causal one; undefined: causal attention.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed = {});
 
   torch::nn::Linear c_attn{nullptr};  // C -> 3C (q, k, v)
   torch::nn::Linear c_proj{nullptr};  // C -> C, residual projection
@@ -84,7 +86,7 @@ TORCH_MODULE(MLP);
 class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPTConfig& config);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed = {});  // allowed: as the attention's
 
   torch::nn::LayerNorm ln_1{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -100,11 +102,14 @@ class GPTImpl : public torch::nn::Module {
   // idx: integer tensor [B,T] with 1 <= T <= context_length -> logits [B,T,vocab_size].
   torch::Tensor forward(const torch::Tensor& idx);
   // forward() in two parts: the final LayerNorm's output [B,T,C], and the tied head on it.
-  torch::Tensor hidden(const torch::Tensor& idx);
+  // `segments` (packed rows, zerotrain/data.h Batch::segments), when defined: integer [B,T]; each
+  // position attends only to the earlier positions of its own segment, and the learned position
+  // ids restart at 0 where a segment starts. Undefined: causal attention over the whole row.
+  torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments = {});
   torch::Tensor head(const torch::Tensor& x);
   // Mean cross-entropy of forward(idx) against targets [B,T] (computed in fp32 whatever the
   // model's dtype). Targets equal to -100 are ignored (torch's default ignore_index).
-  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
+  torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets, const torch::Tensor& segments = {});
 
   // How each block is run in forward. The default calls block->forward(x). Later layers (activation
   // checkpointing, stage-3 gather/release hooks) install a wrapper that receives the block index,
