@@ -443,6 +443,50 @@ void validate_llama(const TrainConfig& c) {
                                   llama.max_position_embeddings, c.model.preset,
                                   c.model.context_length > 0 ? ", model.context_length" : "", c.data.sequence_length));
 }
+
+// The data keys: each read only by the sources and models that use it, so that none is silently
+// ignored.
+void validate_data(const TrainConfig& c) {
+  if (c.data.source != "embedded" && c.data.path.empty())
+    throw ConfigError(fmt::format("data.path: required when data.source is \"{}\"", c.data.source));
+  // The tokenizer and what goes with it: read by "text", "jsonl" and "finetune" only.
+  const bool tokenized_source = c.data.source == "text" || c.data.source == "jsonl" || c.data.source == "finetune";
+  if ((c.data.source == "jsonl" || c.data.source == "finetune") && c.data.tokenizer.empty())
+    throw ConfigError(fmt::format("data.tokenizer: required when data.source is \"{}\" (a tokenizer.json or a "
+                                  "directory holding one)",
+                                  c.data.source));
+  if (!tokenized_source && given(c, "data.tokenizer"))
+    throw ConfigError(fmt::format("data.tokenizer: read only when data.source is \"text\", \"jsonl\" or "
+                                  "\"finetune\", found \"{}\"",
+                                  c.data.source));
+  for (const char* key : {"data.cache_dir", "data.eos_token"})
+    if (c.data.tokenizer.empty() && given(c, key))
+      throw ConfigError(fmt::format("{}: read only with data.tokenizer, which is not set", key));
+  if (c.data.source != "finetune" && given(c, "data.chat_template"))
+    throw ConfigError(fmt::format("data.chat_template: read only when data.source is \"finetune\", found \"{}\"",
+                                  c.data.source));
+  // Packing changes the GPT's attention and positions per example: fine-tuning examples only.
+  if (c.data.pack && c.data.source != "finetune")
+    throw ConfigError(fmt::format("data.pack: packs fine-tuning examples, read only when data.source is "
+                                  "\"finetune\", found \"{}\"",
+                                  c.data.source));
+  if (c.data.pack && c.model.type != "gpt")
+    throw ConfigError(fmt::format("data.pack: applies to model.type \"gpt\" only, found model.type \"{}\"",
+                                  c.model.type));
+  if (c.data.source == "finetune" && given(c, "data.cache_dir"))
+    throw ConfigError("data.cache_dir: fine-tuning examples are tokenized in memory at each load, not cached (remove "
+                      "the key)");
+  if (c.model.type == "bert" && !c.data.tokenizer.empty())
+    throw ConfigError("data.tokenizer: applies to model.type \"gpt\" and \"llama\"; the BERT reads bytes or its own "
+                      "uint16 token files");
+  // Data keys the chosen source never reads would be silently ignored.
+  if (c.data.source == "embedded" && given(c, "data.path"))
+    throw ConfigError("data.path: not read when data.source is \"embedded\" (set data.source to \"bin\" or \"text\")");
+  if (c.data.source != "bin" && given(c, "data.val_path"))
+    throw ConfigError(fmt::format("data.val_path: read only when data.source is \"bin\", found \"{}\"", c.data.source));
+  if (!c.data.val_path.empty() && given(c, "data.val_fraction"))
+    throw ConfigError("data.val_fraction: not used when data.val_path names the held-out file (give one of them)");
+}
 }  // namespace
 
 void validate_semantics(const TrainConfig& c, const Values& values) {
@@ -496,45 +540,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
         "activation_checkpointing.contiguous_memory_optimization: holds the inputs of fully recomputed blocks; "
         "selective recomputation keeps no block inputs (use policy \"full\" or \"auto\", or set it to false)");
 
-  if (c.data.source != "embedded" && c.data.path.empty())
-    throw ConfigError(fmt::format("data.path: required when data.source is \"{}\"", c.data.source));
-  // The tokenizer and what goes with it: read by "text", "jsonl" and "finetune" only.
-  const bool tokenized_source = c.data.source == "text" || c.data.source == "jsonl" || c.data.source == "finetune";
-  if ((c.data.source == "jsonl" || c.data.source == "finetune") && c.data.tokenizer.empty())
-    throw ConfigError(fmt::format("data.tokenizer: required when data.source is \"{}\" (a tokenizer.json or a "
-                                  "directory holding one)",
-                                  c.data.source));
-  if (!tokenized_source && given(c, "data.tokenizer"))
-    throw ConfigError(fmt::format("data.tokenizer: read only when data.source is \"text\", \"jsonl\" or "
-                                  "\"finetune\", found \"{}\"",
-                                  c.data.source));
-  for (const char* key : {"data.cache_dir", "data.eos_token"})
-    if (c.data.tokenizer.empty() && given(c, key))
-      throw ConfigError(fmt::format("{}: read only with data.tokenizer, which is not set", key));
-  if (c.data.source != "finetune" && given(c, "data.chat_template"))
-    throw ConfigError(fmt::format("data.chat_template: read only when data.source is \"finetune\", found \"{}\"",
-                                  c.data.source));
-  // Packing changes the GPT's attention and positions per example: fine-tuning examples only.
-  if (c.data.pack && c.data.source != "finetune")
-    throw ConfigError(fmt::format("data.pack: packs fine-tuning examples, read only when data.source is "
-                                  "\"finetune\", found \"{}\"",
-                                  c.data.source));
-  if (c.data.pack && c.model.type != "gpt")
-    throw ConfigError(fmt::format("data.pack: applies to model.type \"gpt\" only, found model.type \"{}\"",
-                                  c.model.type));
-  if (c.data.source == "finetune" && given(c, "data.cache_dir"))
-    throw ConfigError("data.cache_dir: fine-tuning examples are tokenized in memory at each load, not cached (remove "
-                      "the key)");
-  if (c.model.type == "bert" && !c.data.tokenizer.empty())
-    throw ConfigError("data.tokenizer: applies to model.type \"gpt\"; the BERT reads bytes or its own uint16 token "
-                      "files");
-  // Data keys the chosen source never reads would be silently ignored.
-  if (c.data.source == "embedded" && given(c, "data.path"))
-    throw ConfigError("data.path: not read when data.source is \"embedded\" (set data.source to \"bin\" or \"text\")");
-  if (c.data.source != "bin" && given(c, "data.val_path"))
-    throw ConfigError(fmt::format("data.val_path: read only when data.source is \"bin\", found \"{}\"", c.data.source));
-  if (!c.data.val_path.empty() && given(c, "data.val_fraction"))
-    throw ConfigError("data.val_fraction: not used when data.val_path names the held-out file (give one of them)");
+  validate_data(c);
   if (c.model.preset.empty()) throw ConfigError("model.preset: expected a preset name, found \"\"");
   validate_model_type(c);
   if (c.train.log_dir.empty()) throw ConfigError("train.log_dir: expected a directory path, found \"\"");
