@@ -85,6 +85,16 @@ struct ExportArgs {
 CLI::App* add_export_command(CLI::App& app, ExportArgs& args);
 int run_export(const ExportArgs& args);
 
+// `zerotrain generate`
+struct GenerateArgs {
+  std::string source, prompt, tokenizer, tag, summary;
+  int64_t max_new_tokens = 64;
+  double temperature = 0.0, top_p = 1.0;
+  uint64_t seed = 0;
+};
+CLI::App* add_generate_command(CLI::App& app, GenerateArgs& args);
+int run_generate(const GenerateArgs& args);
+
 // `zerotrain estimate`
 struct EstimateArgs {
   std::string config_path, preset;

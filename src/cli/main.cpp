@@ -151,6 +151,8 @@ int main(int argc, char** argv) {
   auto* export_cmd = add_export_command(app, export_args);
   EstimateArgs estimate_args;
   auto* estimate = add_estimate_command(app, estimate_args);
+  GenerateArgs generate_args;
+  auto* generate_cmd = add_generate_command(app, generate_args);
 
   try {
     app.parse(argc, argv);
@@ -168,6 +170,7 @@ int main(int argc, char** argv) {
     }
     if (*estimate) return run_estimate(estimate_args);
     if (*export_cmd) return run_export(export_args);
+    if (*generate_cmd) return run_generate(generate_args);
     if (*launch) return run_launch(launch_args);
   } catch (const zt::Error& e) {
     const bool bad_input = dynamic_cast<const zt::ConfigError*>(&e) || dynamic_cast<const zt::DataError*>(&e);

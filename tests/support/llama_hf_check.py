@@ -12,6 +12,12 @@ usage:
   same A B
       the tensors of A's and B's safetensors files (one file or an index's shards): the same names,
       and bitwise the same values and dtypes
+  tokenizer DIR...
+      writes DIR/tokenizer.json for each DIR: a byte-level BPE tokenizer trained by `tokenizers` to
+      the 256 ids of the tiny models' vocabulary (the byte alphabet, no merges, no special tokens)
+  generate HF_DIR N TEXT
+      greedy generate() of N new tokens after TEXT (encoded by HF_DIR's tokenizer.json): prints
+      "prompt IDS" and "new IDS"
   logits REFERENCE HF_DIR
       the logits of HF_DIR's model (AutoModelForCausalLM) on REFERENCE's tokens against
       REFERENCE's logits (a safetensors file): within 1e-5
@@ -89,8 +95,37 @@ def logits(argv):
     assert diff <= 1e-5, diff
 
 
+def tokenizer(argv):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    for out in argv:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=256, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      special_tokens=[], show_progress=False)
+        tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"], trainer)
+        assert tok.get_vocab_size() == 256, tok.get_vocab_size()
+        tok.save(os.path.join(out, "tokenizer.json"))
+
+
+def generate(argv):
+    from tokenizers import Tokenizer
+
+    hf_dir, n, text = argv[0], int(argv[1]), argv[2]
+    ids = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json")).encode(text).ids
+    model = tf.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, do_sample=False,
+                             pad_token_id=model.generation_config.eos_token_id)
+    print("prompt", *ids)
+    print("new", *out[0, len(ids):].tolist())
+
+
 if __name__ == "__main__":
-    commands = {"make": make, "loss": loss, "same": same, "logits": logits}
+    commands = {"make": make, "loss": loss, "same": same, "logits": logits, "tokenizer": tokenizer,
+                "generate": generate}
     args = sys.argv[1:]
     while args:
         end = args.index("--") if "--" in args else len(args)

@@ -1,0 +1,256 @@
+// `zerotrain generate`: a trained model continues a prompt, token by token with a key/value cache
+// (zerotrain/models/generation.h), on this process alone, the text streamed to stdout as it comes.
+#include "cli/cli.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <optional>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf.h"
+#include "zerotrain/error.h"
+#include "zerotrain/models/generation.h"
+#include "zerotrain/models/gpt.h"
+#include "zerotrain/models/llama.h"
+#include "zerotrain/tokenizer.h"
+
+namespace zt::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// The model to generate with, whole, and where its tokenizer and end-of-sequence ids may be read.
+struct LoadedModel {
+  std::shared_ptr<GPTImpl> gpt;
+  std::shared_ptr<LlamaImpl> llama;
+  std::string tokenizer_dir;  // "": none known (bytes)
+  std::string description;
+};
+
+void copy_parameters(torch::nn::Module& model, const std::function<torch::Tensor(const std::string&)>& value_of) {
+  torch::NoGradGuard no_grad;
+  for (auto& named : model.named_parameters(/*recurse=*/true)) {
+    const torch::Tensor value = value_of(named.key());
+    if (value.sizes() != named.value().sizes())
+      throw DataError(fmt::format("generate: tensor '{}' has shape {}, the model expects {}", named.key(),
+                                  c10::str(value.sizes()), c10::str(named.value().sizes())));
+    named.value().copy_(value);
+  }
+}
+
+// A LlamaForCausalLM or Qwen2ForCausalLM directory of transformers.
+LoadedModel load_hf_directory(const std::string& dir) {
+  const LlamaConfig config = read_llama_hf_config(dir, "generate SOURCE");
+  LoadedModel loaded;
+  loaded.llama = Llama(config).ptr();
+  HfModelReader reader(dir, config);
+  copy_parameters(*loaded.llama, [&](const std::string& name) {
+    torch::Tensor values = torch::empty(loaded.llama->named_parameters()[name].sizes(), torch::kFloat32);
+    reader.read(name, values.sizes().vec(), 0, values.numel(), values.data_ptr<float>());
+    return values;
+  });
+  loaded.tokenizer_dir = dir;
+  loaded.description = fmt::format("{} from '{}'", llama_hf_architecture(config), dir);
+  return loaded;
+}
+
+std::string saved_string(const std::map<std::string, std::string>& resolved, const std::string& key) {
+  auto it = resolved.find(key);
+  if (it == resolved.end()) return "";
+  try {
+    const json value = json::parse(it->second);
+    return value.is_string() ? value.get<std::string>() : "";
+  } catch (const json::exception&) {
+    return "";
+  }
+}
+
+// A zerotrain checkpoint of a GPT or a Llama (its weights gathered whole from the rank files).
+LoadedModel load_checkpoint(const std::string& dir, const std::string& tag) {
+  CheckpointModel checkpoint(dir, tag);
+  const auto& resolved = checkpoint.configuration();
+  const std::string type = model_type_from_resolved(resolved, checkpoint.where());
+  LoadedModel loaded;
+  std::string source_dir;
+  if (type == "llama") {
+    loaded.llama = Llama(llama_config_from_resolved(resolved, checkpoint.where(), source_dir)).ptr();
+  } else if (type == "gpt") {
+    loaded.gpt = GPT(gpt_config_from_resolved(resolved, checkpoint.where())).ptr();
+  } else {
+    throw ConfigError(fmt::format("generate: {} holds a {} model; only the decoders (gpt, llama) generate text",
+                                  checkpoint.where(), type));
+  }
+  torch::nn::Module& model = loaded.llama ? static_cast<torch::nn::Module&>(*loaded.llama) : *loaded.gpt;
+  copy_parameters(model, [&](const std::string& name) { return checkpoint.read(name); });
+  // The tokenizer the run read its data with, else the one beside the weights it started from.
+  loaded.tokenizer_dir = saved_string(resolved, "data.tokenizer");
+  if (loaded.tokenizer_dir.empty() && !source_dir.empty()) loaded.tokenizer_dir = source_dir;
+  loaded.description = fmt::format("{} checkpoint {}", type, checkpoint.root());
+  return loaded;
+}
+
+// The end-of-sequence ids of a Hugging Face directory: generation_config.json's eos_token_id, else
+// config.json's (an id or a list of ids), as transformers' generate() reads them.
+std::vector<int64_t> stop_ids_of(const std::string& dir) {
+  for (const char* file : {"generation_config.json", "config.json"}) {
+    const fs::path path = fs::path(dir) / file;
+    if (dir.empty() || !fs::exists(path)) continue;
+    std::ifstream in(path);
+    const json parsed = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_object() || !parsed.contains("eos_token_id")) continue;
+    const json& eos = parsed["eos_token_id"];
+    std::vector<int64_t> ids;
+    if (eos.is_number_integer()) ids.push_back(eos.get<int64_t>());
+    if (eos.is_array())
+      for (const json& id : eos)
+        if (id.is_number_integer()) ids.push_back(id.get<int64_t>());
+    return ids;
+  }
+  return {};
+}
+
+// Text in and out: the Hugging Face tokenizer of the model, or bytes (id = byte value) when the
+// model was trained on bytes and no tokenizer is known.
+class TextCodec {
+ public:
+  explicit TextCodec(const std::string& dir) {
+    if (!dir.empty()) tokenizer_ = HfTokenizer::from_file(dir);
+  }
+  std::vector<int64_t> encode(const std::string& text) const {
+    if (!tokenizer_) {
+      std::vector<int64_t> bytes;
+      for (unsigned char byte : text) bytes.push_back(byte);
+      return bytes;
+    }
+    const auto ids = tokenizer_->encode_with_special_tokens(text);
+    return {ids.begin(), ids.end()};
+  }
+  std::string decode(const std::vector<int64_t>& ids) const {
+    if (!tokenizer_) {
+      std::string text;
+      for (int64_t id : ids) text += id >= 0 && id < 256 ? std::string(1, char(id)) : std::string("\xEF\xBF\xBD");
+      return text;
+    }
+    const std::vector<TokenId> narrow(ids.begin(), ids.end());
+    return tokenizer_->decode(narrow, /*skip_special_tokens=*/true);
+  }
+  std::string name() const { return tokenizer_ ? "its tokenizer" : "bytes"; }
+
+ private:
+  std::optional<HfTokenizer> tokenizer_;
+};
+
+// Prints the new text as tokens arrive: the decoded whole (prompt and new tokens, so that a
+// tokenizer's spacing at the seam is kept) past what is already printed, held back while it ends in
+// an incomplete UTF-8 character (decoded as U+FFFD).
+class TextStream {
+ public:
+  TextStream(const TextCodec& codec, std::vector<int64_t> prompt)
+      : codec_(codec), ids_(std::move(prompt)), prompt_text_(codec.decode(ids_)) {}
+  void add(int64_t id) {
+    ids_.push_back(id);
+    const std::string whole = codec_.decode(ids_);
+    if (whole.ends_with("\xEF\xBF\xBD") || whole.compare(0, prompt_text_.size(), prompt_text_) != 0) return;
+    const std::string text = whole.substr(prompt_text_.size());
+    if (text.compare(0, printed_.size(), printed_) != 0) return;
+    std::cout << text.substr(printed_.size()) << std::flush;
+    printed_ = text;
+  }
+  std::string text() const {
+    const std::string whole = codec_.decode(ids_);
+    return whole.compare(0, prompt_text_.size(), prompt_text_) == 0 ? whole.substr(prompt_text_.size()) : whole;
+  }
+  void finish() {
+    const std::string all = text();
+    if (all.compare(0, printed_.size(), printed_) == 0) std::cout << all.substr(printed_.size());
+    std::cout << "\n" << std::flush;
+  }
+
+ private:
+  const TextCodec& codec_;
+  std::vector<int64_t> ids_;
+  std::string prompt_text_, printed_;
+};
+
+}  // namespace
+
+int run_generate(const GenerateArgs& args) {
+  const bool hf_dir = fs::exists(fs::path(args.source) / "config.json");
+  if (!fs::is_directory(args.source))
+    throw ConfigError(fmt::format("generate: expected a zerotrain checkpoint directory or a Hugging Face model "
+                                  "directory, found no directory '{}'",
+                                  args.source));
+  torch::manual_seed(args.seed);  // the model's construction before its weights are copied in
+  LoadedModel model = hf_dir ? load_hf_directory(args.source) : load_checkpoint(args.source, args.tag);
+  // A tokenizer given must be there (HfTokenizer::from_file says what is missing); one found
+  // beside the model is used when it holds a tokenizer.json, else the text is bytes.
+  std::string tokenizer = args.tokenizer;
+  if (tokenizer.empty() && !model.tokenizer_dir.empty() &&
+      (fs::is_regular_file(model.tokenizer_dir) || fs::exists(fs::path(model.tokenizer_dir) / "tokenizer.json")))
+    tokenizer = model.tokenizer_dir;
+  const TextCodec codec(tokenizer);
+
+  GenerationOptions options;
+  options.max_new_tokens = args.max_new_tokens;
+  options.temperature = args.temperature;
+  options.top_p = args.top_p;
+  options.seed = args.seed;
+  options.stop_ids = stop_ids_of(hf_dir ? args.source : fs::is_directory(model.tokenizer_dir) ? model.tokenizer_dir : "");
+  const std::vector<int64_t> prompt = codec.encode(args.prompt);
+  std::cerr << fmt::format("zerotrain: generating with the {}, text through {}, {}\n", model.description,
+                           codec.name(),
+                           options.temperature == 0.0 ? std::string("greedy")
+                                                      : fmt::format("temperature {} top_p {} seed {}",
+                                                                    options.temperature, options.top_p, options.seed));
+  TextStream stream(codec, prompt);
+  const auto started = std::chrono::steady_clock::now();
+  const std::vector<int64_t> generated =
+      model.llama ? generate(*model.llama, prompt, options, [&](int64_t id) { stream.add(id); })
+                  : generate(*model.gpt, prompt, options, [&](int64_t id) { stream.add(id); });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  stream.finish();
+  std::cerr << fmt::format("zerotrain: {} tokens after a prompt of {} in {:.2f} s ({:.1f} tokens/s)\n",
+                           generated.size(), prompt.size(), seconds, double(generated.size()) / std::max(seconds, 1e-9));
+  if (!args.summary.empty()) {
+    const json summary = {{"prompt_ids", prompt}, {"new_ids", generated}, {"text", stream.text()},
+                          {"seconds", seconds}};
+    std::ofstream(args.summary) << summary.dump(1) << "\n";
+  }
+  return 0;
+}
+
+CLI::App* add_generate_command(CLI::App& app, GenerateArgs& args) {
+  auto* cmd = app.add_subcommand("generate",
+                                 "continue a prompt with a trained decoder (a zerotrain checkpoint of a GPT or a "
+                                 "Llama, or a Hugging Face LlamaForCausalLM/Qwen2ForCausalLM directory), one process");
+  cmd->add_option("source", args.source, "checkpoint directory (a run's --save-dir) or Hugging Face model directory")
+      ->required();
+  cmd->add_option("--prompt", args.prompt, "the text to continue")->required();
+  cmd->add_option("--max-new-tokens", args.max_new_tokens, "at most this many new tokens (default 64)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
+  cmd->add_option("--temperature", args.temperature, "0 (default): greedy; above 0: sampled at this temperature")
+      ->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-p", args.top_p, "with --temperature: sample from the most probable tokens whose "
+                                         "probabilities add up to P (default 1: all)")
+      ->check(CLI::Range(1e-9, 1.0));
+  cmd->add_option("--seed", args.seed, "the sampling generator's seed (default 0)");
+  cmd->add_option("--tokenizer", args.tokenizer,
+                  "a tokenizer.json or a directory holding one (default: the model directory's, a checkpoint's "
+                  "data.tokenizer or its model.init_from directory's, else bytes)");
+  cmd->add_option("--tag", args.tag, "which checkpoint (default: the one 'latest' names)");
+  cmd->add_option("--summary", args.summary, "write the prompt's and the new tokens' ids and the text as JSON here");
+  return cmd;
+}
+
+}  // namespace zt::cli
