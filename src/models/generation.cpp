@@ -11,6 +11,7 @@
 #include <cmath>
 #include <string>
 
+#include "models/llama_ops.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/llama.h"
@@ -143,11 +144,6 @@ std::vector<int64_t> generate(LlamaImpl& model, const std::vector<int64_t>& prom
   check_request(prompt, options, c.vocab_size, c.max_position_embeddings);
   std::vector<LayerCache> cache(model.layers.size());
   const int64_t heads = c.num_attention_heads, kv_heads = c.num_key_value_heads, head_dim = c.resolved_head_dim();
-  const int64_t repeat = heads / kv_heads;
-  auto rotate_half = [](const torch::Tensor& t) {
-    const int64_t half = t.size(-1) / 2;
-    return torch::cat({-t.narrow(-1, half, half), t.narrow(-1, 0, half)}, -1);
-  };
   auto step = [&](const torch::Tensor& ids, int64_t past) {
     const int64_t T = ids.size(1);
     auto x = model.model->embed_tokens(ids);
@@ -158,16 +154,11 @@ std::vector<int64_t> generate(LlamaImpl& model, const std::vector<int64_t>& prom
       auto& attn = *layer.self_attn;
       auto h = layer.input_layernorm(x);
       auto split = [&](const torch::Tensor& t, int64_t n) { return t.view({1, T, n, head_dim}).transpose(1, 2); };
-      auto rope = [&](const torch::Tensor& t) { return t * cos + rotate_half(t) * sin; };
-      auto q = rope(split(attn.q_proj(h), heads));
-      cache[i].append(rope(split(attn.k_proj(h), kv_heads)), split(attn.v_proj(h), kv_heads));
-      auto k = cache[i].keys, v = cache[i].values;
-      if (repeat > 1) {  // kv head j serves q heads j·r .. j·r + r - 1
-        const int64_t S = k.size(2);
-        k = k.unsqueeze(2).expand({1, kv_heads, repeat, S, head_dim}).reshape({1, heads, S, head_dim});
-        v = v.unsqueeze(2).expand({1, kv_heads, repeat, S, head_dim}).reshape({1, heads, S, head_dim});
-      }
-      auto y = attend(q, k, v, std::pow(double(head_dim), -0.5));
+      auto q = llama_ops::apply_rotary(split(attn.q_proj(h), heads), cos, sin);
+      cache[i].append(llama_ops::apply_rotary(split(attn.k_proj(h), kv_heads), cos, sin),
+                      split(attn.v_proj(h), kv_heads));
+      auto y = attend(q, llama_ops::repeat_kv(cache[i].keys, heads), llama_ops::repeat_kv(cache[i].values, heads),
+                      std::pow(double(head_dim), -0.5));
       x = x + attn.o_proj(y.transpose(1, 2).reshape({1, T, heads * head_dim}));
       x = x + layer.mlp->forward(layer.post_attention_layernorm(x));
     }

@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include "models/llama_ops.h"
 #include "zerotrain/error.h"
 
 namespace zt {
@@ -20,11 +21,6 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-// transformers' rotate_half: [x1, x2] -> [-x2, x1] over the last dimension's halves.
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
 
 // The inverse frequencies of the rotary embedding after rope_scaling, as transformers computes
 // them (its _compute_default_rope_parameters and the linear and llama3 variants), in fp32.
@@ -72,14 +68,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   const int64_t B = x.size(0), T = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim_}).transpose(1, 2); };
   auto q = heads(q_proj(x), heads_), k = heads(k_proj(x), kv_heads_), v = heads(v_proj(x), kv_heads_);
-  auto c = cos.to(x.scalar_type()).unsqueeze(0).unsqueeze(0), s = sin.to(x.scalar_type()).unsqueeze(0).unsqueeze(0);
-  q = q * c + rotate_half(q) * s;
-  k = k * c + rotate_half(k) * s;
-  if (const int64_t r = heads_ / kv_heads_; r > 1) {
-    // kv head j serves q heads j·r .. j·r + r - 1 (transformers' repeat_kv).
-    k = k.unsqueeze(2).expand({B, kv_heads_, r, T, head_dim_}).reshape({B, heads_, T, head_dim_});
-    v = v.unsqueeze(2).expand({B, kv_heads_, r, T, head_dim_}).reshape({B, heads_, T, head_dim_});
-  }
+  const auto c = cos.to(x.scalar_type()), s = sin.to(x.scalar_type());
+  q = llama_ops::apply_rotary(q, c, s);
+  k = llama_ops::repeat_kv(llama_ops::apply_rotary(k, c, s), heads_);
+  v = llama_ops::repeat_kv(v, heads_);
   auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
                                             /*is_causal=*/true, /*scale=*/std::pow(double(head_dim_), -0.5));
   return o_proj(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
@@ -217,5 +209,25 @@ torch::Tensor LlamaImpl::loss(const torch::Tensor& ids, const torch::Tensor& tar
       logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}).to(torch::kLong),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
 }
+
+namespace llama_ops {
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + rotate_half(x) * sin;
+}
+
+at::Tensor repeat_kv(const at::Tensor& x, int64_t heads) {
+  const int64_t B = x.size(0), kv_heads = x.size(1), S = x.size(2), head_dim = x.size(3);
+  if (heads == kv_heads) return x;
+  const int64_t r = heads / kv_heads;
+  return x.unsqueeze(2).expand({B, kv_heads, r, S, head_dim}).reshape({B, heads, S, head_dim});
+}
+
+}  // namespace llama_ops
 
 }  // namespace zt
