@@ -53,12 +53,12 @@ TEST(CpuBlockCache, AFreedBlockServesTheNextAllocationOfItsSize) {
   EXPECT_EQ(s.high_water_bytes, int64_t(2 * (kMiB + 4096)));
 }
 
-TEST(CpuBlockCache, ABlockUpToAnEighthLargerIsReusedWholeAndOthersAreTrimmedOrGrown) {
+TEST(CpuBlockCache, ABlockUpToAnEighthLargerIsReusedWholeALargerOneGivesItsHeadSmallerOnesAreMoved) {
   CpuBlockCache cache(64 << 10, 0.0);
-  void* eight_mib = nullptr;
+  char* eight_mib = nullptr;
   {
     c10::DataPtr a = cache.allocate(8 * kMiB);
-    eight_mib = a.get();
+    eight_mib = static_cast<char*>(a.get());
     std::memset(a.get(), 3, 8 * kMiB);
   }
   {
@@ -67,43 +67,83 @@ TEST(CpuBlockCache, ABlockUpToAnEighthLargerIsReusedWholeAndOthersAreTrimmedOrGr
     EXPECT_EQ(cache.stats().live_bytes, int64_t(8 * kMiB));  // the whole block counts
   }
   {
-    c10::DataPtr trimmed = cache.allocate(6 * kMiB);  // 8 MiB > 6 MiB + 1/8: its tail is unmapped
-    EXPECT_EQ(trimmed.get(), eight_mib);
+    // 8 MiB > 6 MiB + 1/8, and a new mapping would pass the live peak: the block's head serves,
+    // its tail stays cached.
+    c10::DataPtr head = cache.allocate(6 * kMiB);
+    EXPECT_EQ(head.get(), eight_mib);
     EXPECT_EQ(cache.stats().live_bytes, int64_t(6 * kMiB));
+    EXPECT_EQ(cache.stats().cached_bytes, int64_t(2 * kMiB));
+    c10::DataPtr tail = cache.allocate(2 * kMiB);
+    EXPECT_EQ(tail.get(), eight_mib + 6 * kMiB);
+    std::memset(tail.get(), 4, 2 * kMiB);
+    head = c10::DataPtr();
+    tail = c10::DataPtr();
+  }  // cached now, oldest first: the 6 MiB head (3s), then the 2 MiB tail (4s)
+  {
+    // Every cached block is smaller: both move into one mapping in that order (their pages, not
+    // copies), and the missing 2 MiB are new pages.
+    c10::DataPtr composed = cache.allocate(10 * kMiB);
+    auto* bytes = static_cast<unsigned char*>(composed.get());
+    EXPECT_EQ(bytes[0], 3);
+    EXPECT_EQ(bytes[6 * kMiB - 1], 3);
+    EXPECT_EQ(bytes[6 * kMiB], 4);
+    EXPECT_EQ(bytes[8 * kMiB - 1], 4);
+    EXPECT_EQ(bytes[8 * kMiB], 0);
+    std::memset(composed.get(), 5, 10 * kMiB);
+    EXPECT_EQ(cache.stats().live_bytes, int64_t(10 * kMiB));
     EXPECT_EQ(cache.stats().cached_bytes, 0);
   }
   {
-    c10::DataPtr grown = cache.allocate(10 * kMiB);  // the 6 MiB block grown: 4 MiB faulted in
-    auto* bytes = static_cast<unsigned char*>(grown.get());
-    EXPECT_EQ(bytes[0], 3);  // the pages kept are the block's own, moved if need be
-    EXPECT_EQ(bytes[6 * kMiB - 1], 3);
-    std::memset(grown.get(), 5, 10 * kMiB);
-    EXPECT_EQ(cache.stats().live_bytes, int64_t(10 * kMiB));
+    // The composed block, freed, serves its size whole; cut again, its ranges move on.
+    c10::DataPtr again = cache.allocate(10 * kMiB);
+    EXPECT_EQ(static_cast<unsigned char*>(again.get())[10 * kMiB - 1], 5);
+  }
+  {
+    c10::DataPtr head = cache.allocate(7 * kMiB);  // the head crosses the two moved ranges
+    std::memset(head.get(), 6, 7 * kMiB);
+    c10::DataPtr more = cache.allocate(5 * kMiB);  // the 3 MiB tail moved beside 2 MiB new pages
+    EXPECT_EQ(static_cast<unsigned char*>(more.get())[0], 5);
+    EXPECT_EQ(static_cast<unsigned char*>(more.get())[3 * kMiB - 1], 5);
+    std::memset(more.get(), 7, 5 * kMiB);
   }
   const auto s = cache.stats();
-  EXPECT_EQ(s.large_allocations, 4u);
-  EXPECT_EQ(s.reused, 1u);
-  EXPECT_EQ(s.resized, 2u);
+  EXPECT_EQ(s.large_allocations, 8u);
+  EXPECT_EQ(s.reused, 3u);
+  EXPECT_EQ(s.split, 2u);
+  EXPECT_EQ(s.composed, 2u);
   EXPECT_EQ(s.mapped, 1u);
-  EXPECT_EQ(s.mapped_bytes, 8 * kMiB + 4 * kMiB);
-  EXPECT_EQ(s.cached_bytes, int64_t(10 * kMiB));
+  EXPECT_EQ(s.mapped_bytes, 8 * kMiB + 2 * kMiB + 2 * kMiB);
+  EXPECT_EQ(s.moved_bytes, 8 * kMiB + 3 * kMiB);
+  EXPECT_EQ(s.cached_bytes, int64_t(12 * kMiB));
+  EXPECT_EQ(s.high_water_bytes, int64_t(12 * kMiB));
 }
 
-TEST(CpuBlockCache, CachedBlocksAreUnmappedOldestFirstToStayWithinTheLivePeak) {
+TEST(CpuBlockCache, SmallerBlocksAreMovedOldestFirstAndTheRestUnmappedToStayWithinTheLivePeak) {
   CpuBlockCache cache(64 << 10, 0.0);
   {
     c10::DataPtr a = cache.allocate(4 * kMiB);
     c10::DataPtr b = cache.allocate(2 * kMiB);
     c10::DataPtr c = cache.allocate(1 * kMiB);
+    std::memset(a.get(), 1, 4 * kMiB);
+    std::memset(b.get(), 2, 2 * kMiB);
+    std::memset(c.get(), 3, 1 * kMiB);
+    a = c10::DataPtr();
+    b = c10::DataPtr();
+    c = c10::DataPtr();
   }  // freed a, b, c in this order: live peak 7 MiB, 7 MiB cached
   EXPECT_EQ(cache.stats().high_water_bytes, int64_t(7 * kMiB));
   EXPECT_EQ(cache.stats().cached_bytes, int64_t(7 * kMiB));
   {
-    // 16 MiB grows the nearest block (a, 4 MiB) by 12 MiB; with b and c kept the mapped bytes
-    // would be 19 MiB against a new peak of 16: b (older) and then c are unmapped.
+    // 16 MiB: a, b and c move into it (7 MiB), 9 MiB are new pages; nothing is left to unmap.
     c10::DataPtr d = cache.allocate(16 * kMiB);
+    const auto* bytes = static_cast<const unsigned char*>(d.get());
+    EXPECT_EQ(bytes[0], 1);
+    EXPECT_EQ(bytes[4 * kMiB], 2);
+    EXPECT_EQ(bytes[6 * kMiB], 3);
     const auto s = cache.stats();
-    EXPECT_EQ(s.unmapped, 2u);
+    EXPECT_EQ(s.composed, 1u);
+    EXPECT_EQ(s.moved_bytes, 7 * kMiB);
+    EXPECT_EQ(s.unmapped, 0u);
     EXPECT_EQ(s.cached_bytes, 0);
     EXPECT_EQ(s.live_bytes, int64_t(16 * kMiB));
     EXPECT_EQ(s.high_water_bytes, int64_t(16 * kMiB));
@@ -117,6 +157,63 @@ TEST(CpuBlockCache, CachedBlocksAreUnmappedOldestFirstToStayWithinTheLivePeak) {
   }
   cache.release_cached();
   EXPECT_EQ(cache.stats().cached_bytes, 0);
+}
+
+// A composed block spans one kernel mapping per piece; past 64 ranges it takes no more pieces,
+// gets new pages for the rest, and the cached blocks it left are unmapped, oldest first, to
+// stay within the live peak.
+TEST(CpuBlockCache, ABlockTakesAtMostSixtyFourRangesAndTheBlocksLeftAreUnmapped) {
+  CpuBlockCache cache(64 << 10, 0.0);
+  constexpr size_t kPiece = 64 << 10;
+  constexpr int kPieces = 70;
+  {
+    std::vector<c10::DataPtr> pieces;
+    for (int i = 0; i < kPieces; ++i) {
+      pieces.push_back(cache.allocate(kPiece));
+      std::memset(pieces.back().get(), i + 1, kPiece);
+    }
+    for (auto& piece : pieces) piece = c10::DataPtr();  // freed in allocation order
+  }
+  c10::DataPtr whole = cache.allocate(kPieces * kPiece);
+  const auto* bytes = static_cast<const unsigned char*>(whole.get());
+  for (int i = 0; i < 63; ++i) ASSERT_EQ(bytes[size_t(i) * kPiece + kPiece / 2], i + 1) << "piece " << i;
+  const auto s = cache.stats();
+  EXPECT_EQ(s.composed, 1u);
+  EXPECT_EQ(s.moved_bytes, 63 * kPiece);
+  EXPECT_EQ(s.unmapped, 7u);
+  EXPECT_EQ(s.cached_bytes, 0);
+  EXPECT_EQ(s.live_bytes + s.cached_bytes, s.high_water_bytes);
+}
+
+// Two phases of a step whose live peaks are made of different sizes (the logits' blocks, then
+// the tied embedding's gradients): with no slack the cache stays within the live peak, and after
+// the first step no allocation maps new pages: each is served by a cached block whole, by the
+// head of a larger one, or by smaller ones moved together.
+TEST(CpuBlockCache, PhasesOfDifferentSizesShareTheirPagesWithoutFaultingAnyIn) {
+  CpuBlockCache cache(64 << 10, 0.0);
+  uint64_t mapped_after_first = 0;
+  for (int step = 0; step < 5; ++step) {
+    const auto before = cache.stats();
+    {
+      std::vector<c10::DataPtr> logits;
+      for (int i = 0; i < 6; ++i) {
+        logits.push_back(cache.allocate(2 * kMiB));
+        std::memset(logits.back().get(), i, 2 * kMiB);
+      }
+    }
+    {
+      std::vector<c10::DataPtr> gradients;
+      for (int i = 0; i < 2; ++i) {
+        gradients.push_back(cache.allocate(6 * kMiB));
+        std::memset(gradients.back().get(), i, 6 * kMiB);
+      }
+    }
+    const auto s = cache.stats();
+    EXPECT_LE(s.live_bytes + s.cached_bytes, int64_t(12 * kMiB)) << "step " << step;
+    if (step > 0) mapped_after_first += s.mapped_bytes - before.mapped_bytes;
+  }
+  EXPECT_EQ(mapped_after_first, 0u);
+  EXPECT_GT(cache.stats().composed, 0u);
 }
 
 // A set-up peak (construction) above the steps' own: without reset_high_water() its freed blocks
@@ -145,10 +242,10 @@ TEST(CpuBlockCache, ResetHighWaterFollowsThePeaksAfterIt) {
   EXPECT_EQ(s.reused, 2u);
   EXPECT_EQ(s.cached_bytes, int64_t(4 * kMiB));
   {
-    // 3 MiB more does not fit beside the cached 4 under 8 + 2: the cached block is trimmed to it.
+    // 3 MiB more does not fit beside the cached 4 under 8 + 2: the cached block's head serves it.
     c10::DataPtr other = cache.allocate(3 * kMiB);
     s = cache.stats();
-    EXPECT_EQ(s.resized, 1u);
+    EXPECT_EQ(s.split, 1u);
     EXPECT_LE(s.live_bytes + s.cached_bytes, int64_t(10 * kMiB));
   }
 }
@@ -185,6 +282,43 @@ TEST(CpuBlockCache, RepeatedStepsAreServedFromTheCacheWithinTheBound) {
       << faulted_after_first << " of " << requested_after_first << " bytes faulted in again";
 }
 
+// Splitting and moving pages must never let two live blocks share one: every block is filled
+// with its own byte and checked whole before it is freed, under sizes that force both.
+TEST(CpuBlockCache, LiveBlocksNeverShareAPageWhileBlocksAreSplitAndComposed) {
+  CpuBlockCache cache(64 << 10, 0.0);
+  std::mt19937 rng(11);
+  struct Held {
+    c10::DataPtr data;
+    size_t bytes;
+    unsigned char mark;
+  };
+  std::vector<Held> held;
+  const auto intact = [](const Held& h) {
+    const auto* p = static_cast<const unsigned char*>(h.data.get());
+    for (size_t i = 0; i < h.bytes; i += 512)
+      if (p[i] != h.mark) return false;
+    return p[h.bytes - 1] == h.mark;
+  };
+  for (int i = 0; i < 1500; ++i) {
+    const size_t bytes = (64 << 10) + rng() % (3 * kMiB);
+    const auto mark = static_cast<unsigned char>(1 + i % 255);
+    held.push_back({cache.allocate(bytes), bytes, mark});
+    std::memset(held.back().data.get(), mark, bytes);
+    if (held.size() > 6) {
+      const auto victim = held.begin() + long(rng() % held.size());
+      ASSERT_TRUE(intact(*victim)) << "allocation " << i;
+      held.erase(victim);
+    }
+  }
+  for (const auto& h : held) ASSERT_TRUE(intact(h));
+  held.clear();
+  const auto s = cache.stats();
+  EXPECT_GT(s.split, 0u);
+  EXPECT_GT(s.composed, 0u);
+  EXPECT_EQ(s.live_bytes, 0);
+  EXPECT_LE(s.cached_bytes, s.high_water_bytes);
+}
+
 TEST(CpuBlockCache, ConcurrentAllocationsAndFreesKeepTheAccounts) {
   CpuBlockCache cache(64 << 10, 0.0);
   auto work = [&](int seed) {
@@ -202,7 +336,7 @@ TEST(CpuBlockCache, ConcurrentAllocationsAndFreesKeepTheAccounts) {
   const auto s = cache.stats();
   EXPECT_EQ(s.live_bytes, 0);
   EXPECT_EQ(s.large_allocations, 4000u);
-  EXPECT_EQ(s.reused + s.resized + s.mapped, s.large_allocations);
+  EXPECT_EQ(s.reused + s.split + s.composed + s.mapped, s.large_allocations);
   EXPECT_LE(s.cached_bytes, s.high_water_bytes);
 }
 
@@ -225,40 +359,11 @@ TEST(CpuBlockCache, InstalledItServesLibTorchTensorsAndRawAllocations) {
   c10::GetCPUAllocator()->raw_deallocate(raw);
   const auto after = cache.stats();
   EXPECT_GE(after.large_allocations - before.large_allocations, 3u);
-  EXPECT_GE(after.reused + after.resized - before.reused - before.resized, 1u);
+  EXPECT_GE(after.reused + after.split + after.composed - before.reused - before.split - before.composed, 1u);
 }
 
 TEST(CpuBlockCache, ANegativeSlackIsRefused) {
   EXPECT_THROW(CpuBlockCache(64 << 10, -0.5), std::invalid_argument);
-  CpuBlockCache cache;
-  EXPECT_THROW(cache.set_slack_fraction(-0.1), std::invalid_argument);
-}
-
-// Set-up runs without slack (mapped bytes within the live peak, as a model is built block by
-// block); the steps get theirs back: the same sequence keeps more cached once it is set.
-TEST(CpuBlockCache, TheSlackCanBeWithheldAndGivenBack) {
-  CpuBlockCache cache(64 << 10, 0.25);
-  cache.set_slack_fraction(0.0);
-  const auto build_block = [&] {
-    c10::DataPtr whole = cache.allocate(8 * kMiB);  // the block built whole, then sharded
-    c10::DataPtr shard = cache.allocate(4 * kMiB);
-  };
-  build_block();  // peak 12 MiB, both cached
-  {
-    c10::DataPtr other = cache.allocate(10 * kMiB);  // grows a cached block or unmaps one
-    const auto s = cache.stats();
-    EXPECT_LE(s.live_bytes + s.cached_bytes, s.high_water_bytes) << "no slack: within the live peak";
-  }
-  cache.reset_high_water();
-  cache.set_slack_fraction(0.25);
-  build_block();
-  {
-    c10::DataPtr a = cache.allocate(8 * kMiB);
-    c10::DataPtr b = cache.allocate(3 * kMiB);  // 11 live + 4 cached = 15 <= 12 + 3 of slack
-    const auto s = cache.stats();
-    EXPECT_GT(s.live_bytes + s.cached_bytes, s.high_water_bytes) << "the slack is given back";
-    EXPECT_LE(s.live_bytes + s.cached_bytes, s.high_water_bytes + s.high_water_bytes / 4);
-  }
 }
 
 }  // namespace

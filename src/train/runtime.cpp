@@ -128,10 +128,7 @@ void apply_heap_policy(HeapPolicy heap_policy) {
   } else {
     mallopt(M_MMAP_THRESHOLD, 64 << 10);
   }
-  // While the model is built, freed blocks are kept only within the live peak: set-up's peak is
-  // often the run's, and its slack would be resident for nothing; the trainer gives the steps
-  // their slack back once set-up is done.
-  if (heap_policy == HeapPolicy::BoundedCache) install_cpu_block_cache().set_slack_fraction(0.0);
+  if (heap_policy == HeapPolicy::BoundedCache) install_cpu_block_cache();
 }
 
 namespace {

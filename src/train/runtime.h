@@ -33,7 +33,7 @@ RuntimeSettings apply_runtime_settings(int requested_threads, int local_ranks, H
 
 // The heap policy alone (apply_runtime_settings' second half), for a process whose threads are its
 // own to set (the Python package). Call before the large allocations it should govern; with
-// BoundedCache, CpuBlockCache's reset_high_water() after set-up gives the steps their slack.
+// BoundedCache, CpuBlockCache's reset_high_water() after set-up lets the bound follow the steps.
 void apply_heap_policy(HeapPolicy heap_policy);
 
 // Whether LibTorch multiplies matrices in `precision` at this CPU's hardware speed: fp32 always;
