@@ -67,8 +67,9 @@ class BatchSource {
   torch::Tensor next_loss() {
     if (run_.is_bert) return run_.bert->mlm_loss(to_device(bert_prefetcher_->next()));
     Batch batch = to_device(prefetcher_->next());
-    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets);  // data.pack is refused for it
-    return run_.model->loss(batch.inputs, batch.targets, batch.segments);  // segments: packed rows only
+    // segments: packed rows only
+    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets, batch.segments);
+    return run_.model->loss(batch.inputs, batch.targets, batch.segments);
   }
 
   // The mean held-out loss over train.eval_iters batches and all ranks (a collective).
