@@ -1007,7 +1007,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"data.cache_dir", {Used, "\"cache\"", [](C c) { return c.data.cache_dir == "cache"; }, "trainer (load_tokenized_corpus)"}},
       {"data.eos_token", {Used, "\"<eos>\"", [](C c) { return c.data.eos_token == "<eos>"; }, "trainer (jsonl documents, fine-tuning pairs)"}},
       {"data.chat_template", {Used, "\"chatml\"", [](C c) { return c.data.chat_template == "chatml"; }, "trainer (load_finetune_examples)"}},
-      {"data.pack", {Used, "true", [](C c) { return c.data.pack; }, "trainer (packed FinetuneSampler rows, the GPT's segments)"}},
+      {"data.pack", {Used, "true", [](C c) { return c.data.pack; }, "trainer (packed FinetuneSampler rows, the decoders' segments)"}},
       {"train.steps", {Used, "70", [](C c) { return c.train.steps == 70; }, "trainer"}},
       {"train.seed", {Used, "9", [](C c) { return c.train.seed == 9; }, "trainer"}},
       {"train.eval_interval", {Used, "9", [](C c) { return c.train.eval_interval == 9; }, "trainer"}},

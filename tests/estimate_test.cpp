@@ -1,7 +1,7 @@
 // The memory estimator (zerotrain/estimate.h): the model-state table of docs/design.md
-// "Memory per parameter" for every stage, precision and world size; activations against the bytes
-// autograd really keeps; the estimate against measured runs of `zerotrain train`; the planner's
-// picks for scripted machines; the CLI.
+// "Memory per parameter" for every stage, precision and world size; the GPT's and the Llama's
+// figures against the models; activations against the bytes autograd really keeps; the estimate
+// against measured runs of `zerotrain train`; the planner's picks for scripted machines; the CLI.
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -18,6 +18,7 @@
 #include "zerotrain/estimate.h"
 #include "zerotrain/memory.h"
 #include "zerotrain/models/gpt.h"
+#include "zerotrain/models/llama.h"
 #include "zerotrain/step_time.h"
 
 namespace {
@@ -473,6 +474,66 @@ TEST(EstimateFormula, GptFiguresMatchTheModel) {
   EXPECT_EQ(f.sequence_length, 32);
 }
 
+// A Llama's figures: its parameter list is the model's, name for name and shape for shape in
+// registration order (biases, grouped-query k/v widths and an untied head included), and its
+// counts follow from it; Llama 3.2 1B's count is the closed form's, without building it.
+TEST(EstimateFormula, LlamaFiguresMatchTheModel) {
+  zt::LlamaConfig untied = zt::llama_preset("llama-tiny");  // 4 heads, 2 kv heads
+  untied.intermediate_size = 96;
+  untied.qkv_bias = true;
+  zt::LlamaConfig tied = untied;
+  tied.qkv_bias = false;
+  tied.tie_word_embeddings = true;
+  tied.num_key_value_heads = 1;
+  const int64_t threshold = 5000;
+  for (const zt::LlamaConfig& c : {untied, tied}) {
+    SCOPED_TRACE(c.tie_word_embeddings ? "tied" : "untied");
+    torch::manual_seed(0);
+    zt::Llama model(c);
+    const zt::ModelFigures f = zt::llama_model_figures(c, 32, threshold);
+    const auto named = model->named_parameters();
+    ASSERT_EQ(f.parameter_list.size(), named.size());
+    int64_t total = 0, largest = 0, small = 0;
+    for (size_t i = 0; i < named.size(); ++i) {
+      EXPECT_EQ(f.parameter_list[i].name, named[i].key());
+      EXPECT_EQ(f.parameter_list[i].shape, named[i].value().sizes().vec()) << named[i].key();
+      const int64_t n = named[i].value().numel();
+      total += n;
+      largest = std::max(largest, n);
+      if (n < threshold) small += n;
+    }
+    EXPECT_EQ(f.parameters, total);
+    EXPECT_EQ(f.largest_parameter, largest);
+    EXPECT_EQ(f.persistent_parameters, small);
+    // A layer's gathered part: its tensors of 5000 elements or more, the SwiGLU's three 64·96
+    // (q and o are 64², k and v 64·32 or 64·16), more than the embedding's 256·64.
+    EXPECT_EQ(f.largest_block, 3 * 64 * 96);
+    // Blocks: the embedding, 2 layers, the norm (and the untied head); the tied head is the embedding again.
+    ASSERT_EQ(f.block_gathered.size(), c.tie_word_embeddings ? 4u : 5u);
+    EXPECT_EQ(f.block_gathered[0], 256 * 64);
+    EXPECT_EQ(f.block_gathered[1], 3 * 64 * 96);
+    EXPECT_EQ(f.forward_block_order.back(), c.tie_word_embeddings ? 0 : 4);
+    EXPECT_EQ(f.sequence_length, 32);
+    EXPECT_EQ(f.intermediate, 96);
+    EXPECT_EQ(f.kv_heads, c.num_key_value_heads);
+  }
+  // Llama 3.2 1B: V·H (tied) + 16 layers of q and o (2048²), k and v (2048·512), the SwiGLU
+  // (3·2048·8192) and two norms, + the final norm.
+  const zt::ModelFigures one_b = zt::llama_model_figures(zt::llama_preset("llama-1b"), 2048, 100000);
+  const int64_t layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192 + 2 * 2048;
+  EXPECT_EQ(one_b.parameters, 128256LL * 2048 + 16 * layer + 2048);
+  EXPECT_EQ(one_b.parameters, 1235814400);
+  int64_t listed = 0;
+  for (const auto& p : one_b.parameter_list) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    listed += n;
+  }
+  EXPECT_EQ(listed, one_b.parameters);
+  EXPECT_EQ(one_b.largest_parameter, 128256LL * 2048);
+  EXPECT_EQ(one_b.persistent_parameters, 2048LL * (2 * 16 + 1));  // the norms, under the threshold
+}
+
 // Activations: the bytes autograd keeps after forward, counted by a stand-in CPU allocator,
 // against the formula (docs/memory.md), for the fused and unfused attention and both precisions.
 struct ActivationCase {
@@ -590,6 +651,51 @@ TEST(EstimateActivations, CheckpointingKeepsLayerInputsAndOneLayer) {
   EXPECT_EQ(zt::transformer_activation_bytes(f, 8, 2, zt::Recompute::None).total(), 0);
 }
 
+// The Llama's activations, counted the same way: grouped-query attention with an untied head and
+// one kv head with a tied head, fp32 and bf16, without and with full recomputation (the only kind
+// it has). The same bounds as the GPT's.
+TEST(EstimateActivations, LlamaSavedBytesMatchWhatAutogradKeeps) {
+  zt::LlamaConfig gqa = zt::llama_preset("llama-tiny");
+  gqa.hidden_size = 128;
+  gqa.intermediate_size = 352;
+  zt::LlamaConfig tied = gqa;
+  tied.num_key_value_heads = 1;
+  tied.tie_word_embeddings = true;
+  for (const auto& [name, c] : {std::pair{"gqa untied", gqa}, std::pair{"one kv head, tied", tied}})
+    for (bool bf16 : {false, true})
+      for (zt::Recompute recompute : {zt::Recompute::None, zt::Recompute::Full}) {
+        const std::string what = std::string(name) + (bf16 ? ", bf16" : ", fp32") + ", recompute " + zt::to_string(recompute);
+        SCOPED_TRACE(what);
+        torch::manual_seed(1);
+        zt::Llama model(c);
+        if (bf16) model->to(torch::kBFloat16);
+        zt::CheckpointingSettings settings;
+        settings.recompute = recompute;
+        model->set_checkpointing(settings);
+        const int64_t batch = 4, seq = 64;
+        auto idx = torch::randint(0, c.vocab_size, {batch, seq}, torch::kLong);
+        for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+        auto& counter = zt::testing::CountingAllocator::instance();
+        counter.install();
+        int64_t saved = 0, peak = 0;
+        {
+          auto loss = model->loss(idx, idx);
+          saved = counter.live();
+          loss.backward();
+          peak = counter.peak();
+        }
+        counter.uninstall();
+        const zt::ModelFigures f = zt::llama_model_figures(c, seq, 0);
+        const zt::ActivationBytes a = zt::transformer_activation_bytes(f, batch, bf16 ? 2 : 4, recompute);
+        EXPECT_NEAR(double(saved), double(a.saved), 0.03 * double(a.saved)) << "saved " << saved << " formula " << a.saved;
+        const double expected = double(a.total());
+        EXPECT_LE(double(peak), 1.10 * expected) << "peak " << peak << " saved " << saved;
+        EXPECT_GE(double(peak), (1.0 - (bf16 ? 0.25 : 0.10)) * expected) << "peak " << peak << " saved " << saved;
+        std::cout << what << ": saved " << saved << " (formula " << a.saved << "), peak " << peak << " (formula "
+                  << expected << ")\n";
+      }
+}
+
 // --- the estimate against measured runs --------------------------------------------------------
 
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
@@ -598,15 +704,19 @@ std::string write_file(const std::string& dir, const std::string& name, const st
   return path.string();
 }
 
-// A GPT of 3.3M parameters whose model states and activations are both tens of MiB, so that the
-// estimate is tested on every term; two steps, each rank on one thread, freed memory returned to
-// the system (the allocator policy the estimate models; docs/memory.md).
-std::string measured_config(const std::string& dir) {
+// A GPT of 3.3M parameters (or a Llama of 3.1M) whose model states and activations are both tens
+// of MiB, so that the estimate is tested on every term; two steps, each rank on one thread, freed
+// memory returned to the system (the allocator policy the estimate models; docs/memory.md).
+std::string measured_config(const std::string& dir, bool llama) {
+  const std::string model =
+      llama ? R"({"type": "llama", "preset": "llama-tiny", "n_layer": 4, "n_embd": 256, "n_head": 4, "n_kv_head": 2,
+                  "intermediate_size": 704, "vocab_size": 256, "context_length": 128})"
+            : R"({"preset": "tiny", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 256, "context_length": 128,
+                  "dropout": 0.0})";
   return write_file(dir, "config.json", R"({
     "gradient_accumulation_steps": 1, "steps_per_print": 100,
     "optimizer": {"type": "Adam", "params": {"lr": 0.001}},
-    "model": {"preset": "tiny", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 256, "context_length": 128,
-              "dropout": 0.0},
+    "model": )" + model + R"(,
     "data": {"source": "embedded", "sequence_length": 128},
     "train": {"steps": 2, "seed": 7, "threads": 1, "retain_freed_memory": "never", "log_dir": ")" +
                                           dir + R"("}})");
@@ -621,9 +731,9 @@ struct MeasuredCase {
 
 // Six configurations, model states and peak memory against the estimate, in four tests so that
 // each stays well inside its timeout where bf16 runs in plain loops (CPUs without AVX-512).
-void expect_measured_matches_estimate(const std::vector<MeasuredCase>& cases) {
+void expect_measured_matches_estimate(const std::vector<MeasuredCase>& cases, bool llama = false) {
   const std::string dir = make_temp_dir("estimate-measured");
-  const std::string config = measured_config(dir);
+  const std::string config = measured_config(dir, llama);
   // Micro-batches whose per-layer activations are 1 MiB tensors in either precision: smaller ones
   // come from the heap, whose fragmentation the estimate does not model (docs/memory.md).
   for (const MeasuredCase& c : cases) {
@@ -678,6 +788,10 @@ TEST(EstimateMeasured, Bf16StageTwoMatchesModelStatesAndPeakMemory) {
 }
 TEST(EstimateMeasured, Bf16StageThreeMatchesModelStatesAndPeakMemory) {
   expect_measured_matches_estimate({{3, 2, "bf16", 16}});
+}
+// The Llama: grouped-query attention, untied head, RMSNorm in fp32, the SwiGLU.
+TEST(EstimateMeasured, LlamaFp32StagesZeroAndThreeMatchModelStatesAndPeakMemory) {
+  expect_measured_matches_estimate({{0, 1, "fp32", 8}, {3, 2, "fp32", 8}}, /*llama=*/true);
 }
 
 // The heap policies at stages 0-2 on three model sizes whose activations are 256-512 KiB tensors.
@@ -935,6 +1049,52 @@ TEST(EstimateCli, RecomputationComesFromTheConfigurationUnlessTheFlagSaysOtherwi
   auto r = run_process({cli_path(), "estimate", path, "--activation-checkpointing", "most"});
   EXPECT_EQ(r.exit_code, 2) << r.output;
   std::filesystem::remove_all(dir);
+}
+
+// A Llama configuration is estimated from its own shape (the preset, its overrides): the CLI's
+// figures are llama_model_figures', activations included. The step-time model (--time, --plan)
+// and selective recomputation are refused for it in one line, and the BERT still is.
+TEST(EstimateCli, LlamaIsEstimatedFromItsConfiguration) {
+  const std::string dir = make_temp_dir("estimate_llama");
+  const std::string path = write_file(dir, "llama.json", R"({"train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "model": {"type": "llama", "preset": "llama-tiny", "n_kv_head": 1, "intermediate_size": 160},
+    "data": {"sequence_length": 96}})");
+  auto r = run_process({cli_path(), "estimate", path, "--stage", "2", "--devices-per-node", "2", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto out = nlohmann::json::parse(r.output);
+  zt::LlamaConfig llama = zt::llama_preset("llama-tiny");
+  llama.num_key_value_heads = 1;
+  llama.intermediate_size = 160;
+  const auto config = zt::load_config(path, {"zero_optimization.stage=2"}, 2);
+  const zt::ModelFigures f = zt::llama_model_figures(llama, 96, config.zero.stage3_param_persistence_threshold);
+  EXPECT_EQ(out["inputs"]["parameters"].get<int64_t>(), zt::llama_parameter_count(llama));
+  EXPECT_EQ(out["inputs"]["sequence_length"].get<int64_t>(), 96);
+  const zt::MemoryEstimate expected = zt::estimate_memory(f, cluster_of(1, 2), config);
+  EXPECT_EQ(out["per_device"]["activations"].get<int64_t>(), expected.per_device.activations);
+  EXPECT_GT(expected.per_device.activations, 0);
+  EXPECT_EQ(out["per_device"]["total"].get<int64_t>(), expected.per_device.total());
+
+  auto text = run_process({cli_path(), "estimate", path});
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  EXPECT_NE(text.output.find("llama from preset 'llama-tiny' (2 layers, 4 heads over 1 kv heads of 16, width 64, MLP 160, vocab 256"),
+            std::string::npos)
+      << text.output;
+
+  const std::string bert = write_file(dir, "bert.json", R"({"model": {"type": "bert", "preset": "bert-tiny"}})");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refusals = {
+      {{path, "--time"}, "--time"},
+      {{path, "--plan"}, "--plan"},
+      {{path, "--activation-checkpointing", "selective"}, "selective"},
+      {{bert}, "models the GPT and the Llama"}};
+  for (const auto& [extra, expected_text] : refusals) {
+    std::vector<std::string> args{cli_path(), "estimate"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto refused = run_process(args);
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_EQ(std::count(refused.output.begin(), refused.output.end(), '\n'), 1) << refused.output;
+    EXPECT_NE(refused.output.find(expected_text), std::string::npos) << refused.output;
+  }
 }
 
 TEST(EstimateCli, BadInputIsOneLineAndExitTwo) {

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "checkpoint/checkpoint.h"
 #include "checkpoint/hf.h"
 #include "checkpoint/safetensors.h"
 #include "support/process.h"
@@ -28,6 +29,7 @@
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
+#include "zerotrain/error.h"
 #include "zerotrain/models/llama.h"
 
 namespace fs = std::filesystem;
@@ -227,10 +229,64 @@ TEST(HfLlamaExport, RoundTripsBitwiseAndTransformersLoadsTheTrainedModel) {
   EXPECT_NE(p.output.find(dir + "/trained-qwen2: Qwen2ForCausalLM max_abs_diff"), std::string::npos) << p.output;
 }
 
+// A checkpoint of a run from model.init_from carries the directory's config.json: moved away
+// after training, the directory is not needed to export (its other keys are kept; only its
+// tokenizer files are missing, said in a note). A checkpoint without it (as saved before) names
+// the directory that is gone. Needs no transformers: the directory is our own export.
+TEST(HfLlamaExport, CheckpointCarriesTheDirectorysConfigJson) {
+  const std::string dir = make_temp_dir("hf-llama-carried");
+  const std::string tokens = zt::testing::write_byte_token_file(dir);
+  const std::string preset =
+      write_file(dir + "/preset.json", read_file(train_config(dir, tokens, 0, R"({"type": "llama"})", 1, "", false)));
+  auto r = run_process({cli_path(), "export", "--init", preset, "--format", "hf", "--out", dir + "/hf"}, {},
+                       std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto source = read_json(dir + "/hf/config.json");
+  source["bos_token_id"] = 7;
+  source["eos_token_id"] = 8;
+  write_file(dir + "/hf/config.json", source.dump());
+  write_file(dir + "/hf/tokenizer_config.json", R"({"bos_token": "<s>"})");
+  const std::string run = run_dir(dir, "run");
+  r = run_process({cli_path(), "train", train_config(run, tokens, 2, init_from(dir + "/hf"), 2, "", false), "--nproc",
+                   "1", "--save-dir", run + "/ckpt"},
+                  {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  fs::rename(dir + "/hf", dir + "/moved");
+
+  r = run_process({cli_path(), "export", run + "/ckpt", "--format", "hf", "--out", dir + "/out"}, {},
+                  std::chrono::seconds(60));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("'" + dir + "/hf' is gone"), std::string::npos) << r.output;
+  const auto written = read_json(dir + "/out/config.json");
+  EXPECT_EQ(written["bos_token_id"], 7);
+  EXPECT_EQ(written["eos_token_id"], 8);
+  EXPECT_EQ(written["hidden_size"], source["hidden_size"]);
+  EXPECT_EQ(written["num_key_value_heads"], source["num_key_value_heads"]);
+  EXPECT_FALSE(fs::exists(dir + "/out/tokenizer_config.json"));
+
+  const zt::CheckpointModel checkpoint(run + "/ckpt", "");
+  std::string source_dir;
+  EXPECT_EQ(zt::llama_config_from_resolved(checkpoint.configuration(), "ckpt", source_dir,
+                                           zt::carried_hf_config(checkpoint.scalars()))
+                .num_key_value_heads,
+            source["num_key_value_heads"].get<int64_t>());
+  EXPECT_EQ(source_dir, dir + "/hf");
+  try {
+    zt::llama_config_from_resolved(checkpoint.configuration(), "ckpt", source_dir);  // carrying nothing
+    ADD_FAILURE() << "no error for a directory that is gone";
+  } catch (const zt::DataError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("model.init_from '" + dir + "/hf'"), std::string::npos) << message;
+    EXPECT_NE(message.find("is gone"), std::string::npos) << message;
+    EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  }
+}
+
 // Bad directories and keys are one line and exit code 2 before any rank starts: another
 // architecture (named, with the supported ones), a tensor of another shape (named, with both
 // shapes), a missing tensor, a missing directory, a shape key beside the directory; the memory
-// estimate refuses a Llama in one line. Needs no transformers: the directory is our own export.
+// estimate reads the directory's shape and names a missing one. Needs no transformers: the
+// directory is our own export.
 TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
   const std::string dir = make_temp_dir("hf-llama-bad");
   const std::string tokens = zt::testing::write_byte_token_file(dir);
@@ -279,8 +335,17 @@ TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
                         {"model.init_from '" + dir + "/nowhere': expected a Hugging Face model directory"});
   expect_one_line_error(train_error(R"({"type": "llama", "init_from": ")" + dir + R"(/hf", "n_layer": 4})"),
                         {"model.n_layer: expected no shape beside model.init_from"});
-  expect_one_line_error(run_process({cli_path(), "estimate", preset}, {}, std::chrono::seconds(60)),
-                        {"the memory estimate models the GPT", "found \"llama\""});
+  // The memory estimate reads the directory's shape, and names a missing directory in one line.
+  r = run_process({cli_path(), "estimate", train_config(dir, tokens, 3, init_from(dir + "/hf"), 1, "", false)}, {},
+                  std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("llama from model.init_from '" + dir + "/hf' (2 layers, 4 heads over 2 kv heads"),
+            std::string::npos)
+      << r.output;
+  expect_one_line_error(
+      run_process({cli_path(), "estimate", train_config(dir, tokens, 3, init_from(dir + "/nowhere"), 1, "", false)}, {},
+                  std::chrono::seconds(60)),
+      {"model.init_from '" + dir + "/nowhere'"});
 }
 
 // A preset Llama with overrides trains from the command line to the same losses at stage 0, at

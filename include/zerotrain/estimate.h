@@ -15,8 +15,9 @@
 //   (src/layout/offload_plan.h) of the model's partition: the NVMe tiers' files per role, their
 //   host buffer pools and what stays in memory (ratio, max_in_cpu), by whole sub-groups and
 //   blocks; docs/memory.md "Offload". The partition is exact for a model whose parameter list is
-//   known (the reference GPT: gpt_model_figures), so the NVMe bytes and the host buffers equal
-//   what the engine creates; otherwise it is approximated from the figures and a note says so.
+//   known (the reference GPT: gpt_model_figures; the Llama: llama_model_figures), so the NVMe
+//   bytes and the host buffers equal what the engine creates; otherwise it is approximated from
+//   the figures and a note says so.
 // - Activation checkpointing (full or selective recomputation) is modelled as the engine and the
 //   reference models run it (docs/activation_checkpointing.md).
 #pragma once
@@ -32,6 +33,7 @@ namespace zt {
 
 struct TrainConfig;
 struct GPTConfig;
+struct LlamaConfig;
 
 using OffloadTarget = OffloadDevice;  // zerotrain/config.h: none, cpu, nvme
 enum class DeviceKind { Cpu, Cuda };
@@ -51,6 +53,15 @@ struct ModelFigures {
   int64_t layers = 0, hidden = 0, heads = 0, sequence_length = 0, vocabulary = 0;
   double dropout = 0.0;
   int64_t loss_chunk_tokens = 0;  // the head and loss over at most this many tokens at a time (0: all)
+  // Which decoder's tensors the activations follow: the GPT's (LayerNorm, a GELU MLP of 4·hidden,
+  // the head tied to the embedding) or the Llama's (RMSNorm computed in fp32, grouped-query
+  // attention with rotary embeddings, a SwiGLU MLP of `intermediate`, tied or not).
+  enum class Family { Gpt, Llama };
+  Family family = Family::Gpt;
+  int64_t intermediate = 0;  // Llama: the SwiGLU width
+  int64_t kv_heads = 0;      // Llama: key/value heads (0: heads)
+  int64_t head_dim = 0;      // Llama: elements per head (0: hidden / heads)
+  bool tied_head = true;     // the output head is the token embedding
   // Stage 3's block uses in forward order (block ids) and each block's gathered elements, for the
   // blocks kept gathered by stage3_max_reuse_distance; empty: unknown, taken as equal blocks of
   // largest_block.
@@ -69,6 +80,16 @@ struct ModelFigures {
 ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, int64_t persistence_threshold);
 // The GPT a training configuration describes (preset plus the "model" block's overrides).
 GPTConfig gpt_config_of(const TrainConfig& config);
+// Exact figures of the Llama-family decoder (models/llama.h) trained on `sequence_length` tokens:
+// parameters == llama_parameter_count(llama), its parameter list in registration order with each
+// tensor's stage-3 block (the embedding, each layer, the final norm, the untied head).
+ModelFigures llama_model_figures(const LlamaConfig& llama, int64_t sequence_length, int64_t persistence_threshold);
+// The figures of the model a training configuration describes: model.type "gpt" or "llama" (a
+// Llama's config.json read where model.init_from or model.config_from names it) trained on
+// data.sequence_length tokens (0: the model's context), with its persistence threshold. Throws
+// zt::ConfigError for another type, starting "model.type: the memory estimate models the GPT and
+// the Llama" and naming the type.
+ModelFigures model_figures_of(const TrainConfig& config);
 
 // What a cluster's devices and links sustain (achieved rates, not datasheet peaks): the inputs of
 // the step-time model (zerotrain/step_time.h, docs/step_time.md). 0 means unknown.
@@ -147,7 +168,8 @@ struct ActivationBytes {
 // Activation bytes per rank for one micro-batch of `micro_batch` sequences with `element_bytes`
 // per activation (2 or 4); zero when the shape is unknown. Full recomputation keeps each layer's
 // input and recomputes one layer at a time; selective keeps a layer's matrix-multiply outputs but
-// not its attention internals and GELU output (docs/activation_checkpointing.md).
+// not its attention internals and GELU output (docs/activation_checkpointing.md; the GPT only:
+// for the Llama it counts as none, as the Llama refuses it).
 ActivationBytes transformer_activation_bytes(const ModelFigures& model, int64_t micro_batch, int element_bytes,
                                              Recompute recompute);
 // "none", "selective" or "full" (ConfigError naming `what` otherwise).

@@ -106,12 +106,19 @@ GPTConfig gpt_config_from_resolved(const std::map<std::string, std::string>& res
 // model.type, "bert" or "llama"), and the BERT shape from its model.* keys; zt::DataError otherwise.
 std::string model_type_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
 BertConfig bert_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where);
-// The Llama shape of a checkpoint: the config.json of its saved model.init_from or
-// model.config_from directory (`source_dir` set to it; the directory must still be there), else
-// its model.preset with the model.* overrides (`source_dir` ""). zt::DataError when it cannot be
-// known.
+// The client-state key under which a Llama run's checkpoints carry the config.json text of its
+// model.init_from or model.config_from directory (saved as the scalar "client.hf_config").
+inline constexpr const char* kCarriedHfConfigKey = "hf_config";
+// That text among a checkpoint's scalars; "" when it carries none (a preset's run, or a checkpoint
+// saved before checkpoints carried it).
+std::string carried_hf_config(const std::map<std::string, std::string>& scalars);
+// The Llama shape of a checkpoint: with a saved model.init_from or model.config_from directory
+// (`source_dir` set to it), the config.json text the checkpoint carries (`carried`), else the
+// directory's own, which must then still be there; otherwise its model.preset with the model.*
+// overrides (`source_dir` ""). zt::DataError when it cannot be known, in one line naming the
+// directory when that is gone.
 LlamaConfig llama_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where,
-                                       std::string& source_dir);
+                                       std::string& source_dir, const std::string& carried = "");
 
 class HfModelReader : public WeightReader {
  public:

@@ -71,8 +71,13 @@ std::vector<std::string> copy_hf_tokenizer_files(const fs::path& from, const fs:
   return copied;
 }
 
+std::string carried_hf_config(const std::map<std::string, std::string>& scalars) {
+  const auto it = scalars.find(std::string("client.") + kCarriedHfConfigKey);
+  return it == scalars.end() ? "" : it->second;
+}
+
 LlamaConfig llama_config_from_resolved(const std::map<std::string, std::string>& resolved, const std::string& where,
-                                       std::string& source_dir) {
+                                       std::string& source_dir, const std::string& carried) {
   auto value = [&](const std::string& key) -> json {
     auto it = resolved.find(key);
     if (it == resolved.end())
@@ -96,6 +101,14 @@ LlamaConfig llama_config_from_resolved(const std::map<std::string, std::string>&
              {"model.vocab_size", &m.vocab_size}, {"model.context_length", &m.context_length}})
       *field = value(key).get<int64_t>();
     source_dir = !m.init_from.empty() ? m.init_from : m.config_from;
+    const std::string key = !m.init_from.empty() ? "model.init_from" : "model.config_from";
+    if (!source_dir.empty() && !carried.empty())
+      return llama_config_from_hf_json(carried, where + ": the config.json of " + key + " '" + source_dir + "' it carries");
+    std::error_code ec;
+    if (!source_dir.empty() && !fs::is_directory(source_dir, ec))
+      throw DataError(where + ": the Llama's shape is the config.json of " + key + " '" + source_dir +
+                      "', which is gone, and this checkpoint does not carry it (saved before checkpoints did): "
+                      "put the directory back to read it");
     return llama_config_of(config);
   } catch (const json::exception& e) {
     throw DataError(where + ": the saved configuration's model keys are malformed (" + e.what() + ")");

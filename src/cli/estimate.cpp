@@ -204,16 +204,26 @@ std::pair<zt::ModelFigures, std::string> model_of(const EstimateArgs& args, cons
     zt::ModelFigures model = raw_model_of(args, config);
     return {model, fmt::format("{:.3f}B parameters", model.parameters / 1e9)};
   }
-  if (config.model.type != "gpt")
-    throw zt::ConfigError(fmt::format("model.type: the memory estimate models the GPT; expected \"gpt\", found \"{}\" "
-                                      "(estimate a {} with --params and --layers/--hidden/--heads/--seq/--vocab)",
-                                      config.model.type, config.model.type == "bert" ? "BERT" : "Llama"));
-  const zt::GPTConfig gpt = zt::gpt_config_of(config);
-  const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
-  zt::ModelFigures model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);
+  if (config.model.type == "bert")
+    throw zt::ConfigError("model.type: the memory estimate models the GPT and the Llama; expected \"gpt\" or "
+                          "\"llama\", found \"bert\" (estimate a BERT with --params and "
+                          "--layers/--hidden/--heads/--seq/--vocab)");
+  const zt::ModelFigures model = zt::model_figures_of(config);
+  if (model.family == zt::ModelFigures::Family::Llama) {
+    // Named as the trainer names it: by the directory that gives its shape, else by its preset.
+    const zt::ModelConfig& m = config.model;
+    const std::string source = !m.init_from.empty()     ? "model.init_from '" + m.init_from + "'"
+                               : !m.config_from.empty() ? "model.config_from '" + m.config_from + "'"
+                                                        : "preset '" + m.preset + "'";
+    return {model, fmt::format("llama from {} ({} layers, {} heads over {} kv heads of {}, width {}, MLP {}, vocab {}{}, "
+                               "sequence {}), {:.3f}B parameters",
+                               source, model.layers, model.heads, model.kv_heads, model.head_dim, model.hidden,
+                               model.intermediate, model.vocabulary, model.tied_head ? ", tied head" : "",
+                               model.sequence_length, model.parameters / 1e9)};
+  }
   return {model, fmt::format("gpt '{}' ({} layers, width {}, {} heads, vocab {}, sequence {}), {:.3f}B parameters",
-                             config.model.preset, gpt.n_layer, gpt.n_embd, gpt.n_head, gpt.vocab_size, seq,
-                             model.parameters / 1e9)};
+                             config.model.preset, model.layers, model.hidden, model.heads, model.vocabulary,
+                             model.sequence_length, model.parameters / 1e9)};
 }
 
 // The flags that win over the configuration's zero_optimization.offload_*.device and policy.
@@ -292,6 +302,17 @@ int run_estimate(const EstimateArgs& args) {
   print_config_messages(config, /*cpu_device=*/cluster.device == zt::DeviceKind::Cpu);
   const auto [model, model_text] = model_of(args, config);
   const zt::EstimateOptions options = options_of(args);
+  if (model.family == zt::ModelFigures::Family::Llama) {
+    // The step-time model counts the GPT's FLOPs, and the planner tries selective recomputation,
+    // which the Llama refuses.
+    if (args.plan || args.time)
+      throw zt::ConfigError(fmt::format("{}: the step-time model counts the GPT's FLOPs; expected model.type \"gpt\" "
+                                        "with it, found \"llama\" (the memory estimate alone covers the Llama)",
+                                        args.plan ? "--plan" : "--time"));
+    if (options.recompute == zt::Recompute::Selective)
+      throw zt::ConfigError("--activation-checkpointing: expected none or full for model.type \"llama\", found "
+                            "selective (its attention core and SwiGLU are not split out for recomputation)");
+  }
   const std::string inputs_text =
       fmt::format("model: {}\ncluster: {} node(s) x {} {} device(s); micro-batch {}, {}, optimizer {}\n", model_text,
                   cluster.nodes, cluster.devices_per_node, zt::to_string(cluster.device),

@@ -79,17 +79,22 @@ std::string source_config_text(const std::string& dir) {
 }
 
 // A Llama export in the Hugging Face layout, with the tokenizer files of the directory the model
-// came from (`source_dir`, "" for none) beside it.
+// came from (`source_dir`, "" for none) beside it. `carried`: the text of that directory's
+// config.json as a checkpoint carries it ("" to read the directory's own).
 int64_t write_llama_export(const std::vector<zt::HfTensor>& tensors, const zt::LlamaConfig& llama,
-                           const std::string& source_dir, const ExportArgs& args, at::ScalarType dtype,
-                           int64_t max_shard) {
-  const int64_t bytes =
-      zt::write_hf_llama_model(tensors, llama, args.out, dtype, max_shard, source_config_text(source_dir));
-  if (!source_dir.empty() && std::filesystem::is_directory(source_dir)) {
-    const auto copied = zt::copy_hf_tokenizer_files(source_dir, args.out);
-    if (!copied.empty())
-      std::cout << fmt::format("copied {} from '{}'\n", fmt::join(copied, ", "), source_dir);
+                           const std::string& source_dir, const std::string& carried, const ExportArgs& args,
+                           at::ScalarType dtype, int64_t max_shard) {
+  const int64_t bytes = zt::write_hf_llama_model(tensors, llama, args.out, dtype, max_shard,
+                                                 carried.empty() ? source_config_text(source_dir) : carried);
+  if (source_dir.empty()) return bytes;
+  if (!std::filesystem::is_directory(source_dir)) {
+    // The weights and config.json are whole without it; only the tokenizer files are missing.
+    std::cerr << fmt::format("zerotrain: note: '{}' is gone: its tokenizer files are not copied beside the export\n",
+                             source_dir);
+    return bytes;
   }
+  const auto copied = zt::copy_hf_tokenizer_files(source_dir, args.out);
+  if (!copied.empty()) std::cout << fmt::format("copied {} from '{}'\n", fmt::join(copied, ", "), source_dir);
   return bytes;
 }
 
@@ -160,7 +165,7 @@ ExportDone export_init(const ExportArgs& args, bool hf, at::ScalarType dtype, in
     tensors.push_back({named.key(), value.sizes().vec(), [value] { return value.detach().to(torch::kFloat32); }});
   }
   const std::string source_dir = !config.model.init_from.empty() ? config.model.init_from : config.model.config_from;
-  done.bytes = hf && llama ? write_llama_export(tensors, llama_config, source_dir, args, dtype, max_shard)
+  done.bytes = hf && llama ? write_llama_export(tensors, llama_config, source_dir, "", args, dtype, max_shard)
                : hf && bert ? zt::write_hf_bert_model(tensors, bert_config, args.out, dtype, max_shard)
                : hf         ? zt::write_hf_model(tensors, gpt, args.out, dtype, max_shard)
                             : zt::write_safetensors_model(tensors, args.out, dtype,
@@ -181,8 +186,9 @@ ExportDone export_hf_checkpoint(const ExportArgs& args, at::ScalarType dtype, in
   done.source = "checkpoint " + checkpoint.root();
   if (type == "llama") {
     std::string source_dir;
-    const zt::LlamaConfig llama = zt::llama_config_from_resolved(resolved, checkpoint.where(), source_dir);
-    done.bytes = write_llama_export(tensors, llama, source_dir, args, dtype, max_shard);
+    const std::string carried = zt::carried_hf_config(checkpoint.scalars());
+    const zt::LlamaConfig llama = zt::llama_config_from_resolved(resolved, checkpoint.where(), source_dir, carried);
+    done.bytes = write_llama_export(tensors, llama, source_dir, carried, args, dtype, max_shard);
   } else if (type == "bert") {
     done.bytes = zt::write_hf_bert_model(tensors, zt::bert_config_from_resolved(resolved, checkpoint.where()),
                                          args.out, dtype, max_shard);

@@ -84,7 +84,9 @@ LoadedModel load_checkpoint(const std::string& dir, const std::string& tag) {
   LoadedModel loaded;
   std::string source_dir;
   if (type == "llama") {
-    loaded.llama = Llama(llama_config_from_resolved(resolved, checkpoint.where(), source_dir)).ptr();
+    loaded.llama =
+        Llama(llama_config_from_resolved(resolved, checkpoint.where(), source_dir, carried_hf_config(checkpoint.scalars())))
+            .ptr();
   } else if (type == "gpt") {
     loaded.gpt = GPT(gpt_config_from_resolved(resolved, checkpoint.where())).ptr();
   } else {

@@ -63,8 +63,8 @@ zt::TrainRunOptions run_options(const TrainArgs& args) {
   return options;
 }
 
-// The run's GPT and this node's ranks as the memory estimate takes them; nullopt for a model the
-// estimate does not cover (the BERT) or a configuration it refuses.
+// The run's model and this node's ranks as the memory estimate takes them; nullopt for a model
+// the estimate does not cover (the BERT) or a configuration it refuses.
 struct NodeEstimateInputs {
   zt::ModelFigures model;
   zt::ClusterSpec cluster;
@@ -72,14 +72,12 @@ struct NodeEstimateInputs {
 
 std::optional<NodeEstimateInputs> node_estimate_inputs(const zt::TrainConfig& config, int nproc, int nnodes,
                                                        const std::string& device) {
-  if (config.model.type != "gpt") return std::nullopt;
+  if (config.model.type == "bert") return std::nullopt;
   NodeEstimateInputs in;
   in.cluster.device = device == "cuda" ? zt::DeviceKind::Cuda : zt::DeviceKind::Cpu;
   in.cluster.devices_per_node = nproc;
   in.cluster.nodes = nnodes;
-  const zt::GPTConfig gpt = zt::gpt_config_of(config);
-  const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : gpt.context_length;
-  in.model = zt::gpt_model_figures(gpt, seq, config.zero.stage3_param_persistence_threshold);
+  in.model = zt::model_figures_of(config);
   return in;
 }
 

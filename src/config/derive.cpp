@@ -465,14 +465,14 @@ void validate_data(const TrainConfig& c) {
   if (c.data.source != "finetune" && given(c, "data.chat_template"))
     throw ConfigError(fmt::format("data.chat_template: read only when data.source is \"finetune\", found \"{}\"",
                                   c.data.source));
-  // Packing changes the GPT's attention and positions per example: fine-tuning examples only.
+  // Packing changes a decoder's attention and positions per example: fine-tuning examples only.
   if (c.data.pack && c.data.source != "finetune")
     throw ConfigError(fmt::format("data.pack: packs fine-tuning examples, read only when data.source is "
                                   "\"finetune\", found \"{}\"",
                                   c.data.source));
-  if (c.data.pack && c.model.type != "gpt")
-    throw ConfigError(fmt::format("data.pack: applies to model.type \"gpt\" only, found model.type \"{}\"",
-                                  c.model.type));
+  if (c.data.pack && c.model.type == "bert")
+    throw ConfigError("data.pack: applies to the decoders (model.type \"gpt\" and \"llama\"), found model.type "
+                      "\"bert\"");
   if (c.data.source == "finetune" && given(c, "data.cache_dir"))
     throw ConfigError("data.cache_dir: fine-tuning examples are tokenized in memory at each load, not cached (remove "
                       "the key)");

@@ -3,6 +3,7 @@
 #include "layout/offload_plan.h"
 #include "layout/reuse_distance.h"
 #include "memory/estimate_report.h"
+#include "memory/llama_estimate.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -220,6 +221,7 @@ Recompute recompute_of(const TrainConfig& config) {
 
 ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micro_batch, int element_bytes,
                                              Recompute recompute) {
+  if (m.family == ModelFigures::Family::Llama) return llama_activation_bytes(m, micro_batch, element_bytes, recompute);
   ActivationBytes bytes;
   if (!m.has_shape() || micro_batch <= 0) return bytes;
   const int64_t e = element_bytes, s = m.sequence_length, b = micro_batch, h = m.hidden, V = m.vocabulary;

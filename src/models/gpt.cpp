@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "models/packed_rows.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/error.h"
 
@@ -159,19 +160,9 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& seg
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   torch::Tensor allowed;  // packed rows: the block-diagonal causal mask [B,1,T,T]
   if (segments.defined()) {
-    if (segments.sizes() != idx.sizes() || !at::isIntegralType(segments.scalar_type(), /*includeBool=*/false))
-      bad_input("segments must be integers of the inputs' shape " + c10::str(idx.sizes()) + ", found " +
-                std::string(c10::toString(segments.scalar_type())) + " " + c10::str(segments.sizes()));
-    const auto seg = segments.to(idx.device(), torch::kLong);
-    // A segment starts where its id differs from the position before; each position's id is its
-    // distance from the last start at or before it.
-    auto starts = torch::ones_like(seg, torch::kBool);
-    if (T > 1) starts.narrow(1, 1, T - 1).copy_(seg.narrow(1, 1, T - 1) != seg.narrow(1, 0, T - 1));
-    const auto at_start = torch::where(starts, pos.unsqueeze(0).expand_as(seg), torch::zeros_like(seg));
-    pos = pos.unsqueeze(0) - std::get<0>(at_start.cummax(1));  // [B,T]
-    allowed = (seg.unsqueeze(2) == seg.unsqueeze(1)).logical_and_(
-                  torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(idx.device())).tril_())
-                  .unsqueeze(1);
+    PackedRows rows = packed_rows(idx, segments, "GPT");
+    pos = std::move(rows.positions);  // [B,T]
+    allowed = std::move(rows.allowed);
   }
   // [B,T,C] + [T,C], or + [B,T,C] for packed rows
   auto x = drop_(tok + run_block(*wpe, pos, [this](const torch::Tensor& in) { return wpe(in); }));

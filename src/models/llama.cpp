@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "models/llama_ops.h"
+#include "models/packed_rows.h"
 #include "zerotrain/error.h"
 
 namespace zt {
@@ -64,7 +65,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
   o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
 }
 
-torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                                          const torch::Tensor& allowed) {
   const int64_t B = x.size(0), T = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim_}).transpose(1, 2); };
   auto q = heads(q_proj(x), heads_), k = heads(k_proj(x), kv_heads_), v = heads(v_proj(x), kv_heads_);
@@ -72,8 +74,13 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
   q = llama_ops::apply_rotary(q, c, s);
   k = llama_ops::repeat_kv(llama_ops::apply_rotary(k, c, s), heads_);
   v = llama_ops::repeat_kv(v, heads_);
-  auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
-                                            /*is_causal=*/true, /*scale=*/std::pow(double(head_dim_), -0.5));
+  const double scale = std::pow(double(head_dim_), -0.5);
+  // Packed rows pass their block-diagonal causal mask; otherwise the causal-only fast path, which
+  // never materialises a [T,T] mask.
+  auto y = allowed.defined()
+               ? at::scaled_dot_product_attention(q, k, v, allowed, /*dropout_p=*/0.0, /*is_causal=*/false, scale)
+               : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
+                                                  /*is_causal=*/true, scale);
   return o_proj(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
 }
 
@@ -95,8 +102,8 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
 }
 
 torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
-                                             const torch::Tensor& sin) {
-  auto h = x + self_attn->forward(input_layernorm(x), cos, sin);
+                                             const torch::Tensor& sin, const torch::Tensor& allowed) {
+  auto h = x + self_attn->forward(input_layernorm(x), cos, sin, allowed);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -161,7 +168,7 @@ std::pair<torch::Tensor, torch::Tensor> LlamaImpl::rotary(int64_t T, const torch
   return {emb.cos().to(device), emb.sin().to(device)};
 }
 
-torch::Tensor LlamaImpl::forward(const torch::Tensor& ids) {
+torch::Tensor LlamaImpl::forward(const torch::Tensor& ids, const torch::Tensor& segments) {
   if (!ids.defined() || ids.dim() != 2)
     bad_input("forward expects token ids of shape [B, T], found " +
               (ids.defined() ? std::to_string(ids.dim()) + "-D tensor " + c10::str(ids.sizes())
@@ -179,11 +186,24 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& ids) {
               std::to_string(lo) + ", " + std::to_string(hi) + "]");
   auto embed = model->embed_tokens.ptr();
   auto x = run_block(*embed, ids, [embed](const torch::Tensor& in) { return embed->forward(in); });
-  const auto [cos, sin] = rotary(T, ids.device());
+  auto [cos, sin] = rotary(T, ids.device());
+  torch::Tensor allowed;  // packed rows: the block-diagonal causal mask [B,1,T,T]
+  if (segments.defined()) {
+    // Each token's angles are those of its position within its example, read from the same
+    // table, so that a packed example rotates exactly as it would alone (as transformers'
+    // position_ids restarting per example).
+    const PackedRows rows = packed_rows(ids, segments, "Llama");
+    allowed = rows.allowed;
+    const auto per_token = [&](const torch::Tensor& table) {
+      return table.index_select(0, rows.positions.flatten()).view({ids.size(0), 1, T, table.size(1)});
+    };
+    cos = per_token(cos);
+    sin = per_token(sin);
+  }
   for (size_t i = 0; i < layers.size(); ++i) {
     // Owns what it captures: a checkpointed layer runs it again in backward.
-    BlockFunction run = [layer = layers[i].ptr(), cos, sin](const torch::Tensor& in) {
-      return layer->forward(in, cos, sin);
+    BlockFunction run = [layer = layers[i].ptr(), cos, sin, allowed](const torch::Tensor& in) {
+      return layer->forward(in, cos, sin, allowed);
     };
     if (checkpointing_.recompute == Recompute::Full && checkpointed_[i]) {
       CheckpointOptions options;
@@ -200,11 +220,11 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& ids) {
   return run_block(*embed, x, [embed](const torch::Tensor& in) { return torch::nn::functional::linear(in, embed->weight); });
 }
 
-torch::Tensor LlamaImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets) {
+torch::Tensor LlamaImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets, const torch::Tensor& segments) {
   if (!targets.defined() || targets.sizes() != ids.sizes())
     bad_input("loss expects targets with the shape of the inputs " + c10::str(ids.sizes()) + ", found " +
               (targets.defined() ? c10::str(targets.sizes()) : std::string("an undefined tensor")));
-  auto logits = forward(ids).to(torch::kFloat);
+  auto logits = forward(ids, segments).to(torch::kFloat);
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}).to(torch::kLong),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));

@@ -140,7 +140,7 @@ LlamaConfig llama_config_from_hf_json(const std::string& text, const std::string
   return c;
 }
 
-LlamaConfig read_llama_hf_config(const std::string& dir, const std::string& key) {
+std::string read_hf_config_text(const std::string& dir, const std::string& key) {
   const std::string where = key + " '" + dir + "'";
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
@@ -153,7 +153,11 @@ LlamaConfig read_llama_hf_config(const std::string& dir, const std::string& key)
                       std::to_string(kMaxConfigBytes));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(where + ": cannot read its config.json");
-  return llama_config_from_hf_json(std::string(std::istreambuf_iterator<char>(in), {}), where);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+LlamaConfig read_llama_hf_config(const std::string& dir, const std::string& key) {
+  return llama_config_from_hf_json(read_hf_config_text(dir, key), key + " '" + dir + "'");
 }
 
 std::string llama_hf_architecture(const LlamaConfig& c) { return c.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"; }

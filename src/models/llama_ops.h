@@ -10,8 +10,8 @@ namespace zt::llama_ops {
 // transformers' rotate_half: [x1, x2] -> [-x2, x1] over the last dimension's halves.
 at::Tensor rotate_half(const at::Tensor& x);
 
-// Rotary embedding of q or k [B, heads, T, head_dim] with cos and sin [T, head_dim] (already in
-// x's dtype): x·cos + rotate_half(x)·sin.
+// Rotary embedding of q or k [B, heads, T, head_dim] with cos and sin [T, head_dim], or
+// [B, 1, T, head_dim] for per-token positions (already in x's dtype): x·cos + rotate_half(x)·sin.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // transformers' repeat_kv: keys or values [B, kv_heads, S, head_dim] to [B, heads, S, head_dim],

@@ -18,7 +18,7 @@ namespace {
 // The run's memory as measured on every rank, beside what `zerotrain estimate` says of it.
 struct MemoryFigures {
   std::vector<RankStats> stats;
-  MemoryEstimate estimate;     // the GPT's; empty for a BERT or Llama run (the estimate models the GPT)
+  MemoryEstimate estimate;     // empty for a BERT run (the estimate models the GPT and the Llama)
   int64_t measured_peak = 0;   // the largest peak RSS above the pre-model baseline over ranks
   // The two moments apart (zerotrain/estimate.h: construction and step), largest over ranks; -1
   // where the kernel's peak could not be restarted after set-up.
@@ -40,10 +40,11 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
     cluster.device_memory = run.device.total_memory;
     cluster.host_memory = physical_memory_bytes();
   }
+  const int64_t threshold = run.config.zero.stage3_param_persistence_threshold;
   if (run.is_gpt())
-    m.estimate = estimate_memory(
-        gpt_model_figures(run.gpt_config, run.seq_len, run.config.zero.stage3_param_persistence_threshold), cluster,
-        run.config);
+    m.estimate = estimate_memory(gpt_model_figures(run.gpt_config, run.seq_len, threshold), cluster, run.config);
+  else if (run.is_llama)
+    m.estimate = estimate_memory(llama_model_figures(run.llama_config, run.seq_len, threshold), cluster, run.config);
   for (const auto& s : m.stats) {
     m.measured_peak = std::max(m.measured_peak, s.peak_rss - s.baseline_rss);
     if (s.setup_peak_rss >= 0) m.measured_setup = std::max(m.measured_setup, s.setup_peak_rss - s.baseline_rss);
@@ -62,14 +63,14 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
 
 void print_memory_line(const TrainingRun& run, const MemoryFigures& m) {
   const RankDevice& device = run.device;
-  if (!run.is_gpt() && device.cuda()) {
+  if (run.is_bert && device.cuda()) {
     fmt::print("memory per rank: measured {} allocated / {} reserved of {} ({}); peak RSS {} above the pre-model "
-               "baseline (no estimate: the memory estimate models the GPT)\n",
+               "baseline (no estimate: the memory estimate models the GPT and the Llama)\n",
                human_bytes(m.gpu_peak.allocated), human_bytes(m.gpu_peak.reserved), human_bytes(device.total_memory),
                device.name, human_bytes(m.measured_peak));
-  } else if (!run.is_gpt()) {
+  } else if (run.is_bert) {
     fmt::print("memory per rank: measured {} above the pre-model baseline (no estimate: the memory estimate models "
-               "the GPT)\n",
+               "the GPT and the Llama)\n",
                human_bytes(m.measured_peak));
   } else if (device.cuda()) {
     fmt::print("memory per rank: GPU estimated peak {}, measured {} allocated / {} reserved of {} ({}); host "
@@ -193,7 +194,7 @@ nlohmann::json memory_json(const TrainingRun& run, const MemoryFigures& m) {
                                    {"unmapped", c.unmapped},
                                    {"high_water_bytes", c.high_water_bytes}};
   }
-  if (run.is_gpt()) memory["estimate"] = estimate_to_json(m.estimate);
+  if (!run.is_bert) memory["estimate"] = estimate_to_json(m.estimate);
   return memory;
 }
 

@@ -84,6 +84,10 @@ void read_model_and_data(TrainingRun& run) {
     run.n_params = bert_parameter_count(run.bert_config);
   } else if (run.is_llama) {
     run.llama_config = llama_config_of(config);  // with model.init_from: its config.json
+    const ModelConfig& m = config.model;
+    if (!m.init_from.empty() || !m.config_from.empty())
+      run.llama_source_config = !m.init_from.empty() ? read_hf_config_text(m.init_from, "model.init_from")
+                                                     : read_hf_config_text(m.config_from, "model.config_from");
     context = run.llama_config.max_position_embeddings;
     vocab = run.llama_config.vocab_size;
     run.n_layer = run.llama_config.num_hidden_layers;

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 
+#include "checkpoint/hf.h"
 #include "common/check.h"
 #include "memory/cpu_block_cache.h"
 #include "train/training_run.h"
@@ -67,8 +68,9 @@ class BatchSource {
   torch::Tensor next_loss() {
     if (run_.is_bert) return run_.bert->mlm_loss(to_device(bert_prefetcher_->next()));
     Batch batch = to_device(prefetcher_->next());
-    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets);  // data.pack is refused for it
-    return run_.model->loss(batch.inputs, batch.targets, batch.segments);  // segments: packed rows only
+    // segments: packed rows only
+    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets, batch.segments);
+    return run_.model->loss(batch.inputs, batch.targets, batch.segments);
   }
 
   // The mean held-out loss over train.eval_iters batches and all ranks (a collective).
@@ -230,8 +232,9 @@ void save_if_due(const TrainingRun& run, const TrainRunOptions& options, int64_t
   if (options.save_dir.empty() || !(last || (options.save_every > 0 && (step + 1) % options.save_every == 0))) return;
   const auto save_start = Clock::now();
   const std::string tag = fmt::format("step-{}", step + 1);
-  run.engine->save_checkpoint(options.save_dir, tag, {{"seed", std::to_string(run.config.train.seed)}},
-                              options.keep_last);
+  std::map<std::string, std::string> client = {{"seed", std::to_string(run.config.train.seed)}};
+  if (!run.llama_source_config.empty()) client[kCarriedHfConfigKey] = run.llama_source_config;
+  run.engine->save_checkpoint(options.save_dir, tag, client, options.keep_last);
   const double seconds = seconds_since(save_start);
   if (!run.leader) return;
   int64_t bytes = 0;

@@ -110,6 +110,9 @@ struct TrainingRun {
   bool is_llama = false;
   GPTConfig gpt_config;
   LlamaConfig llama_config;
+  // The config.json text of model.init_from or model.config_from ("" for a preset): checkpoints
+  // carry it, so that exporting one no longer needs the directory (zerotrain export).
+  std::string llama_source_config;
   BertConfig bert_config;
   BertSpecialTokens bert_specials;  // its content vocabulary, then [CLS], [SEP], [MASK], [PAD]
   int64_t seq_len = 0, n_layer = 0, n_params = 0;

@@ -6,7 +6,8 @@
 // x += mlp(rms(x))] -> RMSNorm -> lm_head. RMSNorm computes in fp32 and scales in the input's
 // dtype (as transformers). Attention: q/k/v/o projections, rotary position embeddings (rotate
 // half; the "default", "linear" and "llama3" rope_scaling kinds), grouped-query attention (kv head
-// j serves q heads j·r .. j·r+r-1), causal scaled-dot-product attention scaled by head_dim^-1/2.
+// j serves q heads j·r .. j·r+r-1), causal scaled-dot-product attention scaled by head_dim^-1/2
+// (packed rows: block-diagonal causal, positions restarting per segment).
 // MLP: down(silu(gate(x)) · up(x)). lm_head is tied to the embedding when tie_word_embeddings.
 //
 // Contracts:
@@ -51,8 +52,11 @@ TORCH_MODULE(RMSNorm);
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config);
-  // x [B,T,H]; cos, sin [T, head_dim] -> [B,T,H]
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // x [B,T,H]; cos, sin [T, head_dim], or [B,1,T,head_dim] per token (packed rows) -> [B,T,H].
+  // `allowed` (packed rows), when defined: bool [B,1,T,T], true where a query may attend to a key,
+  // in place of the causal mask.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& allowed = {});
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
@@ -72,7 +76,9 @@ TORCH_MODULE(LlamaMLP);
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
   explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+  // As LlamaAttentionImpl::forward.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& allowed = {});
 
   // transformers' registration order.
   LlamaAttention self_attn{nullptr};
@@ -97,10 +103,14 @@ class LlamaImpl : public torch::nn::Module {
   explicit LlamaImpl(const LlamaConfig& config);
 
   // ids: integer tensor [B,T], 1 <= T <= max_position_embeddings -> logits [B,T,vocab_size].
-  torch::Tensor forward(const torch::Tensor& ids);
-  // Mean cross-entropy of forward(ids) against targets [B,T] in fp32; targets of -100 are ignored
-  // (as transformers' labels after the shift the caller does).
-  torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets);
+  // `segments` (packed rows, zerotrain/data.h Batch::segments), when defined: integer [B,T]; each
+  // position attends only to the earlier positions of its own segment, and its rotary position
+  // restarts at 0 where its segment starts, so each segment's logits are those of its tokens alone
+  // (up to float rounding). Undefined: causal attention over the whole row, positions 0..T-1.
+  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& segments = {});
+  // Mean cross-entropy of forward(ids, segments) against targets [B,T] in fp32; targets of -100
+  // are ignored (as transformers' labels after the shift the caller does).
+  torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& targets, const torch::Tensor& segments = {});
 
   // Full recomputation of the checkpointed layers in backward (docs/activation_checkpointing.md);
   // selective recomputation is refused (zt::ConfigError) for this model.

@@ -68,6 +68,8 @@ LlamaConfig llama_config_from_hf_json(const std::string& text, const std::string
 // DIR/config.json read (at most 1 MiB) and parsed so; `key` names the setting that gave DIR
 // ("model.init_from") in errors. A missing directory or file is a zt::ConfigError.
 LlamaConfig read_llama_hf_config(const std::string& dir, const std::string& key);
+// The text of that DIR/config.json, with the same checks and errors, unparsed.
+std::string read_hf_config_text(const std::string& dir, const std::string& key);
 // transformers' class of a shape: "Qwen2ForCausalLM" for qkv_bias, else "LlamaForCausalLM".
 std::string llama_hf_architecture(const LlamaConfig& config);
 // config.json of `config` as transformers 5 writes it for llama_hf_architecture(config), with
