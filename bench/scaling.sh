@@ -3,8 +3,8 @@
 # rank against model size, at each ZeRO stage, on 2 local ranks × 1 thread, micro-batch 4 × 64
 # tokens. A configuration runs when the memory estimate (zerotrain estimate, the same one the run
 # prints) says two ranks of it fit in 90% of this machine's memory: with the default heap policy
-# when a quarter above the estimate still fits (what "bounded" may keep, docs/memory.md "The heap
-# policy"), else with train.retain_freed_memory "never", as docs/memory.md advises near the limit.
+# when a quarter above the estimate still fits (a margin for the heap beyond the estimate,
+# docs/memory.md "The heap policy"), else with train.retain_freed_memory "never".
 # Otherwise its row gives the estimate alone: where that stage stops fitting. Writes
 # docs/scaling.csv (rows of presets not measured in this run are kept from the previous file) and
 # draws docs/scaling.png from it (bench/scaling_plot.py, matplotlib pinned beside the torch wheel).
