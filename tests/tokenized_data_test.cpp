@@ -754,4 +754,5 @@ TEST(TokenizedDataCli, BadDataIsOneLineBeforeLaunchAndFinetuningTrains) {
                   {}, std::chrono::seconds(120));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fine-tuning examples (loss on the response tokens)"), std::string::npos) << r.output;
 }

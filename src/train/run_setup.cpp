@@ -248,6 +248,14 @@ void resume(TrainingRun& run, const TrainRunOptions& options) {
                run.first_step, load_seconds, options.reset_optimizer ? " (weights only: optimizer moments reset)" : "");
 }
 
+// The training data as the model line names it: fine-tuning examples or token counts.
+std::string data_summary(const TrainingRun& run) {
+  if (run.data.finetune())
+    return fmt::format("{} train / {} held-out fine-tuning examples (loss on the response tokens)",
+                       run.data.finetune_train->count(), run.data.finetune_val->count());
+  return fmt::format("{} train / {} held-out tokens", run.data.train.size(), run.data.val.size());
+}
+
 void print_model_line(const TrainingRun& run) {
   if (!run.leader) return;
   const TrainConfig& config = run.config;
@@ -270,25 +278,19 @@ void print_model_line(const TrainingRun& run) {
                                : !config.model.config_from.empty() ? "model.config_from '" + config.model.config_from + "'"
                                                                    : "preset '" + config.model.preset + "'";
     fmt::print("model: llama from {} ({}; {} layers, {} heads over {} kv heads of {}, width {}, MLP {}, vocab {}, "
-               "context {}{}{}), {:.2f}M parameters; data: {} train / {} held-out tokens; global batch {} x {} "
-               "tokens\n",
+               "context {}{}{}), {:.2f}M parameters; data: {}; global batch {} x {} tokens\n",
                source, llama_hf_architecture(l), l.num_hidden_layers, l.num_attention_heads, l.num_key_value_heads,
                l.resolved_head_dim(), l.hidden_size, l.intermediate_size, l.vocab_size, l.max_position_embeddings,
                l.tie_word_embeddings ? ", tied head" : "",
                l.rope_scaling.type == "default" ? "" : ", rope scaling " + l.rope_scaling.type, run.n_params / 1e6,
-               run.data.train.size(), run.data.val.size(), config.train_batch_size, run.seq_len);
+               data_summary(run), config.train_batch_size, run.seq_len);
     return;
   }
   const GPTConfig& g = run.gpt_config;
-  const std::string data =
-      run.data.finetune()
-          ? fmt::format("{} train / {} held-out fine-tuning examples (loss on the response tokens)",
-                        run.data.finetune_train->count(), run.data.finetune_val->count())
-          : fmt::format("{} train / {} held-out tokens", run.data.train.size(), run.data.val.size());
   fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
              "data: {}; global batch {} x {} tokens\n",
              config.model.preset, g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.context_length, run.n_params / 1e6,
-             data, config.train_batch_size, run.seq_len);
+             data_summary(run), config.train_batch_size, run.seq_len);
 }
 
 }  // namespace
