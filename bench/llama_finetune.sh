@@ -38,6 +38,8 @@ die() { echo "llama_finetune: $*" >&2; exit 2; }
 while (($#)); do
   case $1 in
     -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    --size|--steps|--seq|--threads|--offload-optimizer|--offload-param|--examples|--cap-gib|--work-dir|--systems|--set) ;;
+    *) die "unknown argument '$1' (see --help)" ;;
   esac
   (($# >= 2)) || die "$1 needs a value (see --help)"
   case $1 in
