@@ -27,6 +27,7 @@ import torch
 # The model (zerotrain's GPT in PyTorch) and the preset table, shared with the DeepSpeed oracle.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from zt_gpt import GPT, PRESETS, parameter_count  # noqa: E402
+from bench_util import set_path  # noqa: E402
 
 
 def peak_rss_bytes():
@@ -53,16 +54,6 @@ def disk_bytes(path):
         return 0
     out = subprocess.run(["du", "-sb", path], capture_output=True, text=True)
     return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout else 0
-
-
-def set_path(config, dotted, value):
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        config = config.setdefault(k, {})
-    try:
-        config[keys[-1]] = json.loads(value)
-    except json.JSONDecodeError:
-        config[keys[-1]] = value
 
 
 def main():

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from bench_util import status_bytes  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "oracle"))
 
 FP32_LOSS_RTOL = 1e-5  # the oracle's fp32 loss tolerance (docs/deepspeed_oracle.md "Tolerances")
@@ -132,14 +133,6 @@ def load_weights(model, weights, partitioned):
                 raise ValueError(f"{weights.path}: {name} has shape {tuple(w.shape)}, the model's is {tuple(p.shape)}")
             p.copy_(w)
             del w
-
-
-def status_bytes(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def reset_peak():

@@ -32,6 +32,7 @@ import statistics
 import sys
 import time
 import warnings
+from bench_util import set_path, status_bytes  # noqa: E402
 
 GIB = 1024 ** 3
 EOS = "<|end_of_text|>"
@@ -120,15 +121,6 @@ def parameter_count(model_dir):
 
 
 # ------------------------------------------------------------------------------------ config
-def set_path(config, dotted, value):
-    keys = dotted.split(".")
-    for k in keys[:-1]:
-        config = config.setdefault(k, {})
-    try:
-        config[keys[-1]] = json.loads(value)
-    except json.JSONDecodeError:
-        config[keys[-1]] = value
-
 
 def cmd_config(a):
     with open(os.path.join(a.model_dir, "config.json")) as f:
@@ -170,13 +162,6 @@ def cmd_config(a):
 
 
 # ------------------------------------------------------------------------------------ train
-def status_bytes(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
 
 def examples(path, tokenizer_dir, seq):
     """(ids, labels) rows of seq + 1 tokens as zerotrain builds them unpacked: the prompt (its

@@ -569,6 +569,24 @@ TEST(CountingAllocator, RawAllocateAndDeallocateKeepTheAllocatorContract) {
   counter.uninstall();
 }
 
+// What autograd keeps after model->loss(idx, idx), and the peak through its backward, counted by
+// the allocator. Gradients exist before backward, as the engine's arenas do: autograd adds into them.
+template <class Model>
+std::pair<int64_t, int64_t> saved_and_peak_bytes(Model& model, const torch::Tensor& idx) {
+  for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
+  auto& counter = zt::testing::CountingAllocator::instance();
+  counter.install();
+  int64_t saved = 0, peak = 0;
+  {
+    auto loss = model->loss(idx, idx);
+    saved = counter.live();
+    loss.backward();
+    peak = counter.peak();
+  }
+  counter.uninstall();
+  return {saved, peak};
+}
+
 TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
   for (const ActivationCase& c : {ActivationCase{"fp32", 0.0, false}, ActivationCase{"bf16", 0.0, true},
                                   ActivationCase{"fp32 dropout", 0.1, false}, ActivationCase{"fp32 chunked", 0.0, false, 64},
@@ -587,18 +605,7 @@ TEST(EstimateActivations, SavedBytesMatchWhatAutogradKeeps) {
       model->train();
       const int64_t batch = 4;
       auto idx = torch::randint(0, gpt.vocab_size, {batch, gpt.context_length}, torch::kLong);
-      // Gradients exist before backward, as the engine's arenas do: autograd adds into them.
-      for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
-      auto& counter = zt::testing::CountingAllocator::instance();
-      counter.install();
-      int64_t saved = 0, peak = 0;
-      {
-        auto loss = model->loss(idx, idx);
-        saved = counter.live();
-        loss.backward();
-        peak = counter.peak();
-      }
-      counter.uninstall();
+      const auto [saved, peak] = saved_and_peak_bytes(model, idx);
       const zt::ModelFigures f = zt::gpt_model_figures(gpt, gpt.context_length, 0);
       const zt::ActivationBytes a = zt::transformer_activation_bytes(f, batch, c.bf16 ? 2 : 4, recompute);
       // Within 3% (the bound for recomputation is 5%).
@@ -674,17 +681,7 @@ TEST(EstimateActivations, LlamaSavedBytesMatchWhatAutogradKeeps) {
         model->set_checkpointing(settings);
         const int64_t batch = 4, seq = 64;
         auto idx = torch::randint(0, c.vocab_size, {batch, seq}, torch::kLong);
-        for (auto& p : model->parameters()) p.mutable_grad() = torch::zeros_like(p);
-        auto& counter = zt::testing::CountingAllocator::instance();
-        counter.install();
-        int64_t saved = 0, peak = 0;
-        {
-          auto loss = model->loss(idx, idx);
-          saved = counter.live();
-          loss.backward();
-          peak = counter.peak();
-        }
-        counter.uninstall();
+        const auto [saved, peak] = saved_and_peak_bytes(model, idx);
         const zt::ModelFigures f = zt::llama_model_figures(c, seq, 0);
         const zt::ActivationBytes a = zt::transformer_activation_bytes(f, batch, bf16 ? 2 : 4, recompute);
         EXPECT_NEAR(double(saved), double(a.saved), 0.03 * double(a.saved)) << "saved " << saved << " formula " << a.saved;
