@@ -229,25 +229,34 @@ TEST(HfLlamaExport, RoundTripsBitwiseAndTransformersLoadsTheTrainedModel) {
   EXPECT_NE(p.output.find(dir + "/trained-qwen2: Qwen2ForCausalLM max_abs_diff"), std::string::npos) << p.output;
 }
 
+// A Llama directory of the preset's random weights, written by our own export at dir/hf (no
+// transformers needed); returns the token file the runs of the test train on.
+std::string export_preset_llama(const std::string& dir) {
+  const std::string tokens = zt::testing::write_byte_token_file(dir);
+  // Kept apart: train_config rewrites its file for each run of the test.
+  const std::string preset =
+      write_file(dir + "/preset.json", read_file(train_config(dir, tokens, 0, R"({"type": "llama"})", 1, "", false)));
+  const auto r = run_process({cli_path(), "export", "--init", preset, "--format", "hf", "--out", dir + "/hf"}, {},
+                             std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  return tokens;
+}
+
 // A checkpoint of a run from model.init_from carries the directory's config.json: moved away
 // after training, the directory is not needed to export (its other keys are kept; only its
 // tokenizer files are missing, said in a note). A checkpoint without it (as saved before) names
 // the directory that is gone. Needs no transformers: the directory is our own export.
 TEST(HfLlamaExport, CheckpointCarriesTheDirectorysConfigJson) {
   const std::string dir = make_temp_dir("hf-llama-carried");
-  const std::string tokens = zt::testing::write_byte_token_file(dir);
-  const std::string preset =
-      write_file(dir + "/preset.json", read_file(train_config(dir, tokens, 0, R"({"type": "llama"})", 1, "", false)));
-  auto r = run_process({cli_path(), "export", "--init", preset, "--format", "hf", "--out", dir + "/hf"}, {},
-                       std::chrono::seconds(60));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string tokens = export_preset_llama(dir);
+  ASSERT_TRUE(std::filesystem::exists(dir + "/hf/config.json"));
   auto source = read_json(dir + "/hf/config.json");
   source["bos_token_id"] = 7;
   source["eos_token_id"] = 8;
   write_file(dir + "/hf/config.json", source.dump());
   write_file(dir + "/hf/tokenizer_config.json", R"({"bos_token": "<s>"})");
   const std::string run = run_dir(dir, "run");
-  r = run_process({cli_path(), "train", train_config(run, tokens, 2, init_from(dir + "/hf"), 2, "", false), "--nproc",
+  auto r = run_process({cli_path(), "train", train_config(run, tokens, 2, init_from(dir + "/hf"), 2, "", false), "--nproc",
                    "1", "--save-dir", run + "/ckpt"},
                   {}, std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -289,13 +298,8 @@ TEST(HfLlamaExport, CheckpointCarriesTheDirectorysConfigJson) {
 // directory is our own export.
 TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
   const std::string dir = make_temp_dir("hf-llama-bad");
-  const std::string tokens = zt::testing::write_byte_token_file(dir);
-  // Kept apart: train_config rewrites its file for each directory below.
-  const std::string preset =
-      write_file(dir + "/preset.json", read_file(train_config(dir, tokens, 0, R"({"type": "llama"})", 1, "", false)));
-  auto r = run_process({cli_path(), "export", "--init", preset, "--format", "hf", "--out", dir + "/hf"}, {},
-                       std::chrono::seconds(60));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string tokens = export_preset_llama(dir);
+  ASSERT_TRUE(std::filesystem::exists(dir + "/hf/config.json"));
   const auto good = read_json(dir + "/hf/config.json");
   EXPECT_EQ(good["architectures"][0], "LlamaForCausalLM");
   auto train_error = [&](const std::string& model) {
@@ -336,7 +340,7 @@ TEST(HfLlamaInitFrom, BadDirectoriesAreOneLineErrorsBeforeLaunch) {
   expect_one_line_error(train_error(R"({"type": "llama", "init_from": ")" + dir + R"(/hf", "n_layer": 4})"),
                         {"model.n_layer: expected no shape beside model.init_from"});
   // The memory estimate reads the directory's shape, and names a missing directory in one line.
-  r = run_process({cli_path(), "estimate", train_config(dir, tokens, 3, init_from(dir + "/hf"), 1, "", false)}, {},
+  auto r = run_process({cli_path(), "estimate", train_config(dir, tokens, 3, init_from(dir + "/hf"), 1, "", false)}, {},
                   std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("llama from model.init_from '" + dir + "/hf' (2 layers, 4 heads over 2 kv heads"),
