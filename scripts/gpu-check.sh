@@ -341,7 +341,7 @@ if ((built)); then
   shown="$(quote "${test_env[@]}") $bin_dir/tests/device_kernels_test --gtest_filter=$test_filter"
   phase "test kernels" 15 "$tests_log" "${test_env[@]}" bash -c "$(declare -f run_gtest); test_filter='$test_filter'; run_gtest \"\$0\"" "$bin_dir/tests/device_kernels_test"
   shown="$(quote "${test_env[@]}") $bin_dir/tests/device_parity_test --gtest_filter=$test_filter"
-  phase "test parity" 35 "$tests_log" "${test_env[@]}" bash -c "$(declare -f run_gtest); test_filter='$test_filter'; run_gtest \"\$0\"" "$bin_dir/tests/device_parity_test"
+  phase "test parity" 50 "$tests_log" "${test_env[@]}" bash -c "$(declare -f run_gtest); test_filter='$test_filter'; run_gtest \"\$0\"" "$bin_dir/tests/device_parity_test"
 else
   record "test kernels" SKIPPED "no binaries"
   record "test parity" SKIPPED "no binaries"

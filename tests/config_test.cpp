@@ -1414,7 +1414,7 @@ TEST(ConfigOffload, KeysWithoutEffectAreNoted) {
       O + "pin_memory has no effect: with parameters on the CPU nothing is copied to a GPU (page-locked buffers only "
           "speed those copies)",
       P + "device has no effect: with parameters on the CPU the parameter shards are in host memory already "
-          "(\"cpu\" moves nothing; with parameters on a GPU, parameter offload is refused as not implemented)",
+          "(\"cpu\" moves nothing; with parameters on a GPU, the shards stay in host memory and cross at each gather)",
       P + "pin_memory has no effect: with parameters on the CPU nothing is copied to a GPU (page-locked buffers only "
           "speed those copies)"};
   EXPECT_EQ(cpu.cpu_device_notes, expected_cpu_device);

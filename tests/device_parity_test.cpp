@@ -9,8 +9,12 @@
 //   and offload with page-locked host copies and the delayed update at stages 1-3, one rank, on
 //   the device equal the CPU run within the GPU's tolerance (below); so does activation
 //   checkpointing with the block inputs kept in page-locked host memory and copied into the
-//   contiguous arena (the copy to the host must have landed before the arena reads it).
+//   contiguous arena (the copy to the host must have landed before the arena reads it); so do
+//   stage-3 parameter offload to page-locked host memory and NVMe (each block's shards copied to
+//   the device on a copy stream before its gather) and a model built sharded for the device.
 //   Elsewhere those tests skip and say why.
+// - Parameter offload staged on the CPU (the same slots and copies, synchronous) trains bit for
+//   bit as the unstaged run, the model built whole or sharded.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,6 +23,7 @@
 #include "support/device.h"
 #include "support/multirank.h"
 #include "support/parity.h"
+#include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
@@ -38,6 +43,8 @@ struct RunOptions {
   bool pinned = false;  // offload_optimizer.pin_memory: page-locked host copies
   bool host_staging = false;
   bool late_copies = false;  // staged copies through an emulated copy engine as late as allowed (ZT_EMULATE_COPY_ENGINE)
+  std::string param_device = "none";  // offload_param (stage 3): the working partition on the host or NVMe
+  bool sharded_build = false;         // the model built under a ShardedConstruction for the device
   c10::Device device{c10::kCPU};
   int steps = 6;
 };
@@ -46,8 +53,9 @@ using RunResult = zt::testing::TrainingTrace;  // stages 0-2 fill final_paramete
 
 std::string describe(const RunOptions& o) {
   return "stage " + std::to_string(o.stage) + " " + o.precision + " " + o.optimizer_name + " optimizer->" +
-         o.optimizer_device + (o.delayed ? " delayed" : "") + (o.pinned ? " pinned" : "") + (o.host_staging ? " staged" : "") + (o.late_copies ? " (late copies)" : "") + " on " +
-         o.device.str();
+         o.optimizer_device + (o.param_device != "none" ? " params->" + o.param_device : "") +
+         (o.delayed ? " delayed" : "") + (o.pinned ? " pinned" : "") + (o.host_staging ? " staged" : "") +
+         (o.late_copies ? " (late copies)" : "") + (o.sharded_build ? " built sharded" : "") + " on " + o.device.str();
 }
 
 zt::TrainConfig make_config(const RunOptions& o, int world) {
@@ -63,6 +71,13 @@ zt::TrainConfig make_config(const RunOptions& o, int world) {
     if (o.pinned) json += R"(, "pin_memory": true)";
     json += "}";
   }
+  if (o.param_device != "none") {
+    // Two slots and, on NVMe, every block in the file: the tiny model's four blocks take turns.
+    json += R"(, "offload_param": {"device": ")" + o.param_device + R"(", "buffer_count": 2, "max_in_cpu": 0)";
+    if (o.param_device == "nvme") json += R"(, "nvme_path": ")" + ::testing::TempDir() + "\"";
+    if (o.pinned) json += R"(, "pin_memory": true)";
+    json += "}";
+  }
   json += "}";
   if (o.precision == "bf16") json += R"(, "bf16": {"enabled": true})";
   return zt::parse_config(json + "}", {}, world);
@@ -73,8 +88,11 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
   const auto config = make_config(o, world);
   torch::manual_seed(7);
   auto gpt_config = zt::gpt_preset("tiny");
+  std::optional<zt::ShardedConstruction> sharded;
+  if (o.sharded_build) sharded.emplace(rank, world, o.device);
   auto model = zt::GPT(gpt_config);
-  model->to(o.device);
+  sharded.reset();
+  zt::move_model(*model, o.device);
   if (o.host_staging) ::setenv("ZT_HOST_STAGING", "1", 1);
   if (o.late_copies) ::setenv("ZT_EMULATE_COPY_ENGINE", "1", 1);
   std::optional<zt::Engine> engine;
@@ -133,6 +151,11 @@ void staged_equals_unstaged() {
   variants.push_back({.stage = 1, .optimizer_name = "Lamb"});
   variants.push_back({.stage = 2, .precision = "bf16", .optimizer_name = "SGD"});
   variants.push_back({.stage = 2, .precision = "bf16", .optimizer_device = "nvme"});
+  // Parameter offload: the gathers copy each block's shards from the host partition (or the
+  // buffer its NVMe read landed in) into the two slots first.
+  variants.push_back({.stage = 3, .precision = "fp32", .param_device = "cpu"});
+  variants.push_back({.stage = 3, .precision = "bf16", .param_device = "nvme", .sharded_build = true});
+  variants.push_back({.stage = 3, .precision = "bf16", .optimizer_device = "nvme", .delayed = true, .param_device = "nvme"});
   for (RunOptions o : variants) {
     if (o.delayed && o.optimizer_name == "Lamb" && comm->world_size() > 1) continue;
     const RunResult reference = train(comm, o);
@@ -180,6 +203,13 @@ TEST(DeviceParity, StagesAndOffloadOnTheTestDeviceEqualTheCpu) {
     for (const char* precision : {"fp32", "bf16"})
       variants.push_back({.stage = stage, .precision = precision, .delayed = true, .pinned = true});
   variants.push_back({.stage = 2, .precision = "bf16", .pinned = true});
+  // ZeRO-Infinity: the parameter shards in page-locked host memory or NVMe, copied to the device
+  // block by block on a copy stream; and the model built sharded in host memory for the device.
+  for (const char* precision : {"fp32", "bf16"})
+    variants.push_back({.stage = 3, .precision = precision, .pinned = true, .param_device = "cpu"});
+  variants.push_back({.stage = 3, .precision = "bf16", .delayed = true, .pinned = true, .param_device = "nvme"});
+  variants.push_back({.stage = 3, .precision = "bf16", .optimizer_device = "none", .sharded_build = true});
+  variants.push_back({.stage = 3, .precision = "bf16", .pinned = true, .param_device = "cpu", .sharded_build = true});
   for (RunOptions o : variants) {
     const RunResult reference = train(comm, o);
     o.device = device.device;

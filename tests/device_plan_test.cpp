@@ -31,9 +31,14 @@ TEST(DevicePlan, OnTheCpuEverythingStaysOnTheHostAndStagingIsOnlyForced) {
   EXPECT_TRUE(zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::Nvme), true).stage_through_host);
   // Nothing offloaded: nothing to stage.
   EXPECT_FALSE(zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::None), true).stage_through_host);
+  // Parameter offload staged: the partition stays on the host and crosses at each gather.
+  auto sharded = zero_with(zt::OffloadDevice::Nvme, zt::OffloadDevice::Nvme);
+  sharded.shard_parameters = true;
+  const auto crossing = zt::plan_devices(c10::kCPU, sharded, true);
+  EXPECT_TRUE(crossing.stage_through_host);
+  EXPECT_TRUE(crossing.parameters_on_host);
+  EXPECT_FALSE(zt::plan_devices(c10::kCPU, sharded, false).parameters_on_host);
   // Tiers the device path refuses are not mirrored.
-  EXPECT_FALSE(zt::plan_devices(c10::kCPU, zero_with(zt::OffloadDevice::Nvme, zt::OffloadDevice::Nvme), true)
-                   .stage_through_host);
   auto gradients = zero_with(zt::OffloadDevice::Nvme);
   gradients.offload_optimizer.nvme_gradients = true;
   EXPECT_FALSE(zt::plan_devices(c10::kCPU, gradients, true).stage_through_host);
@@ -63,12 +68,38 @@ TEST(DevicePlan, OnCudaTheStateFollowsOffload) {
   EXPECT_TRUE(nvme.stage_through_host);
 }
 
+TEST(DevicePlan, OnCudaParameterOffloadKeepsThePartitionOnTheHost) {
+  for (auto param : {zt::OffloadDevice::Cpu, zt::OffloadDevice::Nvme}) {
+    auto zero = zero_with(zt::OffloadDevice::Cpu, param);
+    zero.shard_parameters = true;
+    zero.offload_param.pin_memory = true;
+    const auto plan = zt::plan_devices(kCuda, zero, false);
+    EXPECT_EQ(plan.compute, kCuda);
+    EXPECT_TRUE(plan.state.is_cpu());
+    EXPECT_TRUE(plan.stage_through_host);
+    EXPECT_TRUE(plan.parameters_on_host);
+    EXPECT_TRUE(plan.pin_parameters);
+    EXPECT_FALSE(plan.pin_host);
+    EXPECT_EQ(plan.describe(),
+              "compute on cuda:0, optimizer state on cpu (staged through host memory), parameter shards in pinned "
+              "host memory");
+  }
+  // Below stage 3 the configuration has noted and dropped offload_param already; a plan made
+  // anyway keeps the parameters on the device.
+  auto replicated = zero_with(zt::OffloadDevice::Cpu, zt::OffloadDevice::Cpu);
+  replicated.shard_parameters = false;
+  EXPECT_FALSE(zt::plan_devices(kCuda, replicated, false).parameters_on_host);
+}
+
 TEST(DevicePlan, WhatTheDevicePathLacksIsRefusedByName) {
+  auto alone = zero_with(zt::OffloadDevice::None, zt::OffloadDevice::Cpu);
+  alone.shard_parameters = true;
   try {
-    zt::plan_devices(kCuda, zero_with(zt::OffloadDevice::None, zt::OffloadDevice::Cpu), false);
-    FAIL() << "offload_param on a device was accepted";
+    zt::plan_devices(kCuda, alone, false);
+    FAIL() << "offload_param without optimizer offload on a device was accepted";
   } catch (const zt::ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("zero_optimization.offload_param.device"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offload_optimizer.device"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
   }
   auto gradients = zero_with(zt::OffloadDevice::Nvme);

@@ -177,19 +177,29 @@ TEST(EstimateFormula, OffloadMovesTheShardedTermsToHostOrNvme) {
   cpu.offload_optimizer = zt::OffloadTarget::Cpu;
   cpu.offload_param = zt::OffloadTarget::Cpu;
   const auto e = zt::estimate_memory(model, cluster, config, cpu);
-  // With offload, what stays on the device at stage 3 is only the live gathered layers.
+  // With offload, what stays on the device at stage 3 is the live gathered layers, the slots the
+  // shards cross through (5 of a block's shard) and, as the engine keeps them, the reduced
+  // gradient partition.
   EXPECT_EQ(e.per_device.parameters, 0);
-  EXPECT_EQ(e.per_device.gradients, 0);
+  EXPECT_EQ(e.per_device.gradients, 2 * model.parameters / 8);
   EXPECT_EQ(e.per_device.optimizer_states(), 0);
   EXPECT_EQ(e.per_device.gathered_blocks, 2 * 2 * 200'000'000);
   // At the default 1e9: the last three blocks kept (2j blocks of uses < 5 blocks), the one
   // computing and one prefetched (5e7 elements, at least one block).
   const auto kept = zt::estimate_memory(model, cluster, config_for(8, {"zero_optimization.stage=3", "bf16.enabled=true"}), cpu);
   EXPECT_EQ(kept.per_device.gathered_blocks, 2 * 5 * 200'000'000);
-  // Per host: eight ranks' masters + moments (12Ψ/8 each), fp32 gradient and 16-bit parameter shards.
+  // Per host: eight ranks' masters + moments (12Ψ/8 each), the 16-bit snapshot of the owned
+  // gradients and the 16-bit parameter shards, which the step writes in place (no second copy).
   EXPECT_EQ(e.per_host.optimizer_states(), 8 * (12 * model.parameters / 8));
-  EXPECT_EQ(e.per_host.gradients, 8 * (4 * model.parameters / 8));
+  EXPECT_EQ(e.per_host.gradients, 8 * (2 * model.parameters / 8));
   EXPECT_EQ(e.per_host.parameters, 8 * (2 * model.parameters / 8));
+  EXPECT_EQ(e.per_host.buffers, 8 * (int64_t{1} << 20) * 4);  // the fp32 conversion chunk
+  const auto without_param = [&] {
+    zt::EstimateOptions o = cpu;
+    o.offload_param = zt::OffloadTarget::None;
+    return zt::estimate_memory(model, cluster, config, o);
+  }();
+  EXPECT_EQ(e.per_device.buffers - without_param.per_device.buffers, 5 * (200'000'000 / 8) * 2);  // the slots
   for (const std::string& note : e.notes) EXPECT_EQ(note.find("not implement"), std::string::npos) << note;
 
   zt::EstimateOptions nvme;
@@ -401,10 +411,9 @@ TEST(EstimateOffload, CudaDevicesKeepTheNvmeBuffersInHostMemory) {
   const std::vector<std::string> settings = {"bf16.enabled=true", "zero_optimization.offload_param.max_in_cpu=0"};
   const auto e = k.with(settings + kOptimizerOnNvme + kParamsOnNvme);
   // Per host (two ranks): the sub-group buffers (4 × 32768 × 14 B), the block-shard buffers
-  // (5 × 32768 × 2 B) and the fp32 gradient partitions (parameter offload on a GPU, which the
-  // engine refuses so far, is estimated in the design's layout).
-  EXPECT_EQ(e.per_host.buffers, 2 * (4 * 32768 * 14 + 5 * 32768 * 2));
-  EXPECT_EQ(e.per_host.gradients, 2 * 4 * 524288);
+  // (5 × 32768 × 2 B) and the fp32 conversion chunk, and the 16-bit snapshot of the owned gradients.
+  EXPECT_EQ(e.per_host.buffers, 2 * (4 * 32768 * 14 + 5 * 32768 * 2 + 524288 * 4));
+  EXPECT_EQ(e.per_host.gradients, 2 * 2 * 524288);
   EXPECT_EQ(e.per_host.parameters, 0);
   EXPECT_EQ(e.per_device.parameters, 0);
   EXPECT_EQ(e.per_device.optimizer_states(), 0);
@@ -892,9 +901,10 @@ TEST(EstimatePlan, ShardingWhenOnlyShardingFitsAndNoOffloadWhenItSuffices) {
 }
 
 TEST(EstimatePlan, StageThreeWithOffloadWhenNothingElseFits) {
-  // 13B on one 24 GiB device: no sharding helps on one device; only with optimizer and
-  // parameters in host memory does the device hold just the gathered layers and activations.
-  const auto plan = zt::plan_configurations(gpt_figures("gpt-13b", 2048), cluster_of(1, 1, 24 * kGiB, 512 * kGiB),
+  // 13B on one 48 GiB device: no sharding helps on one device; only with optimizer and
+  // parameters in host memory does the device hold just the gathered layers, the reduced
+  // gradients and the activations.
+  const auto plan = zt::plan_configurations(gpt_figures("gpt-13b", 2048), cluster_of(1, 1, 48 * kGiB, 512 * kGiB),
                                             config_for(1, {"bf16.enabled=true", "train_micro_batch_size_per_gpu=1"}));
   ASSERT_FALSE(plan.fitting.empty()) << plan.advice;
   const auto& best = plan.fitting.front();
@@ -907,10 +917,10 @@ TEST(EstimatePlan, StageThreeWithOffloadWhenNothingElseFits) {
 
 TEST(EstimatePlan, NvmeWhenHostMemoryIsShortAndNothingWhenNothingFits) {
   const auto config = config_for(1, {"bf16.enabled=true", "train_micro_batch_size_per_gpu=1"});
-  // The same 13B with 192 GiB of host memory: optimizer states (156 GB) beside the fp32 gradients
-  // (52 GB) and the model as built (52 GB) do not fit there; they must go to NVMe.
+  // The same 13B with 192 GiB of host memory: optimizer states (156 GB) beside the gradient
+  // snapshot and the parameter shards (26 GB each) do not fit there; they must go to NVMe.
   const auto nvme = zt::plan_configurations(gpt_figures("gpt-13b", 2048),
-                                            cluster_of(1, 1, 24 * kGiB, 192 * kGiB, 4000 * kGiB), config);
+                                            cluster_of(1, 1, 48 * kGiB, 192 * kGiB, 4000 * kGiB), config);
   ASSERT_FALSE(nvme.fitting.empty()) << nvme.advice;
   EXPECT_EQ(nvme.fitting.front().stage, 3);
   EXPECT_EQ(nvme.fitting.front().options.offload_optimizer, zt::OffloadTarget::Nvme) << nvme.advice;

@@ -189,6 +189,19 @@ TEST(OffloadPlan, TheDelayedUpdatesCopiesFollowTheWorkingTiers) {
   const zt::OffloadPlan staged = zt::plan_offload(blocks, in);
   EXPECT_EQ(staged.nvme.next_parameters, 0);
   EXPECT_EQ(staged.host.next_working, 4029 * 4);
+  // Staged with the partition itself on the host (parameter offload from a GPU): the delayed
+  // update's next copy has the partition's tiers again, as without staging.
+  in.parameters_on_host = true;
+  const zt::OffloadPlan on_host = zt::plan_offload(blocks, in);
+  EXPECT_EQ(on_host.nvme.next_parameters, working);
+  EXPECT_EQ(on_host.host.next_working, 5 * 4);
+  EXPECT_EQ(on_host.host.gradient_snapshot, 4029 * 4);
+  // Undelayed, the step writes the partition in place: no next copy anywhere.
+  in.delayed = false;
+  const zt::OffloadPlan in_place = zt::plan_offload(blocks, in);
+  EXPECT_EQ(in_place.nvme.next_parameters, 0);
+  EXPECT_EQ(in_place.host.next_working, 0);
+  EXPECT_EQ(in_place.host.gradient_snapshot, 4029 * 4);
 }
 
 TEST(OffloadPlan, WithoutMastersALoadStagesTheWorkingValuesThatHoldThem) {

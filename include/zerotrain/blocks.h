@@ -46,6 +46,8 @@
 // - One ShardedConstruction at a time per process (a second one throws zt::Error); it affects
 //   mark_block on every thread while alive. Shards outlive it until an Engine adopts them.
 #pragma once
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -77,7 +79,11 @@ std::vector<at::Tensor> run_block_outputs(torch::nn::Module& module, const Block
 class ShardedConstruction {
  public:
   // This process is rank `rank` of `world_size`; throws zt::ConfigError on an impossible pair.
-  ShardedConstruction(int rank, int world_size);
+  // `device`: where the model computes. The blocks are built and sharded in host memory either
+  // way; an Engine adopting them puts their parameters on `device` (its shards at stage 3, in host
+  // memory with offload_param), so a model larger than one GPU starts without ever being whole
+  // there. Move the rest of the model with move_model below.
+  ShardedConstruction(int rank, int world_size, c10::Device device = c10::kCPU);
   ~ShardedConstruction();
   ShardedConstruction(const ShardedConstruction&) = delete;
   ShardedConstruction& operator=(const ShardedConstruction&) = delete;
@@ -85,12 +91,19 @@ class ShardedConstruction {
   int blocks_sharded() const;
   int64_t shard_bytes() const;          // bytes of the shards this rank kept, all blocks
   int64_t largest_block_bytes() const;  // full bytes of the largest block sharded
+  c10::Device device() const { return device_; }
 
  private:
   int rank_, world_size_;
+  c10::Device device_;
   int blocks_ = 0;
   int64_t shard_bytes_ = 0, largest_block_bytes_ = 0;
   friend void mark_block(const std::shared_ptr<torch::nn::Module>& module);
 };
+
+// Module::to(device) for a model built under a ShardedConstruction: every parameter and buffer
+// with data moves to `device` (keeping its autograd identity); the parameters of blocks not yet
+// adopted by an Engine have no data and stay as they are, for the Engine to place.
+void move_model(torch::nn::Module& model, c10::Device device);
 
 }  // namespace zt

@@ -369,7 +369,7 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given, const Cp
     if (param.device == OffloadDevice::Cpu) {
       cpu_note_if_given({P + "device"},
                     "with parameters on the CPU the parameter shards are in host memory already (\"cpu\" moves "
-                    "nothing; with parameters on a GPU, parameter offload is refused as not implemented)");
+                    "nothing; with parameters on a GPU, the shards stay in host memory and cross at each gather)");
       note_if_given({P + "nvme_path", P + "buffer_count", P + "buffer_size", P + "max_in_cpu"},
                     "zero_optimization.offload_param.device is \"cpu\" (it applies to the nvme tier)");
     }

@@ -114,8 +114,10 @@ void plan_host_buffers(const FlatLayout& layout, const OffloadPlanInput& in, Off
   if (e < 4 && in.host_step) h.conversion_scratch = std::min(partition, kConversionChunkElements) * 4;
   if (in.delayed || in.staged) {
     h.gradient_snapshot = partition * e;
-    // The next working copy has the working partition's tiers (staged: host memory).
-    h.next_working = (plan.next_working_copy ? partition - plan.parameter_elements_on_disk : partition) * e;
+    // The next working copy has the working partition's tiers (staged: host memory); staged with
+    // the partition on the host, the undelayed step writes the partition in place.
+    if (in.delayed || !in.parameters_on_host)
+      h.next_working = (plan.next_working_copy ? partition - plan.parameter_elements_on_disk : partition) * e;
   }
 }
 
@@ -187,8 +189,10 @@ OffloadPlan plan_offload(const FlatLayout& layout, const OffloadPlanInput& in) {
   plan.optimizer_elements_on_disk = elements_on_disk(plan.groups, plan.optimizer_on_disk);
   plan.gradient_elements_on_disk = elements_on_disk(plan.groups, plan.gradients_on_disk);
   plan.parameter_elements_on_disk = elements_on_disk(plan.groups, plan.parameters_on_disk);
-  // The delayed update's next working copy has the working partition's tiers (host copies when staged).
-  plan.next_working_copy = in.delayed && !in.staged && plan.parameter_elements_on_disk > 0;
+  // The delayed update's next working copy has the working partition's tiers (host copies when
+  // staged, unless the partition itself is on the host).
+  const bool next_copy_tiered = in.delayed && (!in.staged || in.parameters_on_host);
+  plan.next_working_copy = next_copy_tiered && plan.parameter_elements_on_disk > 0;
 
   const int64_t e = in.working_element_bytes;
   const int64_t state = swap_file_bytes(plan.groups, plan.optimizer_on_disk, 4);  // fp32 roles
@@ -197,7 +201,7 @@ OffloadPlan plan_offload(const FlatLayout& layout, const OffloadPlanInput& in) {
   plan.nvme.moments = int64_t(in.moments) * state;
   plan.nvme.gradients = swap_file_bytes(plan.groups, plan.gradients_on_disk, e);
   plan.nvme.parameters = working;
-  plan.nvme.next_parameters = in.delayed && !in.staged ? working : 0;
+  plan.nvme.next_parameters = next_copy_tiered ? working : 0;
   plan.load_staging_optimizer = plan.nvme.masters + plan.nvme.moments;
   plan.load_staging_parameters = in.fp32_masters ? 0 : working;
   plan_host_buffers(layout, in, plan);

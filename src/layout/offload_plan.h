@@ -72,6 +72,10 @@ struct OffloadPlanInput {
   int moments = 2;                  // optimizer_moment_arrays(): Adam/AdamW/LAMB 2, SGD 1 or 0
   bool delayed = false;             // offload_optimizer.delayed_update
   bool staged = false;              // the step works on host copies (optimizer offload from a GPU)
+  // Stage-3 parameter offload from a GPU: the working partition stays on the host (only the
+  // gradients are staged): the step writes it in place, or with the delayed update into a next
+  // working copy with its tiers, as without staging.
+  bool parameters_on_host = false;
   bool host_step = true;            // the CPU kernels run the step (not the device kernels)
 };
 
@@ -113,7 +117,7 @@ struct OffloadPlan {
   std::vector<char> parameters_on_disk;  // stage-3 working shards (and the delayed update's next copy)
   // Partition elements (padding included) in disk sub-groups, per role.
   int64_t optimizer_elements_on_disk = 0, gradient_elements_on_disk = 0, parameter_elements_on_disk = 0;
-  bool next_working_copy = false;  // the delayed update's params.next (not staged)
+  bool next_working_copy = false;  // params.next on NVMe (the delayed update, or staged with parameter offload)
   NvmeBytes nvme;
   // A checkpoint load's staging copies beside the live files until it commits: of the masters
   // (or, without a masters file, of the working parameters that hold them) and of the moments.

@@ -34,6 +34,10 @@ constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
 // products in plain loops, the same runs peaked within 2 MiB of the estimate without the term:
 // it is counted only where this CPU has AVX-512; docs/memory.md "runtime".
 constexpr int64_t kCpuSixteenBitRuntimeBytes = 11 * kMiB;
+// CPU ranks sharing a machine exchange collectives through one shared-memory segment of two 1 MiB
+// slots per rank (src/comm/shared_memory.h kSlotBytes), which every rank maps and touches: its
+// resident set holds the node's whole segment (measured: RssShmem 4 MiB per rank with 2 ranks).
+constexpr int64_t kCpuSharedMemoryBytesPerRank = 2 * kMiB;
 bool cpu_has_avx512() {
 #if defined(__x86_64__) || defined(__i386__)
   return __builtin_cpu_supports("avx512f");
@@ -362,10 +366,13 @@ void model_state_terms(EstimateTerms& t) {
   t.moments_per_parameter = model_state_bytes_per_parameter(t.config).optimizer_states - (t.mixed ? 4 : 0);
   // The delayed update keeps fp32 masters of their own in fp32 training too (docs/offload.md), and
   // so does optimizer offload with the model on a GPU, whose state the engine reaches through host
-  // copies (below). With parameter offload on a GPU, which the engine refuses so far, the estimate
-  // keeps the design's layout instead (docs/memory.md "Offload").
+  // copies of the gradients (and of the working values, unless the parameters are offloaded too).
   t.delayed = zero.offload_optimizer.delayed_update && t.offload_optimizer != OffloadTarget::None;
-  t.staged = t.offload_optimizer != OffloadTarget::None && !t.cpu_device && t.offload_param == OffloadTarget::None;
+  t.staged = t.offload_optimizer != OffloadTarget::None && !t.cpu_device;
+  if (t.offload_param != OffloadTarget::None && !t.cpu_device && t.offload_optimizer == OffloadTarget::None)
+    throw ConfigError(fmt::format("offload_param {}: with the model on a GPU, parameters are offloaded only with the "
+                                  "optimizer state on the host too; expected offload_optimizer cpu or nvme, found none",
+                                  to_string(t.offload_param)));
   t.master_per_parameter = keeps_fp32_masters(t.mixed, t.delayed, t.staged) ? 4 : 0;
   const int64_t opt_ranks = zero.shard_optimizer_states ? t.N : 1;
   t.master = t.master_per_parameter * t.psi / opt_ranks;
@@ -394,6 +401,7 @@ void buffer_terms(EstimateTerms& t, MemoryEstimate& est) {
   plan_input.moments = optimizer_moment_arrays(t.config);
   plan_input.delayed = t.delayed;
   plan_input.staged = t.staged;
+  plan_input.parameters_on_host = t.offload_param != OffloadTarget::None && !t.cpu_device && zero.shard_parameters;
   plan_input.host_step = t.cpu_device || t.offload_optimizer != OffloadTarget::None;
   t.plan = plan_offload(t.shape, plan_input);
   est.nvme_load_staging_per_rank = t.plan.load_staging_optimizer + t.plan.load_staging_parameters;
@@ -518,6 +526,12 @@ void offload_parameters(const EstimateTerms& t, RoleBytes& device, RoleBytes& ho
     host_per_rank.parameters += shard;
     device.parameters = t.persistent * t.e + t.secondary;
   }
+  if (t.offload_param != OffloadTarget::None && !t.cpu_device) {
+    // Each gather copies the block's shards from the host into one of buffer_count slots of the
+    // largest block's shard on the device first (docs/gpu.md "Parameter offload").
+    const int slots = std::max(2, t.zero.offload_param.buffer_count);
+    device.buffers += int64_t(slots) * ceil_div(t.largest_block, t.N) * t.e;
+  }
   if (t.offload_param == OffloadTarget::Nvme) {
     // The block shards beyond max_in_cpu (whole blocks, the last ones kept) are in a file, read
     // into buffer_count buffers of one block's disk shards ahead of their gather.
@@ -526,6 +540,8 @@ void offload_parameters(const EstimateTerms& t, RoleBytes& device, RoleBytes& ho
     host_per_rank.buffers += plan.host.parameter_reads;
     device.parameters = t.persistent * t.e + t.secondary;
   }
+  // Staged with the parameters on the host: the next working copy has the partition's tiers.
+  if (t.staged) est.nvme_per_rank.parameters += plan.nvme.next_parameters;
   if (t.delayed) {
     // The delayed update's snapshot of the owned gradients, and its second working copy of the
     // partition, which has the working shards' tiers; with the model on a GPU they are the host
@@ -575,11 +591,13 @@ void construction_terms(const EstimateTerms& t, RoleBytes& device, RoleBytes& ho
   // when the model as built has been freed.
   const int64_t arenas = device.parameters + device.optimizer_states() + t.conversion_chunk;
   est.step_peak = device.step_peak();
-  if (t.offload_param != OffloadTarget::None && !t.cpu_device) {
-    // Parameters offloaded: the model is built in host memory (as DeepSpeed's zero.Init with a
-    // remote device does), beside the host's arenas.
-    est.construction_peak = arenas;
-    host_per_rank.construction = as_built + initial_values;
+  if (!t.cpu_device && t.zero.shard_parameters) {
+    // Sharded parameters on a GPU: the blocks are built and sharded in host memory (as DeepSpeed's
+    // zero.Init with a remote device does); the device receives the parameters outside the blocks
+    // (fp32, moved with the rest of the model) and each bucket's initial values on their way into
+    // the arenas, which with offload_param are in host memory.
+    est.construction_peak = arenas + initial_values + 4 * t.persistent;
+    host_per_rank.construction = as_built;
   } else {
     est.construction_peak = as_built + arenas + initial_values;
   }
@@ -626,8 +644,11 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   t.gathered = gathered_bytes(t);
   const ActivationBytes acts =
       transformer_activation_bytes(model, config.train_micro_batch_size_per_gpu, t.e, t.recompute);
+  const int64_t shared_memory =
+      t.cpu_device && cluster.devices_per_node > 1 ? kCpuSharedMemoryBytesPerRank * cluster.devices_per_node : 0;
   const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
-                          : t.cpu_device ? kCpuRuntimeBytes + (t.mixed && cpu_has_avx512() ? kCpuSixteenBitRuntimeBytes : 0)
+                          : t.cpu_device ? kCpuRuntimeBytes + (t.mixed && cpu_has_avx512() ? kCpuSixteenBitRuntimeBytes : 0) +
+                                               shared_memory
                                          : kCudaRuntimeBytes;
   RoleBytes device;
   device.parameters = t.working_params;

@@ -144,6 +144,8 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
           for (Recompute recompute : {Recompute::None, Recompute::Selective, Recompute::Full}) {
             if (opt != OffloadTarget::None && stage < 1) continue;
             if (param != OffloadTarget::None && stage < 3) continue;
+            // The engine offloads parameters from a GPU only with the optimizer state on the host too.
+            if (param != OffloadTarget::None && opt == OffloadTarget::None && cluster.device != DeviceKind::Cpu) continue;
             if (recompute != Recompute::None && !model.has_shape()) continue;
             // On CPU devices offloading to "cpu" changes nothing: skip the duplicate.
             if (cluster.device == DeviceKind::Cpu && (opt == OffloadTarget::Cpu || param == OffloadTarget::Cpu)) continue;

@@ -151,10 +151,10 @@ std::string choose_recomputation(TrainingRun& run) {
 void build_model(TrainingRun& run, const std::string& policy_note) {
   const TrainConfig& config = run.config;
   torch::manual_seed(config.train.seed);
-  // On a GPU the model is built whole on the CPU and moved before the engine takes it (sharded
-  // construction is CPU-only).
+  // Stage 3 builds each block in host memory and shards it at once, on a GPU too: the engine then
+  // puts the shards where the plan wants them, and the rest of the model moves to the GPU here.
   std::optional<ShardedConstruction> sharded;
-  if (config.zero.shard_parameters && !run.device.cuda()) sharded.emplace(run.rank, run.world);
+  if (config.zero.shard_parameters) sharded.emplace(run.rank, run.world, run.device.device);
   if (run.is_bert) {
     run.bert = Bert(run.bert_config);
     run.module = run.bert.ptr();
@@ -166,13 +166,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
     run.module = run.model.ptr();
   }
   sharded.reset();
-  if (run.device.cuda()) {
-    if (run.leader && config.zero.shard_parameters)
-      fmt::print("note: on {} each rank builds the whole model on the CPU and moves it to its GPU; sharded "
-                 "construction is CPU-only\n",
-                 run.device.device.str());
-    run.module->to(run.device.device);
-  }
+  if (run.device.cuda()) move_model(*run.module, run.device.device);
   const ActivationCheckpointingConfig& ac = config.activation_checkpointing;
   CheckpointingSettings settings;
   settings.recompute = recompute_of(config);

@@ -91,6 +91,7 @@ void mark_block(const std::shared_ptr<torch::nn::Module>& module) {
     if (!parameters.empty()) {
       ShardedConstruction& c = *active_construction;
       ShardedBlock block = shard_parameters(parameters, module->name(), c.rank_, c.world_size_);
+      block.device = c.device_;
       ++c.blocks_;
       c.shard_bytes_ += int64_t(block.shard.nbytes());
       c.largest_block_bytes_ =
@@ -178,7 +179,8 @@ bool has_block_runner(const torch::nn::Module& module) {
   return owners.count(&module) > 0;
 }
 
-ShardedConstruction::ShardedConstruction(int rank, int world_size) : rank_(rank), world_size_(world_size) {
+ShardedConstruction::ShardedConstruction(int rank, int world_size, c10::Device device)
+    : rank_(rank), world_size_(world_size), device_(device) {
   if (world_size < 1 || rank < 0 || rank >= world_size)
     throw ConfigError("ShardedConstruction: expected 0 <= rank < world_size, found rank " + std::to_string(rank) +
                       " of world size " + std::to_string(world_size));
@@ -191,6 +193,14 @@ ShardedConstruction::ShardedConstruction(int rank, int world_size) : rank_(rank)
 ShardedConstruction::~ShardedConstruction() {
   std::lock_guard lock(registry_mutex);
   active_construction = nullptr;
+}
+
+void move_model(torch::nn::Module& model, c10::Device device) {
+  at::NoGradGuard no_grad;
+  for (auto& p : model.parameters(/*recurse=*/true))
+    if (p.numel() == 0 || p.storage().nbytes() > 0) p.set_data(p.to(device));
+  for (auto& b : model.buffers(/*recurse=*/true))
+    if (b.defined()) b.set_data(b.to(device));
 }
 
 int ShardedConstruction::blocks_sharded() const { return blocks_; }

@@ -18,6 +18,8 @@ namespace zt {
 std::string DevicePlan::describe() const {
   std::string text = "compute on " + compute.str() + ", optimizer state on " + state.str();
   if (stage_through_host) text += pin_host ? " (staged through pinned host memory)" : " (staged through host memory)";
+  if (parameters_on_host)
+    text += pin_parameters ? ", parameter shards in pinned host memory" : ", parameter shards in host memory";
   return text;
 }
 
@@ -32,19 +34,21 @@ DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool f
   DevicePlan plan;
   plan.compute = model_device;
   const bool offload = zero.offload_optimizer.device != OffloadDevice::None;
+  const bool offload_parameters = zero.offload_param.device != OffloadDevice::None && zero.shard_parameters;
   if (model_device.is_cpu()) {
     // Host memory is the state's memory already; staging only copies (tests force it). Where the
-    // device path refuses a tier (parameters or gradients on NVMe), there is nothing to mirror.
-    plan.stage_through_host = offload && force_host_staging && zero.offload_param.device != OffloadDevice::Nvme &&
-                              !zero.offload_optimizer.nvme_gradients;
+    // device path refuses a tier (gradients on NVMe), there is nothing to mirror.
+    plan.stage_through_host = offload && force_host_staging && !zero.offload_optimizer.nvme_gradients;
+    plan.parameters_on_host = plan.stage_through_host && offload_parameters;
     return plan;
   }
   if (!model_device.is_cuda())
     throw ConfigError("engine: expected parameters on the CPU or a CUDA device, found " + model_device.str());
-  if (zero.offload_param.device != OffloadDevice::None)
+  if (offload_parameters && !offload)
     throw ConfigError(std::string("zero_optimization.offload_param.device: \"") + to_string(zero.offload_param.device) +
-                      "\" is not implemented for parameters on " + model_device.str() +
-                      " (stage-3 parameter offload runs on the CPU only); expected \"none\"");
+                      "\" with parameters on " + model_device.str() +
+                      " needs the optimizer state on the host too; expected offload_optimizer.device \"cpu\" or "
+                      "\"nvme\", found \"none\"");
   if (zero.offload_optimizer.nvme_gradients)
     throw ConfigError("zero_optimization.offload_optimizer.nvme_gradients: true is not implemented for parameters on " +
                       model_device.str() + "; expected false");
@@ -55,6 +59,8 @@ DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool f
   } else {
     plan.state = model_device;
   }
+  plan.parameters_on_host = offload_parameters;
+  plan.pin_parameters = offload_parameters && zero.offload_param.pin_memory;
   return plan;
 }
 
@@ -83,6 +89,37 @@ at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned) {
   return torch::from_blob(memory, {numel}, [](void* p) { cudaFreeHost(p); }, options);
 #else
   return torch::empty({numel}, options.pinned_memory(true));
+#endif
+}
+
+HostRegistration::HostRegistration(void* data, int64_t bytes) {
+#ifdef ZT_CUDA
+  if (data == nullptr || bytes <= 0) return;
+  const cudaError_t status = cudaHostRegister(data, size_t(bytes), cudaHostRegisterDefault);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Error("pinned host memory: cudaHostRegister of " + std::to_string(bytes) + " bytes failed (" +
+                cudaGetErrorString(status) + "); expected that much memory to be lockable "
+                "(offload_param.pin_memory: false copies from pageable memory instead)");
+  }
+  data_ = data;
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    HostRegistration gone(std::move(*this));
+    data_ = std::exchange(other.data_, nullptr);
+  }
+  return *this;
+}
+
+HostRegistration::~HostRegistration() {
+#ifdef ZT_CUDA
+  if (data_ != nullptr) cudaHostUnregister(data_);
 #endif
 }
 

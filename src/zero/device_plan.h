@@ -9,6 +9,10 @@
 //   offload_optimizer.device is "cpu" or "nvme" and the compute device is not the CPU; the step
 //   then reads host copies of the owned gradients and writes host copies of the owned working
 //   values (`stage_through_host`), moved by DeviceCopies.
+// - With stage-3 parameter offload (offload_param "cpu" or "nvme", ZeRO-Infinity) the working
+//   partition itself lives in host memory or NVMe (`parameters_on_host`): the gathers copy each
+//   block's shards to the compute device first (zero/parameter_tier.h), and the step writes the
+//   host partition directly. It needs the optimizer state on the host too (offload_optimizer).
 // - On the CPU the same staging can be forced (ZT_HOST_STAGING=1 with an offload device set), so
 //   that every CI run executes the copies the GPU path makes; the result is bitwise the same.
 // - DeviceCopies on an accelerator issues its copies on a stream of its own, ordered by events
@@ -30,6 +34,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zt {
@@ -42,6 +47,9 @@ struct DevicePlan {
   bool stage_through_host = false;  // the step works on host copies of the owned gradients and working values
   bool pin_host = false;            // those host copies are page-locked (offload_optimizer.pin_memory)
   bool emulate_copy_engine = false;  // CPU staging only: copies as late as allowed (tests; ZT_EMULATE_COPY_ENGINE=1)
+  // The stage-3 working partition is in host memory (or NVMe), crossing to `compute` at each gather.
+  bool parameters_on_host = false;
+  bool pin_parameters = false;  // that host partition is page-locked (offload_param.pin_memory)
   // The optimizer step runs device kernels (state on an accelerator).
   bool device_step() const { return !state.is_cpu(); }
   std::string describe() const;
@@ -61,6 +69,22 @@ bool copy_engine_emulated_by_environment();
 
 // Host tensors for the staging copies: page-locked when `pinned` (an accelerator is present).
 at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned);
+
+// Page-locks host memory allocated elsewhere (cudaHostRegister) while it lives, so that copies
+// from it to a GPU run asynchronously; a no-op without CUDA or for an empty range. Move-only.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(void* data, int64_t bytes);
+  HostRegistration(HostRegistration&& other) noexcept : data_(std::exchange(other.data_, nullptr)) {}
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration();
+
+ private:
+  void* data_ = nullptr;
+};
 
 class DeviceCopies {
  public:

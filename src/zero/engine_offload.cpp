@@ -63,6 +63,7 @@ void Engine::Impl::choose_tiers() {
   input.moments = optimizer_moment_arrays(config);
   input.working_element_bytes = int64_t(c10::elementSize(working_dtype));
   input.staged = devices.stage_through_host;
+  input.parameters_on_host = devices.parameters_on_host;
   input.host_step = !devices.device_step();
   offload = zt::plan_offload(layout, input);
 }

@@ -64,9 +64,10 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
       throw Error("engine: block '" + item.key() +
                   "' belongs to another stage-3 engine that is alive; one engine per model at a time");
   pending = adopt_sharded_blocks();
-  std::unordered_set<const void*> built_sharded;
+  // A parameter built sharded has no data yet; it belongs on its ShardedConstruction's device.
+  std::unordered_map<const void*, c10::Device> built_sharded;
   for (const PendingBlock& b : pending)
-    for (const auto& p : b.shards.parameters) built_sharded.insert(p.unsafeGetTensorImpl());
+    for (const auto& p : b.shards.parameters) built_sharded.emplace(p.unsafeGetTensorImpl(), b.shards.device);
   std::vector<torch::Tensor> trainable;
   std::vector<ParameterSpec> specs;
   std::vector<int> owners;                        // per spec: the marked module holding it, or -1
@@ -82,12 +83,17 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
       throw ConfigError("engine: expected fp32 parameters (the engine makes the working copy), found " +
                         std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
                         named.key() + "'");
+    const auto sharded_for = built_sharded.find(p.unsafeGetTensorImpl());
+    const c10::Device device = sharded_for != built_sharded.end() ? sharded_for->second : p.device();
     if (!model_device) {
-      model_device = p.device();
+      model_device = device;
       first_name = named.key();
-    } else if (p.device() != *model_device) {
+    } else if (device != *model_device) {
       throw ConfigError("engine: expected every trainable parameter on one device, found '" + first_name + "' on " +
-                        model_device->str() + " and '" + named.key() + "' on " + p.device().str());
+                        model_device->str() + " and '" + named.key() + "' on " + device.str() +
+                        (sharded_for != built_sharded.end() ? " (its block was built under a ShardedConstruction for " +
+                                                                  device.str() + ")"
+                                                            : std::string()));
     }
     if (p.numel() > 0 && p.storage().nbytes() == 0 && !built_sharded.count(p.unsafeGetTensorImpl()))
       throw ConfigError("engine: parameter '" + named.key() +
@@ -102,10 +108,6 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   devices = plan_devices(*model_device, config.zero, host_staging_forced_by_environment());
   devices.emulate_copy_engine =
       devices.stage_through_host && devices.compute.is_cpu() && copy_engine_emulated_by_environment();
-  if (!devices.compute.is_cpu() && !pending.empty())
-    throw ConfigError("engine: block '" + pending.front().name +
-                      "' was built under ShardedConstruction, which builds on the CPU; the model's parameters are on " +
-                      devices.compute.str() + " (build the model whole and move it to the device instead)");
   if (rank == 0 && (!devices.compute.is_cpu() || devices.stage_through_host))
     std::fprintf(stderr, "zerotrain: engine: %s\n", devices.describe().c_str());
   for (const auto& spec : specs) registered.push_back({spec.name, spec.shape});
@@ -123,13 +125,20 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
 void Engine::Impl::create_arenas(const SwapDirectories& directories) {
   auto working = torch::TensorOptions().dtype(working_dtype).device(devices.compute);
   if (shard_parameters) {
+    // Parameter offload with the model on a GPU: the partition stays on the host and each block's
+    // shards cross to the device at its gather.
+    const c10::Device home = devices.parameters_on_host ? c10::Device(c10::kCPU) : devices.compute;
     if (offload.parameters_on_disk.empty())
-      param_partition = TieredArray("params", working_dtype, layout.partition_numel, devices.compute);
+      param_partition =
+          TieredArray("params", working_dtype, layout.partition_numel, home, devices.pin_parameters);
     else
       param_partition = TieredArray("params", working_dtype, offload.groups, offload.parameters_on_disk, *io,
                                     directories.parameters->file("params"));
+    std::optional<ParameterTier::Crossing> crossing;
+    if (devices.parameters_on_host)
+      crossing = ParameterTier::Crossing{devices.compute, config.zero.offload_param.buffer_count, devices.pin_parameters};
     parameter_tier = std::make_unique<ParameterTier>(layout, param_partition, offload.groups, io.get(),
-                                                     config.zero.offload_param.buffer_count);
+                                                     config.zero.offload_param.buffer_count, crossing);
   } else {
     flat_params = torch::zeros({layout.total_numel}, working);
   }
@@ -401,12 +410,15 @@ std::vector<Engine::Impl::PendingBlock> Engine::Impl::adopt_sharded_blocks() {
 void Engine::Impl::materialize(PendingBlock& pending, const std::unordered_set<const void*>& moved) {
   if (pending.materialized) return;
   ShardedBlock& s = pending.shards;
+  // Gathered in host memory, where the shards are; the engine's arenas copy what it adopts to the
+  // compute device, and the rest moves there on its own.
   torch::Tensor full = torch::empty({s.shard.numel() * world}, s.shard.options());
   comm->all_gather(s.shard, full, "engine.init.block." + pending.name).wait();
   int64_t offset = 0;
   for (torch::Tensor& p : s.parameters) {
     torch::Tensor view = full.narrow(0, offset, p.numel()).view(p.sizes());
-    p.set_data(moved.count(p.unsafeGetTensorImpl()) ? view : view.clone());
+    p.set_data(moved.count(p.unsafeGetTensorImpl()) ? view
+                                                    : view.to(devices.compute, /*non_blocking=*/false, /*copy=*/true));
     offset += p.numel();
   }
   s = ShardedBlock();

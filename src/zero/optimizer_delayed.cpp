@@ -57,7 +57,7 @@ void OptimizerPartition::finish_step() {
 // values are overwritten by the next step before they are read again); otherwise the owned region
 // of the flat buffer is copied from it.
 void OptimizerPartition::install_next_working() {
-  if (working_.partition && !staged_) {
+  if (install_by_swap_) {
     std::swap(*working_.partition, next_working_);
     return;
   }

@@ -47,6 +47,11 @@ void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const G
   ZT_CHECK_STATE(!in_flight_, "a synchronous step while a delayed one is in flight");
   if (staged_) {
     snapshot_gradients(gradients);
+    // The partition on the host (parameter offload): nothing reads it now, so it is written in place.
+    if (options_.devices.parameters_on_host) {
+      run_step(lr, betas, step, grad_scale, PassTarget{nullptr, false}, 0);
+      return;
+    }
     run_step(lr, betas, step, grad_scale, PassTarget{nullptr, true}, 0);
     install_next_working();
     return;

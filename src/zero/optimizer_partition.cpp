@@ -40,6 +40,9 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
   // The delayed update writes the working values while the caller reads the old ones: the fp32
   // masters cannot be the working parameters then.
   staged_ = options.devices.stage_through_host;
+  install_by_swap_ = working_.partition != nullptr && (!staged_ || options.devices.parameters_on_host);
+  ZT_CHECK_STATE(!options.devices.parameters_on_host || working_.partition != nullptr,
+                 "parameters on the host without a sharded working partition");
   separate_master_ = keeps_fp32_masters(options.working_dtype != at::kFloat, options.delayed, staged_);
   ZT_CHECK_STATE(!(staged_ && options.devices.device_step()), "staged through the host yet stepping on the device");
   ZT_CHECK_STATE(!options.devices.device_step() || (!options.delayed && (options.tiers.on_disk.empty() || !options.tiers.io)),
@@ -64,19 +67,21 @@ OptimizerPartition::OptimizerPartition(const FlatLayout& layout, const Options& 
     grad_scratch_ = torch::empty({std::min<int64_t>(partition, kConversionChunk)}, torch::kFloat32);
   exp_avg_ = role("exp_avg", first_moment);
   exp_avg_sq_ = role("exp_avg_sq", kind_ != Kind::Sgd);
-  if (options.delayed || staged_) {
+  if (options.delayed || staged_) grad_snapshot_ = empty_host(partition, options.working_dtype, options.devices.pin_host);
+  // Staged with the partition on the host, the undelayed step writes it in place: no next copy.
+  if (options.delayed || (staged_ && !options.devices.parameters_on_host)) {
     // The next working copy has the working partition's tiers, so that installing it is a swap
     // (staged: host memory, installed by copies to the device).
     const TieredArray* w = working_.partition;
-    if (!staged_ && w && w->any_on_disk()) {
+    if (install_by_swap_ && w->any_on_disk()) {
       std::vector<char> on_disk(groups_.size());
       for (int g = 0; g < int(groups_.size()); ++g) on_disk[size_t(g)] = w->on_disk(g);
       next_working_ = TieredArray("params.next", options.working_dtype, groups_, on_disk, *tiers.io,
                                   w->file().parent_path() / "params.next.swap");
     } else {
-      next_working_ = TieredArray("params.next", options.working_dtype, partition, c10::kCPU, options.devices.pin_host);
+      next_working_ = TieredArray("params.next", options.working_dtype, partition, c10::kCPU,
+                                  install_by_swap_ ? options.devices.pin_parameters : options.devices.pin_host);
     }
-    grad_snapshot_ = empty_host(partition, options.working_dtype, options.devices.pin_host);
   }
   copies_ = std::make_unique<DeviceCopies>(options.devices.compute, options.devices.emulate_copy_engine);
   snapshot_has_.assign(layout.buckets.size(), 0);

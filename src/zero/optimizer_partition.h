@@ -24,7 +24,10 @@
 //   device, or forced on the CPU): the masters are a role of their own; every step copies the
 //   owned gradients into the host snapshot, runs the CPU kernels into the host next working copy
 //   and copies that into the device's working parameters (DeviceCopies: a copy stream, events).
-//   The values are those of the unstaged step, bit for bit.
+//   The values are those of the unstaged step, bit for bit. With stage-3 parameter offload
+//   (devices.parameters_on_host) the working partition is on the host already: only the
+//   gradients are staged, and the step writes the partition in place (the delayed update: into
+//   the next working copy, installed by a swap) as on the CPU.
 // - State on a device (Options::devices.device_step()): the roles live there and the step runs
 //   the device kernels (optim/device_kernels.h) on the compute stream, reading the gradients in
 //   the working dtype directly.
@@ -208,6 +211,9 @@ class OptimizerPartition {
   std::vector<std::vector<Chunk>> chunks_;  // per sub-group
   std::vector<Run> runs_;                   // the chunks merged: the units of the staging copies
   bool staged_ = false;                     // devices.stage_through_host
+  // The working partition is where the step runs (host memory or NVMe; staged with parameter
+  // offload too): the next working copy has its tiers and installing it is a swap.
+  bool install_by_swap_ = false;
   std::unique_ptr<DeviceCopies> copies_;
   TieredArray master_, exp_avg_, exp_avg_sq_;
   at::Tensor grad_scratch_;

@@ -2,6 +2,7 @@
 // were built as, waiting for an engine to adopt them. Internal; not installed.
 #pragma once
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <optional>
 #include <vector>
@@ -17,6 +18,7 @@ struct ShardedBlock {
   std::vector<at::Tensor> parameters;  // the block's parameters, in concatenation order; no storage
   at::Tensor shard;                    // this rank's ceil(total_numel / world_size) elements, zero-padded
   int64_t total_numel = 0;             // elements of all parameters together
+  c10::Device device{c10::kCPU};       // where the Engine puts the parameters (ShardedConstruction's)
 };
 
 class Communicator;
