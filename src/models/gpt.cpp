@@ -7,29 +7,40 @@
 
 #include "models/packed_rows.h"
 #include "zerotrain/blocks.h"
+#include "zerotrain/comm.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/tensor_parallel.h"
 
 namespace zt {
 namespace {
 
 [[noreturn]] void bad_input(const std::string& what) { throw ConfigError("GPT: " + what); }
 
+int64_t group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
+
+// This rank's piece `index` of `parts` equal pieces along `dim`.
+torch::Tensor piece(const torch::Tensor& whole, int64_t dim, int64_t parts, int64_t index) {
+  const int64_t n = whole.size(dim) / parts;
+  return whole.narrow(dim, n * index, n);
+}
+
 }  // namespace
 
 // ---- modules --------------------------------------------------------------------------------
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config)
-    : n_head_(config.n_head), dropout_(config.dropout) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group)
+    : n_head_(config.n_head / group_size(tensor_group)), dropout_(config.dropout), group_(std::move(tensor_group)) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
   resid_drop_ = register_module("resid_drop", torch::nn::Dropout(config.dropout));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  // C: this rank's width of q, k and v (the whole width without a tensor group).
+  const int64_t B = x.size(0), T = x.size(1), C = c_attn->weight.size(0) / 3;
   const int64_t hd = C / n_head_;
   // [B,T,3C] -> three [B,T,C] -> [B,nh,T,hd]
-  auto qkv = c_attn(x).split(C, /*dim=*/2);
+  auto qkv = c_attn(group_ ? copy_to_tensor_group(x, group_) : x).split(C, /*dim=*/2);
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
   // LibTorch 2.x dispatches this to a fused (flash / memory-efficient) kernel where available and
   // never materialises the [T,T] mask; is_causal applies the lower-triangular mask. Packed rows
@@ -45,10 +56,12 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const tor
   std::vector<torch::Tensor> qkv_heads = {heads(qkv[0]), heads(qkv[1]), heads(qkv[2])};
   auto y = recompute_scores_ ? checkpoint(attend, qkv_heads, checkpoint_options_) : attend(qkv_heads);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
+  if (group_)
+    return resid_drop_(reduce_from_tensor_group(torch::nn::functional::linear(y, c_proj->weight), group_) + c_proj->bias);
   return resid_drop_(c_proj(y));
 }
 
-MLPImpl::MLPImpl(const GPTConfig& config) {
+MLPImpl::MLPImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group) : group_(std::move(tensor_group)) {
   c_fc = register_module("c_fc", torch::nn::Linear(config.n_embd, 4 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(4 * config.n_embd, config.n_embd));
   drop_ = register_module("drop", torch::nn::Dropout(config.dropout));
@@ -56,18 +69,20 @@ MLPImpl::MLPImpl(const GPTConfig& config) {
 
 torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
   // GPT-2 uses the tanh approximation of GELU.
-  auto h = c_fc(x);
+  auto h = c_fc(group_ ? copy_to_tensor_group(x, group_) : x);
   auto a = torch::gelu(h, "tanh");
-  auto y = c_proj(a);
+  // With a tensor group the projection's bias is added once, after the sum over the group.
+  auto y = group_ ? torch::nn::functional::linear(a, c_proj->weight) : c_proj(a);
   if (recompute_activation_) y = recompute_in_backward(y, a, [h](torch::Tensor& into) { at::gelu_out(into, h, "tanh"); });
+  if (group_) y = reduce_from_tensor_group(y, group_) + c_proj->bias;
   return drop_(y);
 }
 
-BlockImpl::BlockImpl(const GPTConfig& config) {
+BlockImpl::BlockImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group) {
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
-  attn = register_module("attn", CausalSelfAttention(config));
+  attn = register_module("attn", CausalSelfAttention(config, tensor_group));
   ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.n_embd})));
-  mlp = register_module("mlp", MLP(config));
+  mlp = register_module("mlp", MLP(config, tensor_group));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& allowed) {
@@ -75,8 +90,19 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& al
   return h + mlp(ln_2(h));
 }
 
-GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
+GPTImpl::GPTImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group)
+    : config_(config), tensor_group_(std::move(tensor_group)) {
   config_.validate();
+  if (const int64_t T = group_size(tensor_group_); T > 1) {
+    if (config_.n_head % T != 0)
+      throw ConfigError("GPT: n_head " + std::to_string(config_.n_head) + " is not divisible by the tensor group's " +
+                        std::to_string(T) + " ranks; expected a multiple of " + std::to_string(T));
+    if (config_.vocab_size % T != 0)
+      throw ConfigError("GPT: vocab_size " + std::to_string(config_.vocab_size) +
+                        " is not divisible by the tensor group's " + std::to_string(T) +
+                        " ranks; pad the vocabulary to a multiple of " + std::to_string(T));
+    vocab_begin_ = config_.vocab_size / T * tensor_group_->rank();
+  }
   // Each parameterised module is initialised and marked as a stage-3 block (zerotrain/blocks.h)
   // right after it is built: under a ShardedConstruction marking shards it at once, so no rank
   // ever holds more than its shards plus one block, and the values drawn do not depend on it.
@@ -88,7 +114,7 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
   block_list_ = register_module("blocks", torch::nn::ModuleList());
   blocks.reserve(config.n_layer);
   for (int64_t i = 0; i < config.n_layer; ++i) {
-    blocks.emplace_back(config);
+    blocks.emplace_back(config, tensor_group_);
     block_list_->push_back(blocks.back());
     finish_block(blocks.back().ptr(), false);
   }
@@ -99,7 +125,35 @@ GPTImpl::GPTImpl(const GPTConfig& config) : config_(config) {
 
 void GPTImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module, bool is_norm) {
   init_parameters(*module, is_norm);
+  if (group_size(tensor_group_) > 1) keep_tensor_slices(*module, module.get() == wte.get());
   mark_block(module);
+}
+
+// The whole values were drawn as the unsplit model draws them; each parameter keeps this rank's
+// slice (set_data: the module's member and its registration stay the same tensor).
+void GPTImpl::keep_tensor_slices(torch::nn::Module& module, bool is_token_embedding) {
+  torch::NoGradGuard no_grad;
+  const int64_t T = tensor_group_->world_size(), r = tensor_group_->rank();
+  for (auto& item : module.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    auto ends_with = [&](std::string_view s) {
+      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+    };
+    torch::Tensor mine;
+    if (is_token_embedding || ends_with("c_fc.weight") || ends_with("c_fc.bias")) {
+      mine = piece(p, 0, T, r);  // vocabulary rows; MLP features
+    } else if (ends_with("c_attn.weight") || ends_with("c_attn.bias")) {
+      // q, k and v each keep the rows of this rank's heads.
+      auto parts = p.chunk(3, 0);
+      mine = torch::cat({piece(parts[0], 0, T, r), piece(parts[1], 0, T, r), piece(parts[2], 0, T, r)}, 0);
+    } else if (ends_with("c_proj.weight")) {
+      mine = piece(p, 1, T, r);  // the columns of this rank's heads or features
+    } else {
+      continue;  // replicated: wpe, layer norms, the projections' biases
+    }
+    p.set_data(mine.contiguous().clone());
+  }
 }
 
 void GPTImpl::init_parameters(torch::nn::Module& module, bool is_norm_module) {
@@ -132,7 +186,13 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) { return head(hidden(id
 torch::Tensor GPTImpl::head(const torch::Tensor& x) {
   // Tied head: the same tensor as the token embedding, used transposed; the embedding's block
   // runs a second time (stage 3 gathers it again).
-  return run_block(*wte, x, [this](const torch::Tensor& in) { return torch::nn::functional::linear(in, wte->weight); });
+  return run_block(*wte, x, [this](const torch::Tensor& in) { return head_logits(in, wte->weight); });
+}
+
+// The tied head's logits; with a tensor group this rank's vocabulary slice (the input's gradient
+// summed over the group, as a column-parallel layer's).
+torch::Tensor GPTImpl::head_logits(const torch::Tensor& x, const torch::Tensor& weight) const {
+  return torch::nn::functional::linear(tensor_group_ ? copy_to_tensor_group(x, tensor_group_) : x, weight);
 }
 
 torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& segments) {
@@ -148,9 +208,18 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& seg
               std::to_string(config_.context_length) + "]");
   if (idx.size(0) < 1) bad_input("batch size must be >= 1, found 0");
 
+  if (tensor_group_) {
+    // Each rank looks up only its rows: an id outside the vocabulary would read as zeros.
+    auto [lo, hi] = std::pair(idx.min().item<int64_t>(), idx.max().item<int64_t>());
+    if (lo < 0 || hi >= config_.vocab_size)
+      bad_input("token ids must be in [0, vocab_size=" + std::to_string(config_.vocab_size) + "), found range [" +
+                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
   torch::Tensor tok;
   try {
-    tok = run_block(*wte, idx, [this](const torch::Tensor& in) { return wte(in); });
+    tok = run_block(*wte, idx, [this](const torch::Tensor& in) {
+      return tensor_group_ ? vocab_parallel_lookup(in, wte->weight, vocab_begin_, tensor_group_) : wte(in);
+    });
   } catch (const c10::Error& e) {
     // Out-of-range ids: on CPU the embedding throws "index out of range"; report it in our terms.
     auto [lo, hi] = std::pair(idx.min().item<int64_t>(), idx.max().item<int64_t>());
@@ -239,6 +308,7 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targe
     // the chunked loss without recomputation, bitwise.
     auto flat_x = x.reshape({tokens, x.size(2)});
     auto flat_targets = targets.reshape({-1}).to(torch::kLong);
+    if (tensor_group_) return tensor_parallel_chunked_loss(flat_x, flat_targets);
     const bool recompute = checkpointing_.recompute == Recompute::Full;
     torch::Tensor total;
     for (int64_t start = 0; start < tokens; start += chunk) {
@@ -270,7 +340,31 @@ torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targe
   auto flat = logits.reshape({-1, V});
   // Softmax over a 50k vocabulary in bf16/fp16 loses too much; the loss is always computed in fp32.
   if (flat.scalar_type() != torch::kFloat && flat.scalar_type() != torch::kDouble) flat = flat.to(torch::kFloat);
+  if (tensor_group_) return vocab_parallel_cross_entropy(flat, targets.reshape({-1}).to(torch::kLong), tensor_group_);
   return torch::nn::functional::cross_entropy(flat, targets.reshape({-1}).to(torch::kLong));
+}
+
+// loss_chunk_tokens with a tensor group: each chunk's logits are this rank's vocabulary slice, and
+// the chunk's mean times its counted targets sums to the whole mean. (The log-softmax is not
+// recomputed in backward here: the vocabulary-parallel loss keeps its slice of the softmax.)
+torch::Tensor GPTImpl::tensor_parallel_chunked_loss(const torch::Tensor& flat_x, const torch::Tensor& flat_targets) {
+  const int64_t tokens = flat_x.size(0), chunk = config_.loss_chunk_tokens;
+  torch::Tensor total;
+  for (int64_t start = 0; start < tokens; start += chunk) {
+    const int64_t n = std::min(chunk, tokens - start);
+    const torch::Tensor t = flat_targets.narrow(0, start, n);
+    const int64_t counted = (t != -100).sum().item<int64_t>();
+    if (counted == 0) continue;  // a chunk of ignored targets adds nothing (its mean is 0 / 0)
+    BlockFn part = [this, t, counted](const torch::Tensor& in) {
+      auto logits = head_logits(in, wte->weight);
+      if (logits.scalar_type() != torch::kFloat && logits.scalar_type() != torch::kDouble) logits = logits.to(torch::kFloat);
+      return vocab_parallel_cross_entropy(logits, t, tensor_group_) * double(counted);
+    };
+    auto sum = run_block(*wte, flat_x.narrow(0, start, n), part);
+    total = total.defined() ? total + sum : sum;
+  }
+  const double all = double((flat_targets != -100).sum().item<int64_t>());
+  return total.defined() ? total / all : flat_x.sum() * 0.0 / all;
 }
 
 }  // namespace zt

@@ -41,10 +41,14 @@
 
 namespace zt {
 
-// Causal self-attention with a fused qkv projection.
+class Communicator;
+
+// Causal self-attention with a fused qkv projection. With a tensor group of T ranks
+// (zerotrain/models/tensor_parallel.h) it holds n_head / T heads: c_attn the rows of their q, k
+// and v, c_proj the matching columns, and its output is summed over the group.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  explicit CausalSelfAttentionImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   // [B,T,C] -> [B,T,C]. `allowed`, when defined, is a bool [B,1,T,T] mask (true: query t may
   // attend to key s) replacing the causal one; undefined: causal attention.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed = {});
@@ -55,6 +59,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t n_head_;
   double dropout_;
+  std::shared_ptr<Communicator> group_;
   friend class GPTImpl;
   // Selective recomputation: the attention core (scores, softmax, dropout, weighted sum) is
   // checkpointed, keeping q, k and v.
@@ -64,9 +69,10 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(CausalSelfAttention);
 
+// With a tensor group: c_fc column-parallel, c_proj row-parallel (4C / T hidden features each).
 class MLPImpl : public torch::nn::Module {
  public:
-  explicit MLPImpl(const GPTConfig& config);
+  explicit MLPImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_fc{nullptr};    // C -> 4C
@@ -74,6 +80,7 @@ class MLPImpl : public torch::nn::Module {
 
  private:
   torch::nn::Dropout drop_{nullptr};
+  std::shared_ptr<Communicator> group_;
   friend class GPTImpl;
   // Selective recomputation: GELU's output is freed after the projection reads it and recomputed
   // from c_fc's output (kept anyway by GELU's backward) when backward reaches the projection.
@@ -85,7 +92,7 @@ TORCH_MODULE(MLP);
 // recomputes.
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPTConfig& config);
+  explicit BlockImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& allowed = {});  // allowed: as the attention's
 
   torch::nn::LayerNorm ln_1{nullptr};
@@ -95,9 +102,18 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// Tensor parallelism (docs/tensor_parallel.md): built with the communicator of a tensor group of
+// T ranks, each rank holds its 1/T of every block's attention heads and MLP features and of the
+// vocabulary's rows of the tied embedding and head (T must divide n_head and vocab_size; a
+// ConfigError names either otherwise); wpe and the layer norms are replicated. Every rank of the
+// group draws the same whole values from the same seed and keeps its slice, so the loss equals
+// the unsplit model's. forward() and head() then return this rank's vocabulary slice of the
+// logits; loss() is the whole loss (vocab_parallel_cross_entropy). Dropout draws the same masks on
+// every rank of the group only with the same generator state; use dropout 0 for results equal to
+// the unsplit model's.
 class GPTImpl : public torch::nn::Module {
  public:
-  explicit GPTImpl(const GPTConfig& config);
+  explicit GPTImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
 
   // idx: integer tensor [B,T] with 1 <= T <= context_length -> logits [B,T,vocab_size].
   torch::Tensor forward(const torch::Tensor& idx);
@@ -119,6 +135,8 @@ class GPTImpl : public torch::nn::Module {
   void set_block_wrapper(BlockWrapper wrapper) { block_wrapper_ = std::move(wrapper); }
 
   const GPTConfig& config() const { return config_; }
+  // The tensor group (null: the unsplit model).
+  const std::shared_ptr<Communicator>& tensor_group() const { return tensor_group_; }
 
   // Activation checkpointing (docs/activation_checkpointing.md): which blocks recompute what in
   // backward. Gradients are bitwise those of the plain model (dropout masks are drawn again from
@@ -142,8 +160,14 @@ class GPTImpl : public torch::nn::Module {
   void init_parameters(torch::nn::Module& module, bool is_norm);
   // Initialises `module` and marks it as a stage-3 block (zerotrain/blocks.h).
   void finish_block(const std::shared_ptr<torch::nn::Module>& module, bool is_norm);
+  // With a tensor group: keeps this rank's slice of the module's whole parameters.
+  void keep_tensor_slices(torch::nn::Module& module, bool is_token_embedding);
+  torch::Tensor head_logits(const torch::Tensor& x, const torch::Tensor& weight) const;
+  torch::Tensor tensor_parallel_chunked_loss(const torch::Tensor& flat_x, const torch::Tensor& flat_targets);
 
   GPTConfig config_;
+  std::shared_ptr<Communicator> tensor_group_;
+  int64_t vocab_begin_ = 0;  // with a tensor group: the first token id of this rank's rows
   torch::nn::Dropout drop_{nullptr};
   torch::nn::ModuleList block_list_{nullptr};
   BlockWrapper block_wrapper_;

@@ -1,0 +1,116 @@
+// Tensor parallelism (Megatron's model parallelism): layers whose weights are split across the T
+// ranks of a tensor group, so that each rank holds 1/T of them and computes 1/T of the layer
+// (docs/tensor_parallel.md).
+//
+//   ColumnParallelLinear  weight rows split: y_r = x W_r^T (+ b_r); the output stays split along
+//                         its last dimension (or is all-gathered whole with gather_output).
+//   RowParallelLinear     weight columns split: y = sum_r x_r W_r^T (+ b): one all-reduce in
+//                         forward; its input is a column-parallel layer's split output.
+//   VocabParallelEmbedding vocabulary rows split: each rank looks up the ids in its range, the
+//                         others contribute zeros, one all-reduce in forward.
+//   vocab_parallel_cross_entropy  the loss over logits split along the vocabulary, without
+//                         gathering them: three all-reduces of one value per row.
+// A column-parallel layer followed by a row-parallel one (an MLP, or attention with its heads
+// split) costs one all-reduce in forward and one in backward (copy_to_tensor_group's).
+//
+// Contract
+// - Every rank of the group builds the same layers in the same order from the same seed: each
+//   layer draws its whole weight as the unsplit LibTorch layer would (torch::nn::Linear,
+//   torch::nn::Embedding) and keeps its own slice, so a group of T ranks computes what one rank
+//   computes with the unsplit layer, up to the order of floating-point sums.
+// - T must divide the split dimension (out_features, in_features, the vocabulary); otherwise
+//   the constructor throws zt::ConfigError naming the layer, the size and T.
+// - Parameters that are not split (a row-parallel bias) are replicated: their gradients are the
+//   same on every rank of the group.
+// - The collectives run on the group's communicator in forward and backward, in the same order on
+//   every rank (as every collective must). Not thread-safe.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+namespace zt {
+
+class Communicator;
+
+// Identity in forward; the gradient is summed over the group in backward (Megatron's f). The
+// input of a column-parallel layer passes through it.
+at::Tensor copy_to_tensor_group(const at::Tensor& x, const std::shared_ptr<Communicator>& group);
+// Summed over the group in forward; identity in backward (Megatron's g).
+at::Tensor reduce_from_tensor_group(const at::Tensor& x, const std::shared_ptr<Communicator>& group);
+// Each rank's tensor concatenated along the last dimension in rank order; backward keeps this
+// rank's slice of the gradient.
+at::Tensor gather_from_tensor_group(const at::Tensor& x, const std::shared_ptr<Communicator>& group);
+
+class ColumnParallelLinearImpl : public torch::nn::Module {
+ public:
+  ColumnParallelLinearImpl(int64_t in_features, int64_t out_features, bool bias,
+                           std::shared_ptr<Communicator> group, bool gather_output = false);
+  // x: [..., in_features], the same on every rank; returns [..., out_features / T] (this rank's
+  // features out_features / T · rank onwards), or [..., out_features] with gather_output.
+  at::Tensor forward(const at::Tensor& x);
+  // Takes this rank's slice of a whole weight [out, in] (and bias [out]), e.g. a checkpoint's.
+  void load_whole(const at::Tensor& weight, const at::Tensor& bias);
+
+  at::Tensor weight;  // [out_features / T, in_features]
+  at::Tensor bias;    // [out_features / T], undefined without bias
+  int64_t in_features, out_features;
+
+ private:
+  std::shared_ptr<Communicator> group_;
+  bool gather_output_;
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+class RowParallelLinearImpl : public torch::nn::Module {
+ public:
+  RowParallelLinearImpl(int64_t in_features, int64_t out_features, bool bias, std::shared_ptr<Communicator> group);
+  // x: [..., in_features / T], this rank's slice of the features (a column-parallel output);
+  // returns [..., out_features], the same on every rank.
+  at::Tensor forward(const at::Tensor& x);
+  void load_whole(const at::Tensor& weight, const at::Tensor& bias);
+
+  at::Tensor weight;  // [out_features, in_features / T]
+  at::Tensor bias;    // [out_features], replicated, undefined without bias
+  int64_t in_features, out_features;
+
+ private:
+  std::shared_ptr<Communicator> group_;
+};
+TORCH_MODULE(RowParallelLinear);
+
+class VocabParallelEmbeddingImpl : public torch::nn::Module {
+ public:
+  VocabParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, std::shared_ptr<Communicator> group);
+  // ids: any shape of int64 ids in [0, num_embeddings); returns [..., embedding_dim] on every rank.
+  at::Tensor forward(const at::Tensor& ids);
+  void load_whole(const at::Tensor& weight);
+  // The ids [begin, end) whose rows this rank holds.
+  int64_t vocab_begin() const { return begin_; }
+  int64_t vocab_end() const { return end_; }
+
+  at::Tensor weight;  // [num_embeddings / T, embedding_dim]
+  int64_t num_embeddings, embedding_dim;
+
+ private:
+  std::shared_ptr<Communicator> group_;
+  int64_t begin_ = 0, end_ = 0;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+// VocabParallelEmbedding's lookup on rows [vocab_begin, vocab_begin + local_weight.size(0)) held
+// in `local_weight` (a tied embedding and head keep that weight in a module of their own).
+at::Tensor vocab_parallel_lookup(const at::Tensor& ids, const at::Tensor& local_weight, int64_t vocab_begin,
+                                 const std::shared_ptr<Communicator>& group);
+
+// Cross-entropy of logits split along the vocabulary: `local_logits` [N, V / T] holds this rank's
+// vocabulary slice (ids V / T · rank onwards) of every row, `targets` [N] the whole-vocabulary ids
+// (the same on every rank), rows with `ignore_index` left out. Returns the mean over the rows
+// counted, the same on every rank; its gradient reaches only this rank's slice.
+at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets,
+                                        const std::shared_ptr<Communicator>& group, int64_t ignore_index = -100);
+
+}  // namespace zt
