@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <sstream>
+#include <string_view>
 
 #include <torch/torch.h>
 
@@ -15,6 +16,10 @@ namespace zt {
 namespace {
 
 [[noreturn]] void bad_input(const std::string& what) { throw ConfigError("GPT: " + what); }
+
+bool ends_with(std::string_view name, std::string_view suffix) {
+  return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+}
 
 int64_t group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
 
@@ -137,17 +142,14 @@ void GPTImpl::keep_tensor_slices(torch::nn::Module& module, bool is_token_embedd
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
-    auto ends_with = [&](std::string_view s) {
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-    };
     torch::Tensor mine;
-    if (is_token_embedding || ends_with("c_fc.weight") || ends_with("c_fc.bias")) {
+    if (is_token_embedding || ends_with(name, "c_fc.weight") || ends_with(name, "c_fc.bias")) {
       mine = piece(p, 0, T, r);  // vocabulary rows; MLP features
-    } else if (ends_with("c_attn.weight") || ends_with("c_attn.bias")) {
+    } else if (ends_with(name, "c_attn.weight") || ends_with(name, "c_attn.bias")) {
       // q, k and v each keep the rows of this rank's heads.
       auto parts = p.chunk(3, 0);
       mine = torch::cat({piece(parts[0], 0, T, r), piece(parts[1], 0, T, r), piece(parts[2], 0, T, r)}, 0);
-    } else if (ends_with("c_proj.weight")) {
+    } else if (ends_with(name, "c_proj.weight")) {
       mine = piece(p, 1, T, r);  // the columns of this rank's heads or features
     } else {
       continue;  // replicated: wpe, layer norms, the projections' biases
@@ -165,15 +167,12 @@ void GPTImpl::init_parameters(torch::nn::Module& module, bool is_norm_module) {
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
-    auto ends_with = [&](std::string_view s) {
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-    };
     const bool is_norm = is_norm_module || name.find("ln_") != std::string::npos;
-    if (ends_with("bias")) {
+    if (ends_with(name, "bias")) {
       p.zero_();
     } else if (is_norm) {
       p.fill_(1.0);
-    } else if (ends_with("c_proj.weight")) {
+    } else if (ends_with(name, "c_proj.weight")) {
       p.normal_(0.0, resid_std);  // residual projections: keeps the residual stream's variance flat
     } else {
       p.normal_(0.0, std);
