@@ -51,6 +51,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,8 @@ class Module;
 }
 
 namespace zt {
+
+class Communicator;
 
 using BlockFunction = std::function<at::Tensor(const at::Tensor&)>;
 
@@ -105,5 +108,26 @@ class ShardedConstruction {
 // with data moves to `device` (keeping its autograd identity); the parameters of blocks not yet
 // adopted by an Engine have no data and stay as they are, for the Engine to place.
 void move_model(torch::nn::Module& model, c10::Device device);
+
+// Tensor parallelism (docs/tensor_parallel.md): a parameter of which each rank of `group` holds a
+// different slice, the rest being replicated over the group. The parameter's whole tensor is cut
+// along `dim` into `parts` equal consecutive parts (3 for a fused q, k, v projection; 1 otherwise),
+// each part into group-size equal slices; rank r holds slice r of every part, concatenated along
+// `dim` in part order. The tensor-parallel layers (zerotrain/models/tensor_parallel.h) and the GPT
+// built with a tensor group mark their slices; a model with layers of its own marks them likewise.
+//
+// An Engine over such a model trains over its data-parallel communicator and takes the tensor
+// group from these marks: its gradient norm (clipping, fp16 overflow) counts each slice once and
+// each replicated parameter once, and LAMB's per-tensor norms are those of the whole tensors.
+// Every split parameter of one model must name the same group. Marks are held weakly (a destroyed
+// parameter is forgotten), survive set_data, and may be made from any thread.
+struct TensorSplit {
+  std::shared_ptr<Communicator> group;
+  int dim = 0;
+  int parts = 1;
+};
+// Throws zt::ConfigError for a null group, a dimension the parameter lacks, or a part count < 1.
+void mark_tensor_split(const at::Tensor& parameter, TensorSplit split);
+std::optional<TensorSplit> tensor_split_of(const at::Tensor& parameter);
 
 }  // namespace zt

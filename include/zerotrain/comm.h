@@ -187,6 +187,20 @@ struct NodeGroups {
   std::shared_ptr<Communicator> across_nodes;  // the ranks of this local rank, one per node
 };
 
+// The 2-D grid of tensor and data parallelism (docs/tensor_parallel.md "The 2-D grid"): the world's
+// ranks g·T … g·T+T−1 form tensor group g (consecutive ranks, so within one node when T divides
+// the ranks per node), and the ranks with the same rank % T form a data-parallel group, over which
+// an Engine shards and reduces. T = 1: no tensor group, and the data-parallel group is `world`.
+struct ProcessGrid {
+  int tensor_size = 1;
+  std::shared_ptr<Communicator> tensor;  // null when tensor_size is 1
+  std::shared_ptr<Communicator> data;
+};
+// A collective (two splits) for T > 1. Throws zt::ConfigError, naming `key`, when T < 1, T does
+// not divide the world, or the world spans several nodes and T does not divide the ranks of each.
+ProcessGrid make_process_grid(const std::shared_ptr<Communicator>& world, int tensor_size,
+                              const std::string& key = "tensor_parallel.autotp_size");
+
 // Meets the other ranks (TCP store on rank 0 at master_addr:master_port; a master on the
 // loopback address binds only to loopback) and builds the backend(s). A world of one needs no
 // network. Throws zt::CommError when the peers do not arrive within the timeout.

@@ -31,4 +31,26 @@ NodeGroups make_node_groups(const std::shared_ptr<Communicator>& world) {
   return groups;
 }
 
+ProcessGrid make_process_grid(const std::shared_ptr<Communicator>& world, int tensor_size, const std::string& key) {
+  const int ranks = world->world_size();
+  if (tensor_size < 1 || ranks % tensor_size != 0)
+    throw ConfigError(key + ": expected a divisor of the world size " + std::to_string(ranks) + ", found " +
+                      std::to_string(tensor_size));
+  ProcessGrid grid;
+  grid.tensor_size = tensor_size;
+  if (tensor_size == 1) {
+    grid.data = world;
+    return grid;
+  }
+  // A tensor group's collectives run inside every layer: across nodes they would crawl.
+  const NodePlacement where = world->placement();
+  if (where.local_world_size < ranks && where.local_world_size % tensor_size != 0)
+    throw ConfigError(key + ": expected a divisor of the " + std::to_string(where.local_world_size) +
+                      " ranks per node, so that each tensor group lies within one node, found " +
+                      std::to_string(tensor_size));
+  grid.tensor = world->split(world->rank() / tensor_size, "tensor");
+  grid.data = world->split(world->rank() % tensor_size, "data");
+  return grid;
+}
+
 }  // namespace zt

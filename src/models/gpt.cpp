@@ -143,18 +143,22 @@ void GPTImpl::keep_tensor_slices(torch::nn::Module& module, bool is_token_embedd
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
     torch::Tensor mine;
+    TensorSplit split{tensor_group_, 0, 1};
     if (is_token_embedding || ends_with(name, "c_fc.weight") || ends_with(name, "c_fc.bias")) {
       mine = piece(p, 0, T, r);  // vocabulary rows; MLP features
     } else if (ends_with(name, "c_attn.weight") || ends_with(name, "c_attn.bias")) {
       // q, k and v each keep the rows of this rank's heads.
       auto parts = p.chunk(3, 0);
       mine = torch::cat({piece(parts[0], 0, T, r), piece(parts[1], 0, T, r), piece(parts[2], 0, T, r)}, 0);
+      split.parts = 3;
     } else if (ends_with(name, "c_proj.weight")) {
       mine = piece(p, 1, T, r);  // the columns of this rank's heads or features
+      split.dim = 1;
     } else {
       continue;  // replicated: wpe, layer norms, the projections' biases
     }
     p.set_data(mine.contiguous().clone());
+    mark_tensor_split(p, split);
   }
 }
 

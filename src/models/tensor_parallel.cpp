@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 
@@ -20,6 +21,12 @@ using torch::autograd::variable_list;
 Communicator& group_of(const std::shared_ptr<Communicator>& group, const char* who) {
   if (!group) throw ConfigError(std::string(who) + ": expected a tensor group's communicator, found a null pointer");
   return *group;
+}
+
+// The engine counts a split parameter's slices once each over the group (zerotrain/blocks.h); a
+// group of one splits nothing.
+void mark_split(const at::Tensor& parameter, const std::shared_ptr<Communicator>& group, int dim) {
+  if (group->world_size() > 1) mark_tensor_split(parameter, {group, dim, 1});
 }
 
 // An all-reduce of a copy (the collectives take contiguous buffers of their own).
@@ -137,7 +144,11 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, bool
   const int64_t rows = split_size(out, g, "ColumnParallelLinear out_features");
   auto [w, b] = linear_init(in, out, with_bias);
   weight = register_parameter("weight", w.narrow(0, rows * g.rank(), rows).clone());
-  if (with_bias) bias = register_parameter("bias", b.narrow(0, rows * g.rank(), rows).clone());
+  mark_split(weight, group_, 0);
+  if (with_bias) {
+    bias = register_parameter("bias", b.narrow(0, rows * g.rank(), rows).clone());
+    mark_split(bias, group_, 0);
+  }
 }
 
 at::Tensor ColumnParallelLinearImpl::forward(const at::Tensor& x) {
@@ -162,6 +173,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, bool with_
   const int64_t columns = split_size(in, g, "RowParallelLinear in_features");
   auto [w, b] = linear_init(in, out, with_bias);
   weight = register_parameter("weight", w.narrow(1, columns * g.rank(), columns).contiguous());
+  mark_split(weight, group_, 1);
   if (with_bias) bias = register_parameter("bias", b);
 }
 
@@ -194,6 +206,7 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t vocab, int64_t di
     torch::nn::init::normal_(whole);  // torch::nn::Embedding's initialisation
   }
   weight = register_parameter("weight", whole.narrow(0, begin_, rows).clone());
+  mark_split(weight, group_, 0);
 }
 
 at::Tensor VocabParallelEmbeddingImpl::forward(const at::Tensor& ids) {

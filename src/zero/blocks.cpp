@@ -263,4 +263,42 @@ std::optional<ShardedBlock> take_sharded_block(const torch::nn::Module& module) 
   return std::nullopt;
 }
 
+namespace {
+
+struct SplitMark {
+  c10::weak_intrusive_ptr<c10::TensorImpl> parameter;
+  TensorSplit split;
+};
+std::mutex split_mutex;
+std::unordered_map<const c10::TensorImpl*, SplitMark> split_marks;
+
+}  // namespace
+
+void mark_tensor_split(const at::Tensor& parameter, TensorSplit split) {
+  if (!parameter.defined()) throw ConfigError("mark_tensor_split: expected a parameter, found an undefined tensor");
+  if (!split.group)
+    throw ConfigError("mark_tensor_split: expected a tensor group, found a null communicator");
+  if (split.dim < 0 || split.dim >= parameter.dim())
+    throw ConfigError("mark_tensor_split: expected a dimension in [0, " + std::to_string(parameter.dim()) +
+                      ") of the parameter of shape " + c10::str(parameter.sizes()) + ", found " +
+                      std::to_string(split.dim));
+  if (split.parts < 1)
+    throw ConfigError("mark_tensor_split: expected parts >= 1, found " + std::to_string(split.parts));
+  std::lock_guard lock(split_mutex);
+  // A parameter destroyed since its mark may have left its address to this one.
+  std::erase_if(split_marks, [](const auto& entry) { return entry.second.parameter.expired(); });
+  split_marks.insert_or_assign(
+      parameter.unsafeGetTensorImpl(),
+      SplitMark{c10::weak_intrusive_ptr<c10::TensorImpl>(parameter.getIntrusivePtr()), std::move(split)});
+}
+
+std::optional<TensorSplit> tensor_split_of(const at::Tensor& parameter) {
+  if (!parameter.defined()) return std::nullopt;
+  std::lock_guard lock(split_mutex);
+  auto it = split_marks.find(parameter.unsafeGetTensorImpl());
+  if (it == split_marks.end() || it->second.parameter.lock().get() != parameter.unsafeGetTensorImpl())
+    return std::nullopt;
+  return it->second.split;
+}
+
 }  // namespace zt

@@ -127,11 +127,20 @@ StepResult Engine::Impl::step() {
 
   // Gradients hold the sum over ranks of loss_scale × the mean micro-batch gradient, divided
   // by the reducer's pre-division; post_divisor() turns that into the mean over ranks.
-  double square_sum = reducer->owned_square_sum();
-  if (shard_world > 1) {
+  const GradientReducer::SquareSums owned = reducer->owned_square_sums();
+  double square_sum = owned.split + owned.replicated;
+  if (shard_world > 1 && !tensor_group) {
     torch::Tensor total = torch::full({1}, square_sum, torch::kFloat64);
     comm->all_reduce(total, ReduceOp::Sum, "grads.norm").wait();
     square_sum = total.item<double>();
+  } else if (tensor_group) {
+    // Each rank of the tensor group holds other slices and the same replicated gradients: the
+    // slices' squares add over the group, the replicated ones count once. The sums are the same
+    // on every rank of the grid, so an overflow skips the step everywhere.
+    torch::Tensor totals = torch::tensor({owned.split, owned.replicated}, torch::kFloat64);
+    if (shard_world > 1) comm->all_reduce(totals, ReduceOp::Sum, "grads.norm").wait();
+    tensor_group->all_reduce(totals, ReduceOp::Sum, "grads.norm.tensor").wait();
+    square_sum = totals[0].item<double>() + totals[1].item<double>() / double(tensor_group->world_size());
   }
   const double unscale = 1.0 / (reducer->post_divisor() * scaler.scale());
   const double norm = std::sqrt(square_sum) * unscale;

@@ -86,6 +86,11 @@ struct Engine::Impl {
   std::vector<ParameterSpec> specs;             // what the layout was computed from (names, shapes)
   std::vector<CheckpointParameter> registered;  // trainable parameters in registration order
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
+  // Tensor parallelism (zerotrain/blocks.h TensorSplit): the group the model's split parameters
+  // name (null: none), and per placement (flat order) whether it is such a slice. The gradient
+  // norm sums the slices' squares over the group and counts the replicated ones once.
+  std::shared_ptr<Communicator> tensor_group;
+  std::vector<char> tensor_split;
 
   // Offload tiers (docs/offload.md): the I/O engine and swap directories exist only with NVMe.
   std::unique_ptr<io::AioEngine> io;
@@ -161,6 +166,7 @@ struct Engine::Impl {
                                        int64_t chunk_limit, BeforeCopy&& before_copy);
   void create_reducer(const SwapDirectories& directories);
   void assign_parameter_groups(OptimizerPartition::Options& options);
+  void check_tensor_group();
   void find_marked_modules(std::unordered_map<const void*, int>& owner_of,
                            std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules);
   void assign_blocks(std::vector<torch::Tensor>& trainable, std::vector<ParameterSpec>& specs,

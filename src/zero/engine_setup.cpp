@@ -75,10 +75,21 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> owner_modules;
   if (shard_parameters) find_marked_modules(owner_of, owner_modules);
   std::optional<c10::Device> model_device;
-  std::string first_name;
+  std::string first_name, first_split;
+  std::unordered_set<std::string> split_names;
   for (auto& named : model->named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = named.value();
     if (!p.requires_grad()) continue;
+    if (const std::optional<TensorSplit> split = tensor_split_of(p)) {
+      if (!tensor_group) {
+        tensor_group = split->group;
+        first_split = named.key();
+      } else if (split->group != tensor_group) {
+        throw ConfigError("engine: expected every tensor-parallel parameter to name one tensor group, found '" +
+                          first_split + "' split over one group and '" + named.key() + "' over another");
+      }
+      split_names.insert(named.key());
+    }
     if (p.scalar_type() != torch::kFloat32)
       throw ConfigError("engine: expected fp32 parameters (the engine makes the working copy), found " +
                         std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
@@ -117,7 +128,32 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   options.bucket_size = std::max<int64_t>(1, config.zero.reduce_bucket_size);
   layout = compute_layout(specs, options);
   this->specs = specs;
+  if (tensor_group) {
+    tensor_split.assign(layout.placements.size(), 0);
+    for (size_t i = 0; i < layout.placements.size(); ++i)
+      tensor_split[i] = split_names.count(specs[size_t(layout.placements[i].index)].name) ? 1 : 0;
+    check_tensor_group();
+  }
   return trainable;
+}
+
+// The engine's ranks must hold the same slices (one tensor rank, a data-parallel group): the
+// communicator of the whole grid would average different slices into each other. One collective.
+void Engine::Impl::check_tensor_group() {
+  if (tensor_group.get() == comm.get())
+    throw ConfigError("engine: the communicator is the tensor group itself; expected the data-parallel group (the "
+                      "ranks that hold the same slices, e.g. comm->split(rank % T, \"data\"))");
+  if (config.optimizer.type == "Lamb" && config.zero.offload_optimizer.delayed_update && tensor_group->world_size() > 1)
+    throw ConfigError("offload_optimizer.delayed_update: expected Adam or SGD with tensor parallelism (LAMB's "
+                      "per-tensor norms need an all-reduce over the tensor group inside the step, which the delayed "
+                      "update runs off the training thread), found Lamb");
+  torch::Tensor ranks = torch::tensor({double(tensor_group->rank()), -double(tensor_group->rank())}, torch::kFloat64);
+  comm->all_reduce(ranks, ReduceOp::Max, "engine.tensor_ranks").wait();
+  const int highest = int(ranks[0].item<double>()), lowest = int(-ranks[1].item<double>());
+  if (highest != lowest)
+    throw ConfigError("engine: expected the communicator's ranks to hold the same tensor-parallel slices (one tensor "
+                      "rank), found tensor ranks " + std::to_string(lowest) + " to " + std::to_string(highest) +
+                      "; pass the data-parallel group, e.g. comm->split(rank % T, \"data\")");
 }
 
 // The working parameters (the flat buffer, or this rank's partition and its tier) and the
@@ -149,6 +185,8 @@ void Engine::Impl::create_arenas(const SwapDirectories& directories) {
   optimizer_options.shard_world = shard_world;
   optimizer_options.delayed = config.zero.offload_optimizer.delayed_update;
   optimizer_options.devices = devices;
+  optimizer_options.tensor_group = tensor_group.get();
+  optimizer_options.tensor_split = tensor_split;
   assign_parameter_groups(optimizer_options);
   if (io) {
     optimizer_options.tiers.groups = offload.groups;
@@ -287,6 +325,7 @@ void Engine::Impl::create_reducer(const SwapDirectories& directories) {
   reducer_options.device = devices.compute;
   reducer_options.accumulation_steps = config.gradient_accumulation_steps;
   reducer_options.overlap_comm = config.zero.overlap_comm;
+  reducer_options.tensor_split = tensor_split;
   // DeepSpeed's averaging keys: prescale divides by the world size before the sum, else by the
   // predivide factor before and by world / factor after (docs/zero.md "Gradient averaging").
   reducer_options.pre_divide =

@@ -55,7 +55,7 @@ GradientReducer::GradientReducer(const FlatLayout& layout, const Options& option
           if (partition_.on_disk(g)) bytes += partition_.buffer_bytes(g);
         staging = std::max(staging, bytes);
       }
-      bucket_square_sum_.assign(layout.buckets.size(), 0.0);
+      bucket_square_sum_.assign(layout.buckets.size(), SquareSums{});
       square_sum_known_.assign(layout.buckets.size(), 0);
     }
     for (int k = 0; k < buffer_count_; ++k) {
@@ -68,6 +68,12 @@ GradientReducer::GradientReducer(const FlatLayout& layout, const Options& option
   }
   progress_.resize(layout.buckets.size());
   slots_.resize(layout.placements.size());
+  split_segments_.resize(layout.buckets.size());
+  if (!options.tensor_split.empty())
+    for (const OwnedFragment& f : layout.owned_fragments(options.shard_rank))
+      if (f.placement >= 0 && options.tensor_split[size_t(f.placement)])
+        split_segments_[size_t(f.bucket)].emplace_back(f.partition_offset - layout.buckets[size_t(f.bucket)].partition_offset,
+                                                       f.numel);
   final_sent_.assign(layout.buckets.size(), 0);
 }
 
@@ -257,7 +263,7 @@ void GradientReducer::store_shard(int bucket, BucketBuffer& buffer, bool add) {
     }
   }
   if (boundary_) {
-    bucket_square_sum_[size_t(bucket)] = square_sum(shard);
+    bucket_square_sum_[size_t(bucket)] = square_sums(bucket, shard);
     square_sum_known_[size_t(bucket)] = 1;
   }
   int64_t at = 0;
@@ -363,7 +369,7 @@ void GradientReducer::finish_window() {
         store_shard(b, buffers_[0], false);  // on the boundary: its sum of squares, 0, is known too
       } else if (!square_sum_known_[size_t(b)]) {
         // Reduced in an earlier micro-step of the window only.
-        bucket_square_sum_[size_t(b)] = square_sum(read_shard(b, buffers_[0]));
+        bucket_square_sum_[size_t(b)] = square_sums(b, read_shard(b, buffers_[0]));
         square_sum_known_[size_t(b)] = 1;
       }
     }
@@ -374,11 +380,28 @@ void GradientReducer::finish_window() {
   std::fill(final_sent_.begin(), final_sent_.end(), 0);
 }
 
-double GradientReducer::owned_square_sum() const {
-  double sum = 0.0;
+GradientReducer::SquareSums GradientReducer::square_sums(int bucket, const at::Tensor& owned) const {
+  const auto& segments = split_segments_[size_t(bucket)];
+  if (segments.empty()) return {0.0, square_sum(owned)};
+  SquareSums sums;
+  int64_t at = 0;
+  for (const auto& [offset, numel] : segments) {
+    if (offset > at) sums.replicated += square_sum(owned.narrow(0, at, offset - at));
+    sums.split += square_sum(owned.narrow(0, offset, numel));
+    at = offset + numel;
+  }
+  if (at < owned.numel()) sums.replicated += square_sum(owned.narrow(0, at, owned.numel() - at));
+  return sums;
+}
+
+GradientReducer::SquareSums GradientReducer::owned_square_sums() const {
+  SquareSums sums;
   if (on_disk_) {
-    for (double s : bucket_square_sum_) sum += s;
-    return sum;
+    for (const SquareSums& s : bucket_square_sum_) {
+      sums.split += s.split;
+      sums.replicated += s.replicated;
+    }
+    return sums;
   }
   auto owned = [&](int b) {
     const BucketLayout& lb = layout_.buckets[b];
@@ -386,22 +409,40 @@ double GradientReducer::owned_square_sum() const {
                      : flat_grads_.narrow(0, layout_.shard_offset(b, options_.shard_rank), lb.shard_numel);
   };
   if (options_.device.is_cpu()) {
-    for (int b = 0; b < int(layout_.buckets.size()); ++b) sum += square_sum(owned(b));
-    return sum;
+    for (int b = 0; b < int(layout_.buckets.size()); ++b) {
+      const SquareSums s = square_sums(b, owned(b));
+      sums.split += s.split;
+      sums.replicated += s.replicated;
+    }
+    return sums;
   }
-  // On a device: the global norm's kernel adds every bucket's squares (in double) into one device
-  // value, read once: the step's one wait for the device before the optimizer (docs/gpu.md).
-  const at::Tensor total = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat64).device(options_.device));
+  // On a device: the global norm's kernel adds every bucket's squares (in double) into device
+  // values [replicated, split], read once: the step's one wait for the device before the optimizer
+  // (docs/gpu.md).
+  const at::Tensor total = torch::zeros({2}, torch::TensorOptions().dtype(torch::kFloat64).device(options_.device));
   c10::impl::VirtualGuardImpl impl(options_.device.type());
   void* stream = impl.getStream(options_.device).native_handle();
   const optim::DeviceGradType type = options_.working_dtype == at::kBFloat16 ? optim::DeviceGradType::BF16
                                      : options_.working_dtype == at::kHalf   ? optim::DeviceGradType::F16
                                                                              : optim::DeviceGradType::F32;
+  double* replicated = total.data_ptr<double>();
+  double* split = replicated + 1;
+  auto add = [&](const at::Tensor& t, int64_t offset, int64_t numel, double* into) {
+    if (numel > 0)
+      optim::square_sum_device(static_cast<char*>(t.data_ptr()) + offset * t.element_size(), type, numel, into, stream);
+  };
   for (int b = 0; b < int(layout_.buckets.size()); ++b) {
     const at::Tensor t = owned(b);
-    if (t.numel() > 0) optim::square_sum_device(t.data_ptr(), type, t.numel(), total.data_ptr<double>(), stream);
+    int64_t at = 0;
+    for (const auto& [offset, numel] : split_segments_[size_t(b)]) {
+      add(t, at, offset - at, replicated);
+      add(t, offset, numel, split);
+      at = offset + numel;
+    }
+    add(t, at, t.numel() - at, replicated);
   }
-  return total.item<double>();
+  const at::Tensor host = total.cpu();
+  return {host[1].item<double>(), host[0].item<double>()};
 }
 
 at::Tensor GradientReducer::owned_gradient(int64_t flat_offset, int64_t partition_offset, int64_t n) const {

@@ -58,6 +58,10 @@ class GradientReducer {
       io::AioEngine* io = nullptr;
       std::filesystem::path file;
     };
+    // Per placement (flat order): 1 where the parameter is a tensor-parallel slice
+    // (zerotrain/blocks.h mark_tensor_split), whose squares the engine sums over the tensor group
+    // apart from the replicated ones. Empty: none.
+    std::vector<char> tensor_split;
     std::optional<Disk> disk;
   };
   GradientReducer(const FlatLayout& layout, const Options& options, Communicator& comm);
@@ -85,8 +89,14 @@ class GradientReducer {
   // nothing is reduced); the mean over ranks is it divided by post_divisor() = world / that.
   double post_divisor() const { return double(options_.world) / pre_divide_; }
 
-  // Sum of squares of the owned region (the whole gradient when optimizer states are not sharded).
-  double owned_square_sum() const;
+  // Sum of squares of the owned region (the whole gradient when optimizer states are not sharded),
+  // of the tensor-parallel slices (Options::tensor_split) and of the rest (padding included)
+  // apart. Without slices `split` is 0 and `replicated` the same sum, bit for bit, as the region's
+  // in one piece.
+  struct SquareSums {
+    double split = 0.0, replicated = 0.0;
+  };
+  SquareSums owned_square_sums() const;
   // Sum of squares of a CPU tensor (fp32, bf16 or fp16), accurate to about 1e-7 relative at any
   // length: the global gradient norm of clipping depends on it.
   static double square_sum(const at::Tensor& t);
@@ -128,6 +138,7 @@ class GradientReducer {
     std::optional<CollectiveHandle> handle;  // AllReduce / ReduceScatterInPlace
   };
 
+  SquareSums square_sums(int bucket, const at::Tensor& owned) const;
   void acquire_buffer(int bucket);
   void launch(int bucket);
   void complete(int buffer);
@@ -146,7 +157,7 @@ class GradientReducer {
   bool on_disk_ = false;       // some sub-groups are in a swap file: the staging path
   bool boundary_ = false;      // this backward ends the window
   std::vector<std::vector<int>> bucket_groups_;  // disk tier: the sub-groups of each bucket's shard
-  std::vector<double> bucket_square_sum_;        // disk tier: of the window's sum, per bucket
+  std::vector<SquareSums> bucket_square_sum_;    // disk tier: of the window's sum, per bucket
   std::vector<char> square_sum_known_;
   BucketBuffer buffers_[2];
   int buffer_count_ = 0, next_buffer_ = 0;
@@ -158,6 +169,9 @@ class GradientReducer {
   double pre_divide_ = 1.0;  // applied before each launch
   std::function<void(int)> on_final_;
   std::vector<char> final_sent_;  // per bucket, this window
+  // Per bucket: the tensor-parallel slices in its owned shard, as (offset in the shard, elements),
+  // in order.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> split_segments_;
 };
 
 }  // namespace zt

@@ -119,6 +119,19 @@ void OptimizerPartition::run_step(double lr, std::optional<Betas> betas, int64_t
   }
 }
 
+void OptimizerPartition::sum_tensor_norms(at::Tensor& sums) const {
+  if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
+  if (!options_.tensor_group || options_.tensor_group->world_size() == 1) return;
+  // A replicated tensor's sums are the same on every rank of the group: the group's sum is T of them.
+  options_.tensor_group->all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms.tensor").wait();
+  const int tensors = int(layout_.placements.size());
+  std::vector<double> factor(size_t(tensors), 1.0 / double(options_.tensor_group->world_size()));
+  for (int i = 0; i < tensors; ++i)
+    if (options_.tensor_split[size_t(i)]) factor[size_t(i)] = 1.0;
+  const at::Tensor per_tensor = torch::tensor(factor, torch::kFloat64).to(sums.device());
+  sums.view({2, tensors}).mul_(per_tensor);
+}
+
 void OptimizerPartition::lamb_on_host(PassTarget target, int64_t step, const optim::StepOptions& options) {
   const int tensors = int(layout_.placements.size());
   // [w_sq of each tensor..., u_sq of each tensor...], summed over this rank's pieces.
@@ -135,7 +148,7 @@ void OptimizerPartition::lamb_on_host(PassTarget target, int64_t step, const opt
         s[tensors + c.placements[k]] += u_sq[k];
       }
   });
-  if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
+  sum_tensor_norms(sums);
   for_each_chunk(target, true, false, [&](const Chunk& c, float* p, const void*, float* m, float* v, uint16_t* h) {
     const int pieces = int(c.placements.size());
     std::vector<double> w_sq(pieces, 0.0), u_sq(pieces, 0.0);  // padding: ratio 1, update 0
@@ -181,7 +194,7 @@ void OptimizerPartition::lamb_on_device(PassTarget target, int64_t step, const o
     sums.narrow(0, 0, tensors).index_add_(0, owners, piece_sums[0].index_select(0, kept));
     sums.narrow(0, tensors, tensors).index_add_(0, owners, piece_sums[1].index_select(0, kept));
   });
-  if (options_.shard_world > 1) comm_.all_reduce(sums, ReduceOp::Sum, "lamb.tensor_norms").wait();
+  sum_tensor_norms(sums);
   for_each_chunk(target, true, false, [&](const Chunk& c, float* p, const void*, float* m, float* v, uint16_t* h) {
     const int pieces = int(c.placements.size());
     torch::Tensor totals = torch::zeros({2, pieces}, device.dtype(torch::kFloat64));  // padding: ratio 1, update 0

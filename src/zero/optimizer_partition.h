@@ -103,6 +103,10 @@ class OptimizerPartition {
     };
     std::vector<int> placement_group;
     std::vector<Group> groups;
+    // Tensor parallelism: the group over which the parameters marked in `tensor_split` (per
+    // placement) are sliced; LAMB's per-tensor norms of those add over it. Null: none.
+    Communicator* tensor_group = nullptr;
+    std::vector<char> tensor_split;
   };
 
   OptimizerPartition(const FlatLayout& layout, const Options& options, Communicator& comm, Working working);
@@ -185,6 +189,9 @@ class OptimizerPartition {
   };
   void run_step(double lr, std::optional<Betas> betas, int64_t step, float grad_scale, PassTarget target,
                 int threads);
+  // LAMB's per-tensor sums [w² of each tensor..., u² of each tensor...] from this rank's pieces to
+  // the whole tensors': over the shards, and over the tensor group for the slices.
+  void sum_tensor_norms(at::Tensor& sums) const;
   void lamb_on_host(PassTarget target, int64_t step, const optim::StepOptions& options);
   void lamb_on_device(PassTarget target, int64_t step, const optim::DeviceStepOptions& options);
   template <class Kernel>

@@ -1,0 +1,176 @@
+// Training on the 2-D grid (zerotrain/comm.h make_process_grid): the GPT split over a tensor group
+// of T = 2 and an Engine over the data-parallel group, at ZeRO stages 0-3, gives the losses,
+// gradient norms and weights of the unsplit GPT trained with data parallelism alone (T = 1) on the
+// same batches, over 10 steps with clipping active, on T = 2 × DP = 1 and T = 2 × DP = 2; LAMB's
+// per-tensor norms too. Bad grids are refused by name.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support/multirank.h"
+#include "zerotrain/blocks.h"
+#include "zerotrain/comm.h"
+#include "zerotrain/config.h"
+#include "zerotrain/engine.h"
+#include "zerotrain/error.h"
+#include "zerotrain/models/gpt.h"
+
+namespace {
+
+using zt::testing::is_rank_process;
+using zt::testing::run_ranks;
+
+constexpr int kSteps = 10;
+constexpr int64_t kGlobalBatch = 4, kTokens = 16;
+
+zt::TrainConfig config_for(int stage, int data_world, const std::string& optimizer) {
+  return zt::parse_config(R"({"train_micro_batch_size_per_gpu": )" + std::to_string(kGlobalBatch / data_world) +
+                              R"(, "gradient_accumulation_steps": 1, "gradient_clipping": 0.3,
+      "optimizer": {"type": ")" + optimizer + R"(", "params": {"lr": 0.003, "weight_decay": 0.01)" +
+                              // LAMB's trust ratios of this tiny model lie below its default clamp, 0.01.
+                              (optimizer == "Lamb" ? R"(, "min_coeff": 0.0)" : "") + R"(}},
+      "zero_optimization": {"stage": )" + std::to_string(stage) +
+                              R"(, "reduce_bucket_size": 20000, "stage3_param_persistence_threshold": 200}})",
+                          {}, data_world);
+}
+
+struct Trace {
+  std::vector<double> losses, norms;
+  std::map<std::string, at::Tensor> initial, parameters;  // before the first step, after the last
+};
+
+// The same batches whatever the grid: the global batch depends on the step only, and each
+// data-parallel rank takes its rows (every rank of a tensor group the same rows).
+Trace train(zt::GPT model, const zt::TrainConfig& config, const std::shared_ptr<zt::Communicator>& data) {
+  zt::Engine engine(model.ptr(), config, data);
+  const int64_t micro = kGlobalBatch / data->world_size();
+  Trace trace;
+  for (const auto& item : model->named_parameters()) trace.initial[item.key()] = engine.master_parameter(item.key());
+  for (int step = 0; step < kSteps; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + step);
+    const at::Tensor tokens = torch::randint(0, 256, {kGlobalBatch, kTokens + 1}, gen, torch::kLong)
+                                  .narrow(0, data->rank() * micro, micro);
+    const at::Tensor loss = model->loss(tokens.narrow(1, 0, kTokens), tokens.narrow(1, 1, kTokens));
+    at::Tensor global = loss.detach().reshape({1}).to(torch::kDouble);
+    data->all_reduce(global, zt::ReduceOp::Avg, "test.loss").wait();
+    trace.losses.push_back(global.item<double>());
+    engine.backward(loss);
+    const zt::StepResult result = engine.step();
+    EXPECT_TRUE(result.stepped);
+    trace.norms.push_back(result.grad_norm);
+  }
+  for (const auto& item : model->named_parameters()) trace.parameters[item.key()] = engine.master_parameter(item.key());
+  return trace;
+}
+
+// This rank's slice of the unsplit GPT's parameter `name` (zerotrain/blocks.h TensorSplit).
+at::Tensor slice_of(const at::Tensor& whole, const zt::TensorSplit& split) {
+  const int64_t T = split.group->world_size(), r = split.group->rank();
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& part : whole.chunk(split.parts, split.dim)) {
+    const int64_t n = part.size(split.dim) / T;
+    pieces.push_back(part.narrow(split.dim, n * r, n));
+  }
+  return torch::cat(pieces, split.dim);
+}
+
+void grid_equals_data_parallel(const zt::ProcessGrid& grid, int stage, const std::string& optimizer) {
+  SCOPED_TRACE("stage " + std::to_string(stage) + ", " + optimizer);
+  const zt::TrainConfig config = config_for(stage, grid.data->world_size(), optimizer);
+  const zt::GPTConfig shape = zt::gpt_preset("small");
+
+  // The reference: T = 1 over the same data-parallel group (each tensor rank runs it alike).
+  torch::manual_seed(17);
+  Trace reference;
+  {
+    std::optional<zt::ShardedConstruction> sharded;
+    if (config.zero.shard_parameters) sharded.emplace(grid.data->rank(), grid.data->world_size());
+    zt::GPT whole(shape);
+    sharded.reset();
+    reference = train(whole, config, grid.data);
+  }
+  torch::manual_seed(17);
+  std::optional<zt::ShardedConstruction> sharded;
+  if (config.zero.shard_parameters) sharded.emplace(grid.data->rank(), grid.data->world_size());
+  zt::GPT split(shape, grid.tensor);
+  sharded.reset();
+  std::map<std::string, std::optional<zt::TensorSplit>> splits;
+  for (const auto& item : split->named_parameters()) splits[item.key()] = zt::tensor_split_of(item.value());
+  const Trace trace = train(split, config, grid.data);
+
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(trace.losses[step], reference.losses[step], 2e-5 * std::abs(reference.losses[step])) << "step " << step;
+    EXPECT_NEAR(trace.norms[step], reference.norms[step], 2e-5 * reference.norms[step]) << "step " << step;
+  }
+  EXPECT_GT(reference.norms[0], 0.3) << "clipping is active, so the norm decides the update";
+  int sliced = 0;
+  double worst_update = 0;
+  std::string worst;
+  for (const auto& [name, value] : trace.parameters) {
+    auto mine = [&](const at::Tensor& whole) { return splits[name] ? slice_of(whole, *splits[name]) : whole; };
+    const at::Tensor expected = mine(reference.parameters.at(name));
+    sliced += splits[name] ? 1 : 0;
+    // Each tensor's whole update (LAMB scales it by the tensor's trust ratio), to 1e-3 relative.
+    const at::Tensor update = value - trace.initial.at(name), expected_update = expected - mine(reference.initial.at(name));
+    const double off = ((update - expected_update).norm() / expected_update.norm()).item<double>();
+    if (off > worst_update) {
+      worst_update = off;
+      worst = name;
+    }
+    ASSERT_EQ(value.sizes(), expected.sizes()) << name;
+    // Adam divides each gradient by its own running scale, so an element whose gradient is near
+    // zero moves by a sizeable part of lr on a rounding difference: a tenth of one step's lr.
+    EXPECT_TRUE(torch::allclose(value, expected, 1e-4, 3e-4))
+        << name << ": largest difference " << (value - expected).abs().max().item<double>();
+  }
+  EXPECT_LT(worst_update, 1e-3) << worst << ": its update differs from the unsplit model's";
+  std::printf("stage %d, %s: largest relative difference of a tensor's update %.2e (%s)\n", stage, optimizer.c_str(),
+              worst_update, worst.c_str());
+  EXPECT_EQ(sliced, 1 + 6 * shape.n_layer) << "wte; per block c_attn and c_fc weight and bias, both c_proj weights";
+}
+
+TEST(TensorParallelTraining, GridEqualsDataParallelAtEveryStage) {
+  if (is_rank_process()) {
+    at::set_num_threads(1);
+    auto world = zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
+    const zt::ProcessGrid grid = zt::make_process_grid(world, 2);
+    for (int stage : {0, 1, 2, 3}) grid_equals_data_parallel(grid, stage, "AdamW");
+    grid_equals_data_parallel(grid, 2, "Lamb");
+    return;
+  }
+  for (int world : {2, 4}) {
+    auto r = run_ranks(world, "TensorParallelTraining.GridEqualsDataParallelAtEveryStage",
+                       {{"ZT_COMM_TIMEOUT_SECONDS", "120"}}, std::chrono::seconds(240));
+    EXPECT_TRUE(r.all_succeeded()) << "T = 2 x DP = " << world / 2 << ":\n" << r.describe();
+  }
+}
+
+// The engine over the whole grid (not its data-parallel group) would average different slices
+// into each other: refused by name, as are grids T does not divide.
+TEST(TensorParallelTraining, BadGridsAreRefused) {
+  if (is_rank_process()) {
+    at::set_num_threads(1);
+    auto world = zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
+    try {
+      zt::make_process_grid(world, 3);
+      ADD_FAILURE() << "T = 3 on 2 ranks";
+    } catch (const zt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor_parallel.autotp_size"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("found 3"), std::string::npos) << e.what();
+    }
+    const zt::ProcessGrid grid = zt::make_process_grid(world, 2);
+    torch::manual_seed(1);
+    zt::GPT split(zt::gpt_preset("tiny"), grid.tensor);
+    try {
+      zt::Engine engine(split.ptr(), config_for(0, 2, "AdamW"), world);
+      ADD_FAILURE() << "an engine over the whole grid";
+    } catch (const zt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor ranks 0 to 1"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  auto r = run_ranks(2, "TensorParallelTraining.BadGridsAreRefused", {{"ZT_COMM_TIMEOUT_SECONDS", "60"}},
+                     std::chrono::seconds(90));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+}
+
+}  // namespace
