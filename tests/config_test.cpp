@@ -848,7 +848,8 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"hybrid_engine", {Reserved, R"({"enabled": true})", nullptr, ""}},
       {"weight_quantization", {Reserved, R"({"quantized_initialization": {}})", nullptr, ""}},
       {"expert_parallel", {Reserved, R"({"enabled": true})", nullptr, ""}},
-      {"tensor_parallel", {Reserved, R"({"autotp_size": 2})", nullptr, ""}},
+      {"tensor_parallel.autotp_size", {Used, "1", [](C c) { return c.tensor_parallel == 1; }, "trainer (make_process_grid), batch derivation"}},
+      {"tensor_parallel.tp_overlap_comm", {Reserved, "", nullptr, ""}},
       {"pipeline", {Noted, R"({"activation_checkpoint_interval": 1})", nullptr, ""}},
       {"compile", {Noted, R"({"deepcompile": true})", nullptr, ""}},
       {"autotuning", {Noted, R"({"enabled": true})", nullptr, ""}},
@@ -1186,6 +1187,35 @@ TEST(ConfigAudit, DataKeysTheSourceNeverReadsAreRefused) {
   expect_one_line_error(error_of(R"({"data": {"source": "bin", "path": "a.bin", "val_path": "b.bin", "val_fraction": 0.2}})"),
                         "data.val_fraction: not used when data.val_path names the held-out file");
   EXPECT_NO_THROW(parse_config(R"({"data": {"source": "bin", "path": "a.bin", "val_path": "b.bin"}})", {}, 1));
+}
+
+// tensor_parallel.autotp_size: a divisor of the world; the batch keys count data-parallel ranks
+// (as DeepSpeed's), and the GPT's heads and vocabulary must split evenly.
+TEST(ConfigValidation, TensorParallelSizeDividesTheWorldAndTheBatchCountsDataParallelRanks) {
+  const TrainConfig c = parse_config(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2,
+                                         "tensor_parallel": {"autotp_size": 2}})",
+                                     {}, 4);
+  EXPECT_EQ(c.tensor_parallel, 2);
+  EXPECT_EQ(c.data_parallel_size(), 2);
+  EXPECT_EQ(c.train_batch_size, 12);
+  EXPECT_EQ(parse_config(R"({"tensor_parallel": {"autotp_size": 0}})", {}, 4).tensor_parallel, 1);
+  expect_one_line_error(any_error_of([] { parse_config(R"({"tensor_parallel": {"autotp_size": 3}})", {}, 4); }),
+                        "tensor_parallel.autotp_size: expected a divisor of the world size 4, found 3");
+  expect_one_line_error(
+      any_error_of([] { parse_config(R"({"train_batch_size": 3, "tensor_parallel": {"autotp_size": 2}})", {}, 4); }),
+      "train_batch_size 3 is not divisible by the data-parallel size 2 (world size 4 / tensor_parallel.autotp_size 2)");
+  expect_one_line_error(
+      any_error_of([] { parse_config(R"({"model": {"n_head": 3, "n_embd": 96}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
+      "model.n_head: expected a multiple of tensor_parallel.autotp_size 2");
+  expect_one_line_error(
+      any_error_of([] { parse_config(R"({"model": {"type": "bert"}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
+      "tensor_parallel.autotp_size: expected 1 for model.type \"bert\"");
+  expect_one_line_error(
+      any_error_of([] {
+        parse_config(R"({"activation_checkpointing": {"partition_activations": true}, "tensor_parallel": {"autotp_size": 2}})",
+                     {}, 2);
+      }),
+      "activation_checkpointing.partition_activations: expected false with tensor_parallel.autotp_size 2");
 }
 
 // zero_hpz_partition_size: stage 3 only, a divisor of the world size; 0 and 1 mean none.

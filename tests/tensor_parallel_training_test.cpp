@@ -2,17 +2,21 @@
 // of T = 2 and an Engine over the data-parallel group, at ZeRO stages 0-3, gives the losses,
 // gradient norms and weights of the unsplit GPT trained with data parallelism alone (T = 1) on the
 // same batches, over 10 steps with clipping active, on T = 2 × DP = 1 and T = 2 × DP = 2; LAMB's
-// per-tensor norms too. Bad grids are refused by name.
+// per-tensor norms too. With dropout, the masks of the replicated activations are the same on the
+// ranks of a tensor group and those of its heads differ, the replicated weights stay equal, and
+// recomputation replays the masks of the first run. Bad grids are refused by name.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "support/multirank.h"
+#include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
 #include "zerotrain/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
+#include "zerotrain/models/tensor_parallel.h"
 
 namespace {
 
@@ -142,6 +146,81 @@ TEST(TensorParallelTraining, GridEqualsDataParallelAtEveryStage) {
                        {{"ZT_COMM_TIMEOUT_SECONDS", "120"}}, std::chrono::seconds(240));
     EXPECT_TRUE(r.all_succeeded()) << "T = 2 x DP = " << world / 2 << ":\n" << r.describe();
   }
+}
+
+// Draws `n` mask values (0 or 2: dropout 0.5 of ones) and gathers every rank's.
+at::Tensor gathered_masks(zt::Communicator& group, bool split_region) {
+  auto draw = [] { return torch::dropout(torch::ones({256}), 0.5, /*train=*/true); };
+  const at::Tensor mine = split_region ? zt::with_tensor_parallel_rng(c10::kCPU, draw) : draw();
+  at::Tensor all = torch::empty({group.world_size() * 256});
+  group.all_gather(mine, all, "test.masks").wait();
+  return all.view({group.world_size(), 256});
+}
+
+// Trains the split GPT with dropout for 4 steps, seeding as the trainer does (the default
+// generators by data-parallel rank, the split region's per tensor rank); returns the losses.
+std::vector<double> train_with_dropout(const zt::ProcessGrid& grid, zt::Recompute recompute,
+                                       std::map<std::string, at::Tensor>* replicated, uint64_t split_seed = 900) {
+  auto shape = zt::gpt_preset("small");
+  shape.dropout = 0.1;
+  torch::manual_seed(3);
+  zt::GPT model(shape, grid.tensor);
+  zt::CheckpointingSettings settings;
+  settings.recompute = recompute;
+  model->set_checkpointing(settings);
+  zt::Engine engine(model.ptr(), config_for(2, grid.data->world_size(), "AdamW"), grid.data);
+  std::vector<double> losses;
+  for (int step = 0; step < 4; ++step) {
+    torch::manual_seed(100 + step);
+    zt::seed_tensor_parallel_rng(split_seed + step + 7 * uint64_t(grid.tensor->rank()));
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(500 + step);
+    const at::Tensor tokens = torch::randint(0, 256, {2, kTokens + 1}, gen, torch::kLong);
+    const at::Tensor loss = model->loss(tokens.narrow(1, 0, kTokens), tokens.narrow(1, 1, kTokens));
+    losses.push_back(loss.item<double>());
+    engine.backward(loss);
+    engine.step();
+  }
+  if (replicated)
+    for (const auto& item : model->named_parameters())
+      if (!zt::tensor_split_of(item.value())) (*replicated)[item.key()] = item.value().detach().clone();
+  return losses;
+}
+
+TEST(TensorParallelTraining, DropoutMasksFollowTheRegions) {
+  if (is_rank_process()) {
+    at::set_num_threads(1);
+    auto world = zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
+    const zt::ProcessGrid grid = zt::make_process_grid(world, 2);
+    zt::Communicator& group = *grid.tensor;
+    torch::manual_seed(5);
+    zt::seed_tensor_parallel_rng(77 + group.rank());
+    const at::Tensor replicated = gathered_masks(group, false);
+    EXPECT_TRUE(torch::equal(replicated[0], replicated[1])) << "the replicated region's masks";
+    const at::Tensor split = gathered_masks(group, true);
+    EXPECT_FALSE(torch::equal(split[0], split[1])) << "the split region's masks";
+    // The default generator is where it was: its next mask is the one drawn without the split draw.
+    const at::Tensor after = gathered_masks(group, false);
+    torch::manual_seed(5);
+    gathered_masks(group, false);
+    EXPECT_TRUE(torch::equal(after, gathered_masks(group, false)));
+
+    std::map<std::string, at::Tensor> kept;
+    const std::vector<double> plain = train_with_dropout(grid, zt::Recompute::None, &kept);
+    const std::vector<double> recomputed = train_with_dropout(grid, zt::Recompute::Full, nullptr);
+    EXPECT_EQ(plain, recomputed) << "recomputation replays the first run's masks, the split region's too";
+    // The split region draws from its own generator: other seeds for it, other losses.
+    EXPECT_NE(plain, train_with_dropout(grid, zt::Recompute::None, nullptr, 5000));
+    for (const auto& [name, value] : kept) {
+      at::Tensor all = torch::empty({2, value.numel()});
+      group.all_gather(value.reshape({-1}), all.view({-1}), "test.replicated").wait();
+      EXPECT_TRUE(torch::equal(all[0], all[1])) << name << " differs across the tensor group";
+    }
+    EXPECT_GT(kept.size(), 4u);
+    return;
+  }
+  auto r = run_ranks(2, "TensorParallelTraining.DropoutMasksFollowTheRegions", {{"ZT_COMM_TIMEOUT_SECONDS", "60"}},
+                     std::chrono::seconds(90));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
 }
 
 // The engine over the whole grid (not its data-parallel group) would average different slices

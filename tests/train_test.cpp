@@ -107,6 +107,27 @@ TEST(TrainParity, TwoAndThreeRanksEqualOneRank) {
   }
 }
 
+// The 2-D grid through the command line: 4 ranks as 2 tensor groups of 2 train as 2 ranks of
+// data parallelism alone (the same batches, the batch keys counting data-parallel ranks), at
+// stages 0 and 3.
+TEST(TrainTensorParallel, TwoByTwoGridEqualsTwoDataParallelRanks) {
+  for (const std::string stage : {"0", "3"}) {
+    auto plain = train(2, {"zero_optimization.stage=" + stage});
+    auto grid = train(4, {"zero_optimization.stage=" + stage, "tensor_parallel.autotp_size=2"});
+    ASSERT_EQ(grid.summary["tensor_parallel"], 2) << grid.output;
+    ASSERT_EQ(grid.summary["data_parallel_size"], 2);
+    ASSERT_EQ(grid.summary["losses"].size(), 5u);
+    EXPECT_NE(grid.output.find("tensor parallelism: 2 data-parallel group(s) of 2 rank(s)"), std::string::npos)
+        << grid.output;
+    for (size_t i = 0; i < 5; ++i) {
+      double a = plain.summary["losses"][i], b = grid.summary["losses"][i];
+      EXPECT_LE(std::abs(a - b) / std::abs(a), 1e-5) << "stage " << stage << " step " << i << ": " << a << " vs " << b;
+      EXPECT_LE(std::abs(plain.grad_norms[i] - grid.grad_norms[i]) / plain.grad_norms[i], 1e-5)
+          << "stage " << stage << " step " << i;
+    }
+  }
+}
+
 // Whether /proc/cpuinfo lists every flag in `flags`.
 bool cpu_has_flags(std::initializer_list<const char*> flags) {
   std::ifstream in("/proc/cpuinfo");
@@ -472,6 +493,15 @@ TEST(TrainBadInput, ExitsTwoWithOneLineAndStartsNothing) {
       {"wrong type", {"--set", "optimizer.params.lr=\"fast\""}, "optimizer.params.lr"},
       {"unimplemented feature", {"--set", "fp16.auto_cast=true"},
        "fp16.auto_cast = true is not supported: autocast of fp16 operations"},
+      {"tensor groups not dividing the world", {"--set", "tensor_parallel.autotp_size=3"},
+       "tensor_parallel.autotp_size: expected a divisor of the world size 2, found 3"},
+      {"tensor groups not dividing the heads", {"--set", "tensor_parallel.autotp_size=2", "--set", "model.n_head=1"},
+       "model.n_head: expected a multiple of tensor_parallel.autotp_size 2"},
+      {"tensor groups not dividing the vocabulary",
+       {"--set", "tensor_parallel.autotp_size=2", "--set", "model.vocab_size=257"},
+       "model.vocab_size: expected a multiple of tensor_parallel.autotp_size 2"},
+      {"checkpoints of a tensor-parallel run", {"--set", "tensor_parallel.autotp_size=2", "--save-dir", dir + "/ck"},
+       "--save-dir: checkpoints of a tensor-parallel run"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> argv = {cli_path(), "train", config, "--nproc", "2"};

@@ -282,6 +282,11 @@ struct GradientAveragingConfig {
 
 struct TrainConfig {
   int world_size = 1;
+  // Ranks per tensor group (tensor_parallel.autotp_size; DeepSpeed's 0 and 1 both mean none): the
+  // world is a grid of world_size / tensor_parallel data-parallel groups (zerotrain/comm.h
+  // make_process_grid); the batch keys count data-parallel ranks, as in DeepSpeed.
+  int tensor_parallel = 1;
+  int data_parallel_size() const { return world_size / tensor_parallel; }
   int64_t train_batch_size = 0;
   int64_t train_micro_batch_size_per_gpu = 0;
   int64_t gradient_accumulation_steps = 0;

@@ -463,8 +463,8 @@ void add_notes(TrainConfig& c) {
                   "either; gradient_clipping is the clipping");
   if (c.activation_checkpointing.partition_activations)
     note_if_given({"activation_checkpointing.partition_activations"},
-                  "zerotrain has no model parallelism, and DeepSpeed splits checkpointed activations across "
-                  "model-parallel ranks only (with one, as here, nothing is split)");
+                  "DeepSpeed splits checkpointed activations across model-parallel ranks only (with "
+                  "tensor_parallel.autotp_size 1, as here, nothing is split)");
   const std::string A = "activation_checkpointing.";
   if (c.activation_checkpointing.policy == "none")
     note_if_given({A + "cpu_checkpointing", A + "contiguous_memory_optimization", A + "synchronize_checkpoint_boundary",
@@ -472,6 +472,9 @@ void add_notes(TrainConfig& c) {
                   "activation_checkpointing.policy is \"none\" (nothing is recomputed)");
   // The flops profiler's FLOPs model is the GPT's (zerotrain/models/gpt_flops.h).
   const std::string F = "flops_profiler.";
+  if (c.tensor_parallel > 1 && c.flops_profiler.enabled)
+    note_if_given({F + "enabled"}, "the flops profiler's FLOPs model counts the whole GPT on every rank; a "
+                                   "tensor-parallel run (tensor_parallel.autotp_size > 1) is not profiled");
   if (c.model.type != "gpt" && c.flops_profiler.enabled)
     note_if_given({F + "enabled", F + "recompute_fwd_factor", F + "profile_step", F + "module_depth", F + "top_modules",
                    F + "detailed", F + "output_file"},

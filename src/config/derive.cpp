@@ -62,7 +62,16 @@ void derive_batch(TrainConfig& c, Values& values) {
 }
 
 void derive_batch_triple(TrainConfig& c, Values& values) {
-  const int64_t world = c.world_size;
+  // DeepSpeed's batch counts data-parallel ranks: with tensor parallelism a tensor group's ranks
+  // share one micro-batch.
+  if (c.tensor_parallel < 1 || c.world_size % c.tensor_parallel != 0)
+    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected a divisor of the world size {}, found {}",
+                                  c.world_size, c.tensor_parallel));
+  const int64_t world = c.data_parallel_size();
+  const std::string ranks =
+      c.tensor_parallel > 1 ? fmt::format("data-parallel size {} (world size {} / tensor_parallel.autotp_size {})",
+                                          world, c.world_size, c.tensor_parallel)
+                            : fmt::format("world size {}", world);
   int64_t& tbs = c.train_batch_size;
   int64_t& micro = c.train_micro_batch_size_per_gpu;
   int64_t& accum = c.gradient_accumulation_steps;
@@ -74,19 +83,18 @@ void derive_batch_triple(TrainConfig& c, Values& values) {
     if (tbs != checked_product(checked_product(micro, accum), world))
       throw ConfigError(fmt::format(
           "batch size mismatch: train_batch_size {} != train_micro_batch_size_per_gpu {} × "
-          "gradient_accumulation_steps {} × world size {} (= {})",
-          tbs, micro, accum, world, checked_product(checked_product(micro, accum), world)));
+          "gradient_accumulation_steps {} × {} (= {})",
+          tbs, micro, accum, ranks, checked_product(checked_product(micro, accum), world)));
   } else if (tbs && micro) {
     if (tbs % checked_product(micro, world) != 0)
       throw ConfigError(fmt::format(
-          "train_batch_size {} is not divisible by train_micro_batch_size_per_gpu {} × world size {}", tbs, micro,
-          world));
+          "train_batch_size {} is not divisible by train_micro_batch_size_per_gpu {} × {}", tbs, micro, ranks));
     accum = tbs / checked_product(micro, world);
     set_derived(c, values, kAccum, accum);
   } else if (tbs && accum) {
     if (tbs % checked_product(accum, world) != 0)
       throw ConfigError(fmt::format(
-          "train_batch_size {} is not divisible by gradient_accumulation_steps {} × world size {}", tbs, accum, world));
+          "train_batch_size {} is not divisible by gradient_accumulation_steps {} × {}", tbs, accum, ranks));
     micro = tbs / checked_product(accum, world);
     set_derived(c, values, kMicro, micro);
   } else if (micro && accum) {
@@ -94,7 +102,7 @@ void derive_batch_triple(TrainConfig& c, Values& values) {
     set_derived(c, values, kTbs, tbs);
   } else if (tbs) {
     if (tbs % world != 0)
-      throw ConfigError(fmt::format("train_batch_size {} is not divisible by the world size {}", tbs, world));
+      throw ConfigError(fmt::format("train_batch_size {} is not divisible by the {}", tbs, ranks));
     accum = 1;
     micro = tbs / world;
     set_derived(c, values, kAccum, accum);
@@ -174,11 +182,11 @@ void validate_secondary_partition(const TrainConfig& c) {
         "zero_optimization.zero_hpz_partition_size: expected 0 or 1 at zero_optimization.stage {} (the secondary "
         "partition holds stage-3 parameter shards), found {}",
         c.zero.stage, size));
-  if (c.world_size % size != 0)
+  if (c.data_parallel_size() % size != 0)
     throw ConfigError(fmt::format(
-        "zero_optimization.zero_hpz_partition_size: expected a divisor of the world size {} (groups of consecutive "
+        "zero_optimization.zero_hpz_partition_size: expected a divisor of the {} size {} (groups of consecutive "
         "ranks), found {}",
-        c.world_size, size));
+        c.tensor_parallel > 1 ? "data-parallel" : "world", c.data_parallel_size(), size));
 }
 
 // ZeRO-Offload / ZeRO-Infinity: the tiers need sharding, and the nvme tier a directory.
@@ -533,6 +541,31 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
 
   validate_offload(c, values);
   validate_secondary_partition(c);
+  if (c.tensor_parallel > 1 && c.model.type != "gpt")
+    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the tensor-parallel "
+                                  "split exists for the GPT), found {}",
+                                  c.model.type, c.tensor_parallel));
+  if (c.tensor_parallel > 1 && c.model.type == "gpt") {
+    // The split: each rank keeps n_head / T heads and vocab_size / T rows of the vocabulary.
+    GPTConfig g = gpt_preset(c.model.preset);
+    if (c.model.n_head > 0) g.n_head = c.model.n_head;
+    if (c.model.vocab_size > 0) g.vocab_size = c.model.vocab_size;
+    for (const auto& [key, value] : {std::pair{"model.n_head", g.n_head}, std::pair{"model.vocab_size", g.vocab_size}})
+      if (value % c.tensor_parallel != 0)
+        throw ConfigError(fmt::format("{}: expected a multiple of tensor_parallel.autotp_size {} (each rank of a tensor "
+                                      "group keeps 1/{} of it{}), found {}",
+                                      key, c.tensor_parallel, c.tensor_parallel,
+                                      std::string(key) == "model.vocab_size" ? "; pad the vocabulary" : "", value));
+  }
+  if (c.tensor_parallel > 1 && !c.model.init_from.empty())
+    throw ConfigError(fmt::format("model.init_from: expected none with tensor_parallel.autotp_size {} (loading whole "
+                                  "weights into the tensor-parallel slices is not implemented), found '{}'",
+                                  c.tensor_parallel, c.model.init_from));
+  if (c.tensor_parallel > 1 && c.activation_checkpointing.partition_activations)
+    throw ConfigError(fmt::format("activation_checkpointing.partition_activations: expected false with "
+                                  "tensor_parallel.autotp_size {} (partitioning the checkpointed activations across "
+                                  "the tensor group is not implemented), found true",
+                                  c.tensor_parallel));
 
   const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
   if (ac.contiguous_memory_optimization && ac.policy == "selective")

@@ -87,12 +87,12 @@ void add_feature_block_keys(std::vector<Leaf>& t) {
   t.push_back(reserved(block("hybrid_engine", enabled_in), "the hybrid engine (RLHF generation)"));
   t.push_back(reserved(block("weight_quantization", non_empty), "weight quantization"));
   t.push_back(reserved(block("expert_parallel", non_empty), "expert parallelism"));
-  t.push_back(reserved(block("tensor_parallel",
-                             [](const json& v) {
-                               return v.is_object() && v.contains("autotp_size") && v["autotp_size"].is_number() &&
-                                      v["autotp_size"].get<double>() > 1;
-                             }),
-                       "tensor parallelism (autotp_size > 1)"));
+  // Tensor parallelism: the ranks per tensor group (docs/tensor_parallel.md); 0 and 1 mean none.
+  t.push_back(integer("tensor_parallel.autotp_size", 0, 0, 1 << 16, [](TrainConfig& c, const json& v) {
+    c.tensor_parallel = std::max<int>(1, v.get<int>());
+  }));
+  t.push_back(reserved(boolean("tensor_parallel.tp_overlap_comm", false, none),
+                       "overlapping the tensor group's all-reduces with the next layer's computation"));
   // Blocks that cannot change a zerotrain run.
   t.push_back(inert(block("pipeline", non_empty),
                     "it configures DeepSpeed's pipeline engine, which runs only PipelineModule models; zerotrain's "

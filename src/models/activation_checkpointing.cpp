@@ -13,6 +13,7 @@
 #include "common/check.h"
 #include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/tensor_parallel.h"
 
 namespace zt {
 
@@ -38,6 +39,7 @@ double seconds_since(Clock::time_point start) { return std::chrono::duration<dou
 struct GeneratorStates {
   std::vector<at::Generator> generators;
   std::vector<at::Tensor> states;
+  TensorParallelRngStates tensor_parallel;  // the split region's (zerotrain/models/tensor_parallel.h)
 
   static GeneratorStates capture(const std::vector<at::Tensor>& inputs) {
     GeneratorStates s;
@@ -63,6 +65,7 @@ struct GeneratorStates {
       std::lock_guard lock(g.mutex());
       states.push_back(g.get_state());
     }
+    tensor_parallel = tensor_parallel_rng_states();
   }
   void restore() const {
     for (size_t i = 0; i < generators.size(); ++i) {
@@ -70,6 +73,7 @@ struct GeneratorStates {
       std::lock_guard lock(g.mutex());
       g.set_state(states[i]);
     }
+    set_tensor_parallel_rng_states(tensor_parallel);
   }
 };
 

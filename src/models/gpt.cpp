@@ -51,12 +51,16 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const tor
   // never materialises the [T,T] mask; is_causal applies the lower-triangular mask. Packed rows
   // pass their block-diagonal causal mask instead (the only case that builds one).
   const double dropout_p = is_training() ? dropout_ : 0.0;
-  auto attend = [dropout_p, allowed](const std::vector<torch::Tensor>& qkv_heads) {
-    if (allowed.defined())
-      return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], allowed, dropout_p,
-                                              /*is_causal=*/false);
-    return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/std::nullopt,
-                                            dropout_p, /*is_causal=*/true);
+  auto attend = [dropout_p, allowed, split = group_size(group_) > 1](const std::vector<torch::Tensor>& qkv_heads) {
+    auto run = [&] {
+      if (allowed.defined())
+        return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], allowed, dropout_p,
+                                                /*is_causal=*/false);
+      return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], /*attn_mask=*/std::nullopt,
+                                              dropout_p, /*is_causal=*/true);
+    };
+    // This rank's heads: their dropout masks must not repeat another rank's (zerotrain/models/tensor_parallel.h).
+    return split && dropout_p > 0 ? with_tensor_parallel_rng(qkv_heads[0].device(), run) : run();
   };
   std::vector<torch::Tensor> qkv_heads = {heads(qkv[0]), heads(qkv[1]), heads(qkv[2])};
   auto y = recompute_scores_ ? checkpoint(attend, qkv_heads, checkpoint_options_) : attend(qkv_heads);
@@ -107,6 +111,8 @@ GPTImpl::GPTImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_g
                         " is not divisible by the tensor group's " + std::to_string(T) +
                         " ranks; pad the vocabulary to a multiple of " + std::to_string(T));
     vocab_begin_ = config_.vocab_size / T * tensor_group_->rank();
+    // Megatron's seed of the split region's generator: the default one's, offset per tensor rank.
+    seed_tensor_parallel_rng(at::detail::getDefaultCPUGenerator().current_seed() + 2718 + uint64_t(tensor_group_->rank()));
   }
   // Each parameterised module is initialised and marked as a stage-3 block (zerotrain/blocks.h)
   // right after it is built: under a ShardedConstruction marking shards it at once, so no rank

@@ -2,7 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -283,6 +285,69 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at
     throw ConfigError("vocab_parallel_cross_entropy: expected logits [N, V / T] and targets [N], found " +
                       c10::str(local_logits.sizes()) + " and " + c10::str(targets.sizes()));
   return VocabParallelCrossEntropy::apply(local_logits, targets, group, ignore_index);
+}
+
+namespace {
+
+struct TrackedRng {
+  uint64_t seed = 2718;
+  std::vector<std::pair<c10::Device, at::Tensor>> states;
+};
+TrackedRng& tracked_rng() {
+  static TrackedRng rng;
+  return rng;
+}
+
+}  // namespace
+
+void seed_tensor_parallel_rng(uint64_t seed) {
+  tracked_rng().seed = seed;
+  tracked_rng().states.clear();
+}
+
+at::Tensor with_tensor_parallel_rng(c10::Device device, const std::function<at::Tensor()>& fn) {
+  TrackedRng& rng = tracked_rng();
+  at::Generator generator = at::globalContext().defaultGenerator(device);
+  at::Tensor own;
+  auto slot = std::find_if(rng.states.begin(), rng.states.end(), [&](const auto& s) { return s.first == device; });
+  {
+    // Not held while fn runs: its kernels lock the generator themselves.
+    std::lock_guard lock(generator.mutex());
+    own = generator.get_state();
+    if (slot == rng.states.end()) {
+      generator.set_current_seed(rng.seed);
+      rng.states.emplace_back(device, generator.get_state());
+      slot = std::prev(rng.states.end());
+    }
+    generator.set_state(slot->second);
+  }
+  auto put_back = [&](bool keep) {
+    std::lock_guard lock(generator.mutex());
+    if (keep) slot->second = generator.get_state();
+    generator.set_state(own);
+  };
+  at::Tensor out;
+  try {
+    out = fn();
+  } catch (...) {
+    put_back(false);
+    throw;
+  }
+  put_back(true);
+  return out;
+}
+
+TensorParallelRngStates tensor_parallel_rng_states() {
+  TensorParallelRngStates s;
+  s.seed = tracked_rng().seed;
+  for (const auto& [device, state] : tracked_rng().states) s.states.emplace_back(device, state.clone());
+  return s;
+}
+
+void set_tensor_parallel_rng_states(const TensorParallelRngStates& states) {
+  tracked_rng().seed = states.seed;
+  tracked_rng().states.clear();
+  for (const auto& [device, state] : states.states) tracked_rng().states.emplace_back(device, state.clone());
 }
 
 }  // namespace zt

@@ -18,7 +18,7 @@ namespace {
 // The run's memory as measured on every rank, beside what `zerotrain estimate` says of it.
 struct MemoryFigures {
   std::vector<RankStats> stats;
-  MemoryEstimate estimate;     // empty for a BERT run (the estimate models the GPT and the Llama)
+  MemoryEstimate estimate;     // empty where no_estimate_reason() gives one (BERT; tensor parallelism)
   int64_t measured_peak = 0;   // the largest peak RSS above the pre-model baseline over ranks
   // The two moments apart (zerotrain/estimate.h: construction and step), largest over ranks; -1
   // where the kernel's peak could not be restarted after set-up.
@@ -41,7 +41,7 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
     cluster.host_memory = physical_memory_bytes();
   }
   const int64_t threshold = run.config.zero.stage3_param_persistence_threshold;
-  if (run.is_gpt())
+  if (run.is_gpt() && run.grid.tensor_size == 1)
     m.estimate = estimate_memory(gpt_model_figures(run.gpt_config, run.seq_len, threshold), cluster, run.config);
   else if (run.is_llama)
     m.estimate = estimate_memory(llama_model_figures(run.llama_config, run.seq_len, threshold), cluster, run.config);
@@ -61,17 +61,24 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
   return m;
 }
 
+// The runs the memory estimate does not model.
+const char* no_estimate_reason(const TrainingRun& run) {
+  if (run.is_bert) return "the memory estimate models the GPT and the Llama";
+  if (run.grid.tensor_size > 1) return "the memory estimate does not model tensor parallelism yet";
+  return nullptr;
+}
+
 void print_memory_line(const TrainingRun& run, const MemoryFigures& m) {
   const RankDevice& device = run.device;
-  if (run.is_bert && device.cuda()) {
+  const char* no_estimate = no_estimate_reason(run);
+  if (no_estimate && device.cuda()) {
     fmt::print("memory per rank: measured {} allocated / {} reserved of {} ({}); peak RSS {} above the pre-model "
-               "baseline (no estimate: the memory estimate models the GPT and the Llama)\n",
+               "baseline (no estimate: {})\n",
                human_bytes(m.gpu_peak.allocated), human_bytes(m.gpu_peak.reserved), human_bytes(device.total_memory),
-               device.name, human_bytes(m.measured_peak));
-  } else if (run.is_bert) {
-    fmt::print("memory per rank: measured {} above the pre-model baseline (no estimate: the memory estimate models "
-               "the GPT and the Llama)\n",
-               human_bytes(m.measured_peak));
+               device.name, human_bytes(m.measured_peak), no_estimate);
+  } else if (no_estimate) {
+    fmt::print("memory per rank: measured {} above the pre-model baseline (no estimate: {})\n",
+               human_bytes(m.measured_peak), no_estimate);
   } else if (device.cuda()) {
     fmt::print("memory per rank: GPU estimated peak {}, measured {} allocated / {} reserved of {} ({}); host "
                "estimated {} per node, peak RSS {} above the pre-model baseline\n",
@@ -194,7 +201,7 @@ nlohmann::json memory_json(const TrainingRun& run, const MemoryFigures& m) {
                                    {"unmapped", c.unmapped},
                                    {"high_water_bytes", c.high_water_bytes}};
   }
-  if (!run.is_bert) memory["estimate"] = estimate_to_json(m.estimate);
+  if (!no_estimate_reason(run)) memory["estimate"] = estimate_to_json(m.estimate);
   return memory;
 }
 
@@ -204,7 +211,7 @@ void add_engine_json(nlohmann::json& summary, const TrainingRun& run, const Memo
   const Engine& engine = *run.engine;
   // What this configuration should hold per rank by the formula, without padding
   // (docs/design.md "Memory per parameter").
-  const ModelStateBytes formula = model_state_formula(engine.trainable_parameters(), run.world, config);
+  const ModelStateBytes formula = model_state_formula(engine.trainable_parameters(), run.data_world, config);
   summary["trainable_parameters"] = engine.trainable_parameters();
   summary["model_state_formula_bytes"] = {{"parameters", formula.parameters},
                                           {"gradients", formula.gradients},
@@ -260,6 +267,8 @@ void write_summary(const TrainingRun& run, const TrainRunOptions& options, const
   summary["offload"] = offload_json(run.engine->offload_report());
   summary["activation_checkpointing"] = activation_checkpointing_json(run);
   summary["world_size"] = run.world;
+  summary["tensor_parallel"] = run.grid.tensor_size;
+  summary["data_parallel_size"] = run.data_world;
   if (!run.init_from_summary.is_null()) summary["init_from"] = run.init_from_summary;
   summary["steps"] = steps;
   summary["first_step"] = run.first_step;  // losses[i] is the loss of step first_step + i + 1

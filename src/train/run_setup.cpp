@@ -56,9 +56,21 @@ void open_communicator(TrainingRun& run, const TrainConfig& config_in, const Tra
   run.rank = run.comm->rank();
   run.world = run.comm->world_size();
   run.leader = run.rank == 0 && !options.quiet;
+  if (config.tensor_parallel > 1 && (!options.save_dir.empty() || !options.resume_dir.empty()))
+    throw ConfigError(fmt::format("{}: checkpoints of a tensor-parallel run (tensor_parallel.autotp_size {}) are not "
+                                  "implemented yet; expected no checkpoint directory, found '{}'",
+                                  options.save_dir.empty() ? "--resume" : "--save-dir", config.tensor_parallel,
+                                  options.save_dir.empty() ? options.resume_dir : options.save_dir));
+  run.grid = make_process_grid(run.comm, config.tensor_parallel);
+  run.data_rank = run.grid.data->rank();
+  run.data_world = run.grid.data->world_size();
   if (run.leader) {
     fmt::print("zerotrain: {} rank(s), {} intra-op thread(s) per rank, rendezvous from {}\n", run.world,
                run.runtime.intra_op_threads, rendezvous.source);
+    if (run.grid.tensor_size > 1)
+      fmt::print("tensor parallelism: {} data-parallel group(s) of {} rank(s) x tensor groups of {} consecutive "
+                 "ranks (each layer split over its tensor group; ZeRO shards over the data-parallel group)\n",
+                 run.grid.tensor_size, run.data_world, run.grid.tensor_size);
     const RankDevice& device = run.device;
     if (device.cuda())
       fmt::print("device: {} ({}, {:.1f} GiB); {} GPU(s) visible, rank r on cuda:(LOCAL_RANK % {})\n", device.device.str(),
@@ -154,7 +166,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
   // Stage 3 builds each block in host memory and shards it at once, on a GPU too: the engine then
   // puts the shards where the plan wants them, and the rest of the model moves to the GPU here.
   std::optional<ShardedConstruction> sharded;
-  if (config.zero.shard_parameters) sharded.emplace(run.rank, run.world, run.device.device);
+  if (config.zero.shard_parameters) sharded.emplace(run.data_rank, run.data_world, run.device.device);
   if (run.is_bert) {
     run.bert = Bert(run.bert_config);
     run.module = run.bert.ptr();
@@ -162,7 +174,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
     run.llama = Llama(run.llama_config);
     run.module = run.llama.ptr();
   } else {
-    run.model = GPT(run.gpt_config);
+    run.model = GPT(run.gpt_config, run.grid.tensor);
     run.module = run.model.ptr();
   }
   sharded.reset();
@@ -299,7 +311,7 @@ std::unique_ptr<TrainingRun> set_up_run(const TrainConfig& config, const TrainRu
   // estimate (zerotrain/estimate.h) is compared with the peak above it.
   run->baseline_rss = current_rss_bytes();
   build_model(*run, policy_note);
-  run->engine = std::make_unique<Engine>(run->module, run->config, run->comm);
+  run->engine = std::make_unique<Engine>(run->module, run->config, run->grid.data);
   // This trainer prints its own progress line, CSV log and analytic flops profile.
   run->engine->disable_reports();
   load_init_from(*run, options);

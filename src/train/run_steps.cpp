@@ -15,6 +15,7 @@
 #include "zero/step_monitor.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt_flops.h"
+#include "zerotrain/models/tensor_parallel.h"
 
 namespace zt::training {
 namespace {
@@ -42,13 +43,13 @@ class BatchSource {
       // Fine-tuning examples: targets -100 outside the responses. The held-out examples are
       // sampled only when the run evaluates (the split may hold none otherwise).
       // data.pack: several examples per row, for training only (evaluation keeps one per row).
-      train_examples_.emplace(*run.data.finetune_train, run.seq_len, micro, run.world, run.rank, seed,
+      train_examples_.emplace(*run.data.finetune_train, run.seq_len, micro, run.data_world, run.data_rank, seed,
                               config.data.pack);
       if (config.train.eval_interval > 0)
-        val_examples_.emplace(*run.data.finetune_val, run.seq_len, micro, run.world, run.rank, seed ^ 0x5eedULL);
+        val_examples_.emplace(*run.data.finetune_val, run.seq_len, micro, run.data_world, run.data_rank, seed ^ 0x5eedULL);
     } else {
-      train_sampler_.emplace(run.data.train, run.seq_len, micro, run.world, run.rank, seed);
-      val_sampler_.emplace(run.data.val, run.seq_len, micro, run.world, run.rank, seed ^ 0x5eedULL);
+      train_sampler_.emplace(run.data.train, run.seq_len, micro, run.data_world, run.data_rank, seed);
+      val_sampler_.emplace(run.data.val, run.seq_len, micro, run.data_world, run.data_rank, seed ^ 0x5eedULL);
     }
     prefetcher_.emplace(
         [this, accum, finetune](int64_t i) {
@@ -340,7 +341,7 @@ double run_micro_steps(TrainingRun& run, BatchSource& batches, ProgressWindow& w
 StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
   const TrainConfig& config = run.config;
   const FlopsProfilerConfig& fp = config.flops_profiler;
-  if (run.leader && fp.enabled && run.is_gpt() && (fp.profile_step <= run.first_step || fp.profile_step > config.train.steps))
+  if (run.leader && fp.enabled && run.is_gpt() && run.grid.tensor_size == 1 && (fp.profile_step <= run.first_step || fp.profile_step > config.train.steps))
     fmt::print("note: flops_profiler.profile_step {} is outside the steps this run takes ({} to {}): nothing is "
                "profiled\n",
                fp.profile_step, run.first_step + 1, config.train.steps);
@@ -360,7 +361,12 @@ StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
   for (int64_t step = run.first_step; step < steps; ++step) {
     // Dropout masks differ per rank (as with one process per device elsewhere) and depend only on
     // (seed, rank, step), so that a resumed run draws what the uninterrupted one would have.
-    torch::manual_seed(config.train.seed + 1000003ull * (run.rank + 1) + 7919ull * uint64_t(step));
+    // By data-parallel rank: the ranks of a tensor group draw the same masks, so the activations
+    // they replicate stay equal.
+    const uint64_t step_seed = config.train.seed + 1000003ull * (run.data_rank + 1) + 7919ull * uint64_t(step);
+    torch::manual_seed(step_seed);
+    // The split region's masks (attention over this rank's heads) differ per tensor rank.
+    if (run.grid.tensor) seed_tensor_parallel_rng(step_seed + 2718 + 104729ull * uint64_t(run.grid.tensor->rank()));
     const auto step_start = Clock::now();
     StepResult result;
     const double rank_loss = run_micro_steps(run, batches, window, result);
@@ -369,7 +375,7 @@ StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
     // This step's rate on this rank: its micro-steps and the loss's reduction, not the evaluation,
     // checkpoint or printing that may follow.
     const double step_seconds = seconds_since(step_start);
-    if (fp.enabled && run.is_gpt() && step + 1 == fp.profile_step) log.flops_summary = profile_flops(run, options, step_seconds);
+    if (fp.enabled && run.is_gpt() && run.grid.tensor_size == 1 && step + 1 == fp.profile_step) log.flops_summary = profile_flops(run, options, step_seconds);
     log.losses.push_back(loss);
     log.skipped.push_back(result.skipped ? 1 : 0);
     ++window.steps;

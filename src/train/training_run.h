@@ -100,8 +100,13 @@ struct TrainingRun {
   RuntimeSettings runtime;
   std::shared_ptr<CommsLogger> comms_logger;  // comms_logger.enabled only
   std::shared_ptr<Communicator> comm;
+  // Tensor parallelism (config.tensor_parallel): the tensor group and the data-parallel group the
+  // engine trains over (zerotrain/comm.h make_process_grid); data_rank and data_world place this
+  // rank's batch (equal to rank and world without tensor parallelism).
+  ProcessGrid grid;
   RankDevice device;
   int rank = 0, world = 1;
+  int data_rank = 0, data_world = 1;
   bool leader = false;  // rank 0 and not quiet: prints the progress
 
   // model.type "bert": the encoder of docs/bert.md; the GPT's figures stay at their defaults.

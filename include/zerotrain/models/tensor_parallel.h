@@ -26,8 +26,11 @@
 //   every rank (as every collective must). Not thread-safe.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -112,5 +115,30 @@ at::Tensor vocab_parallel_lookup(const at::Tensor& ids, const at::Tensor& local_
 // counted, the same on every rank; its gradient reaches only this rank's slice.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& local_logits, const at::Tensor& targets,
                                         const std::shared_ptr<Communicator>& group, int64_t ignore_index = -100);
+
+// Randomness in the split region (Megatron's model-parallel RNG tracker). Dropout of activations
+// the group replicates (the embeddings, a row-parallel layer's output) must draw the same mask on
+// every rank of the group: seed the default generators alike on them (the trainer seeds by
+// data-parallel rank). Dropout over a rank's own slice (the attention probabilities of its heads)
+// must draw independent masks on each rank: it runs under with_tensor_parallel_rng, whose state is
+// kept apart from the default generators' and seeded per tensor rank.
+// - seed_tensor_parallel_rng(seed): the tracked state of every device starts again from `seed`
+//   (Megatron's seed + 2718 + tensor rank). The GPT built with a tensor group seeds it so from the
+//   default CPU generator's seed; the trainer reseeds it every step, as the default generators.
+// - with_tensor_parallel_rng(device, fn): fn() runs with the default generator of `device` in the
+//   tracked state; what fn draws advances the tracked state, and the default generator's own state
+//   is back when it returns (or throws).
+// - tensor_parallel_rng_states / set_tensor_parallel_rng_states: what activation checkpointing
+//   takes before a block's first run and restores for its recomputation, so that the recomputed
+//   masks are the first run's.
+// Process-wide; used from the training thread.
+struct TensorParallelRngStates {
+  uint64_t seed = 0;
+  std::vector<std::pair<c10::Device, at::Tensor>> states;  // per device used so far
+};
+void seed_tensor_parallel_rng(uint64_t seed);
+at::Tensor with_tensor_parallel_rng(c10::Device device, const std::function<at::Tensor()>& fn);
+TensorParallelRngStates tensor_parallel_rng_states();
+void set_tensor_parallel_rng_states(const TensorParallelRngStates& states);
 
 }  // namespace zt
