@@ -733,6 +733,7 @@ struct MeasuredCase {
   int world;
   const char* precision;
   int micro_batch;
+  int tensor_parallel = 1;  // tensor_parallel.autotp_size: the world is a grid of world / T data-parallel ranks
 };
 
 // Six configurations, model states and peak memory against the estimate, in four tests so that
@@ -744,7 +745,7 @@ void expect_measured_matches_estimate(const std::vector<MeasuredCase>& cases, bo
   // come from the heap, whose fragmentation the estimate does not model (docs/memory.md).
   for (const MeasuredCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "stage " << c.stage << " N=" << c.world << " " << c.precision << " micro-batch "
-                                    << c.micro_batch);
+                                    << c.micro_batch << " T=" << c.tensor_parallel);
     const std::string summary_path = dir + "/summary.json";
     std::filesystem::remove(summary_path);
     std::vector<std::string> args{cli_path(), "train", config, "--nproc", std::to_string(c.world), "--summary",
@@ -753,6 +754,8 @@ void expect_measured_matches_estimate(const std::vector<MeasuredCase>& cases, bo
     if (std::string(c.precision) == "bf16")
       args.insert(args.end(), {"--set", "bf16.enabled=true", "--set", "train.cpu_half_precision=always"});
     args.insert(args.end(), {"--set", "train_micro_batch_size_per_gpu=" + std::to_string(c.micro_batch)});
+    if (c.tensor_parallel > 1)
+      args.insert(args.end(), {"--set", "tensor_parallel.autotp_size=" + std::to_string(c.tensor_parallel)});
     auto r = run_process(args, {}, std::chrono::seconds(240));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     std::ifstream in(summary_path);
@@ -777,7 +780,7 @@ void expect_measured_matches_estimate(const std::vector<MeasuredCase>& cases, bo
     EXPECT_NEAR(estimated_peak, measured_peak, 0.10 * measured_peak)
         << "estimated " << estimated_peak / 1048576 << " MiB, measured " << measured_peak / 1048576 << " MiB";
     std::cout << "stage " << c.stage << " N=" << c.world << " " << c.precision << " micro-batch " << c.micro_batch
-              << ": estimated "
+              << " T=" << c.tensor_parallel << ": estimated "
               << estimated_peak / 1048576 << " MiB, measured " << measured_peak / 1048576 << " MiB ("
               << 100 * (estimated_peak - measured_peak) / measured_peak << "%)\n";
   }
@@ -794,6 +797,11 @@ TEST(EstimateMeasured, Bf16StageTwoMatchesModelStatesAndPeakMemory) {
 }
 TEST(EstimateMeasured, Bf16StageThreeMatchesModelStatesAndPeakMemory) {
   expect_measured_matches_estimate({{3, 2, "bf16", 16}});
+}
+// Tensor parallelism: each rank's slices of the model states, its share of the split activations
+// and the replicated ones whole (T = 2 × DP = 1 at stage 0, T = 2 × DP = 2 at stage 3).
+TEST(EstimateMeasured, TensorParallelTwoMatchesModelStatesAndPeakMemory) {
+  expect_measured_matches_estimate({{0, 2, "fp32", 8, 2}, {3, 4, "fp32", 8, 2}});
 }
 // The Llama: grouped-query attention, untied head, RMSNorm in fp32, the SwiGLU.
 TEST(EstimateMeasured, LlamaFp32StagesZeroAndThreeMatchModelStatesAndPeakMemory) {

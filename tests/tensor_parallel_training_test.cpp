@@ -224,7 +224,8 @@ TEST(TensorParallelTraining, DropoutMasksFollowTheRegions) {
 }
 
 // The engine over the whole grid (not its data-parallel group) would average different slices
-// into each other: refused by name, as are grids T does not divide.
+// into each other: refused by name, as are grids T does not divide and tensor_parallel.autotp_size
+// with a model that is not split.
 TEST(TensorParallelTraining, BadGridsAreRefused) {
   if (is_rank_process()) {
     at::set_num_threads(1);
@@ -244,6 +245,15 @@ TEST(TensorParallelTraining, BadGridsAreRefused) {
       ADD_FAILURE() << "an engine over the whole grid";
     } catch (const zt::ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("tensor ranks 0 to 1"), std::string::npos) << e.what();
+    }
+    // tensor_parallel.autotp_size with a model that is not split would be a key without effect.
+    const zt::TrainConfig with_key = zt::parse_config(R"({"tensor_parallel": {"autotp_size": 2}})", {}, 2);
+    zt::GPT whole(zt::gpt_preset("tiny"));
+    try {
+      zt::Engine engine(whole.ptr(), with_key, grid.data);
+      ADD_FAILURE() << "tensor_parallel.autotp_size 2 with an unsplit model";
+    } catch (const zt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("no tensor-parallel parameter"), std::string::npos) << e.what();
     }
     return;
   }

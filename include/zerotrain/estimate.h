@@ -72,12 +72,18 @@ struct ModelFigures {
   // (assign_stage3_blocks, compute_layout). Empty: unknown, approximated from the counts above.
   std::vector<ParameterSpec> parameter_list;
   std::vector<int> parameter_owner;
+  // Tensor parallelism (docs/tensor_parallel.md): the figures are one rank's of a tensor group of
+  // this many (parameter counts and shapes its slices; the GPT only); the activations split as the
+  // GPT splits them.
+  int64_t tensor_parallel = 1;
   bool has_shape() const { return layers > 0 && hidden > 0 && sequence_length > 0 && vocabulary > 0; }
 };
 
 // Exact figures of zerotrain's reference GPT (models/gpt.h) trained on `sequence_length` tokens,
 // with stage 3's persistence threshold `persistence_threshold` (elements).
-ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, int64_t persistence_threshold);
+// `tensor_parallel`: one rank's figures of the GPT split over a tensor group of that many.
+ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, int64_t persistence_threshold,
+                               int64_t tensor_parallel = 1);
 // The GPT a training configuration describes (preset plus the "model" block's overrides).
 GPTConfig gpt_config_of(const TrainConfig& config);
 // Exact figures of the Llama-family decoder (models/llama.h) trained on `sequence_length` tokens:

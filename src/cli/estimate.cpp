@@ -201,6 +201,11 @@ zt::ModelFigures raw_model_of(const EstimateArgs& args, const zt::TrainConfig& c
 // The model estimated, and the line that describes it.
 std::pair<zt::ModelFigures, std::string> model_of(const EstimateArgs& args, const zt::TrainConfig& config) {
   if (!args.params.empty()) {
+    if (config.tensor_parallel > 1)
+      throw zt::ConfigError(fmt::format("--params: a count of the whole model, which tensor_parallel.autotp_size {} "
+                                        "splits; expected the configuration's model (its preset and shape keys) "
+                                        "instead",
+                                        config.tensor_parallel));
     zt::ModelFigures model = raw_model_of(args, config);
     return {model, fmt::format("{:.3f}B parameters", model.parameters / 1e9)};
   }
@@ -287,9 +292,9 @@ void print_estimate(const EstimateArgs& args, const zt::ClusterSpec& cluster, co
             << zt::format_estimate(estimate, cluster);
   if (!time) return;
   if (args.tensor_parallel > 1)
-    std::cout << fmt::format("what-if (the engine does not implement it, and the memory estimate above does not "
-                             "see it): tensor parallel {}\n",
-                             args.tensor_parallel);
+    std::cout << fmt::format("what-if of the step-time model: tensor parallel {} (the memory estimate above follows "
+                             "the configuration's tensor_parallel.autotp_size, {})\n",
+                             args.tensor_parallel, config.tensor_parallel);
   std::cout << zt::format_step_time(*time);
 }
 

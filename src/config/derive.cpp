@@ -171,24 +171,6 @@ std::string join(const std::set<std::string>& names) {
   return out;
 }
 
-// ZeRO++'s secondary partition (hpZ): stage-3 parameters only (DeepSpeed ignores it below stage
-// 3, which would leave the key without effect), over groups of consecutive ranks that divide the
-// world. 0 and 1 both mean none, as in DeepSpeed.
-void validate_secondary_partition(const TrainConfig& c) {
-  const int size = c.zero.hpz_partition_size;
-  if (size <= 1) return;
-  if (!c.zero.shard_parameters)
-    throw ConfigError(fmt::format(
-        "zero_optimization.zero_hpz_partition_size: expected 0 or 1 at zero_optimization.stage {} (the secondary "
-        "partition holds stage-3 parameter shards), found {}",
-        c.zero.stage, size));
-  if (c.data_parallel_size() % size != 0)
-    throw ConfigError(fmt::format(
-        "zero_optimization.zero_hpz_partition_size: expected a divisor of the {} size {} (groups of consecutive "
-        "ranks), found {}",
-        c.tensor_parallel > 1 ? "data-parallel" : "world", c.data_parallel_size(), size));
-}
-
 // ZeRO-Offload / ZeRO-Infinity: the tiers need sharding, and the nvme tier a directory.
 // DeepSpeed requires ZeRO for optimizer offload and silently ignores parameter offload below
 // stage 3; zerotrain refuses both, since either would leave the key without effect.
@@ -540,32 +522,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
             bound));
 
   validate_offload(c, values);
-  validate_secondary_partition(c);
-  if (c.tensor_parallel > 1 && c.model.type != "gpt")
-    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the tensor-parallel "
-                                  "split exists for the GPT), found {}",
-                                  c.model.type, c.tensor_parallel));
-  if (c.tensor_parallel > 1 && c.model.type == "gpt") {
-    // The split: each rank keeps n_head / T heads and vocab_size / T rows of the vocabulary.
-    GPTConfig g = gpt_preset(c.model.preset);
-    if (c.model.n_head > 0) g.n_head = c.model.n_head;
-    if (c.model.vocab_size > 0) g.vocab_size = c.model.vocab_size;
-    for (const auto& [key, value] : {std::pair{"model.n_head", g.n_head}, std::pair{"model.vocab_size", g.vocab_size}})
-      if (value % c.tensor_parallel != 0)
-        throw ConfigError(fmt::format("{}: expected a multiple of tensor_parallel.autotp_size {} (each rank of a tensor "
-                                      "group keeps 1/{} of it{}), found {}",
-                                      key, c.tensor_parallel, c.tensor_parallel,
-                                      std::string(key) == "model.vocab_size" ? "; pad the vocabulary" : "", value));
-  }
-  if (c.tensor_parallel > 1 && !c.model.init_from.empty())
-    throw ConfigError(fmt::format("model.init_from: expected none with tensor_parallel.autotp_size {} (loading whole "
-                                  "weights into the tensor-parallel slices is not implemented), found '{}'",
-                                  c.tensor_parallel, c.model.init_from));
-  if (c.tensor_parallel > 1 && c.activation_checkpointing.partition_activations)
-    throw ConfigError(fmt::format("activation_checkpointing.partition_activations: expected false with "
-                                  "tensor_parallel.autotp_size {} (partitioning the checkpointed activations across "
-                                  "the tensor group is not implemented), found true",
-                                  c.tensor_parallel));
+  validate_process_grid(c);
 
   const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
   if (ac.contiguous_memory_optimization && ac.policy == "selective")

@@ -115,6 +115,9 @@ void resolve_auto(TrainConfig& config, Values& values, const std::vector<std::st
 void derive(TrainConfig& config, Values& values);
 // Cross-key checks that are about meaning, not about what is implemented.
 void validate_semantics(const TrainConfig& config, const Values& values);
+// The grid's keys (tensor groups, the stage-3 secondary partition) against the world, the model
+// and the features (process_grid.cpp); part of validate_semantics.
+void validate_process_grid(const TrainConfig& config);
 // The support matrix: everything zerotrain does not implement yet, in one place, so later work
 // widens it here. Throws ConfigError "... is not supported yet (supported: ...)".
 void validate_support(const TrainConfig& config, const Values& values);

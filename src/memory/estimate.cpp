@@ -99,7 +99,7 @@ FlatLayout approximate_partition_shape(const ModelFigures& model, bool shard_par
 // and order as the engine assigns them), approximate otherwise.
 FlatLayout partition_shape(const ModelFigures& model, const TrainConfig& config, int64_t bucket_limit) {
   const ZeroConfig& zero = config.zero;
-  const int world = zero.shard_optimizer_states ? config.world_size : 1;
+  const int world = zero.shard_optimizer_states ? config.data_parallel_size() : 1;
   if (model.parameter_list.empty() || model.parameter_list.size() != model.parameter_owner.size())
     return approximate_partition_shape(model, zero.shard_parameters, world, bucket_limit);
   std::vector<ParameterSpec> specs = model.parameter_list;
@@ -154,13 +154,20 @@ GPTConfig gpt_config_of(const TrainConfig& config) {
   return gpt;
 }
 
-ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, int64_t persistence_threshold) {
-  const int64_t C = gpt.n_embd, V = gpt.vocab_size, T = gpt.context_length;
+ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, int64_t persistence_threshold,
+                               int64_t tensor_parallel) {
+  const int64_t C = gpt.n_embd, T = gpt.context_length, P = std::max<int64_t>(1, tensor_parallel);
+  // Split over a tensor group (models/gpt.h): this rank's vocabulary rows, q/k/v rows and MLP
+  // features (Cs: the split width of the attention, Fs: of the MLP).
+  const int64_t V = gpt.vocab_size / P, Cs = C / P, Fs = 4 * C / P;
   // The GPT's blocks (models/gpt.h): wte, wpe, each transformer layer, ln_f; their tensors.
   const std::vector<std::vector<int64_t>> blocks = {
-      {V * C}, {T * C}, {C, C, 3 * C * C, 3 * C, C * C, C, C, C, 4 * C * C, 4 * C, 4 * C * C, C}, {C, C}};
+      {V * C}, {T * C}, {C, C, 3 * Cs * C, 3 * Cs, C * Cs, C, C, C, Fs * C, Fs, C * Fs, C}, {C, C}};
   ModelFigures f;
-  f.parameters = gpt_parameter_count(gpt);
+  f.tensor_parallel = P;
+  f.parameters = 0;
+  for (size_t b = 0; b < blocks.size(); ++b)
+    for (int64_t numel : blocks[b]) f.parameters += (b == 2 ? gpt.n_layer : 1) * numel;
   // The trainable parameters as the GPT registers them (models/gpt.h), each under the marked
   // module (stage-3 block candidate) holding it: wte, wpe, each layer, ln_f.
   auto add = [&f](const std::string& name, std::vector<int64_t> shape, int owner) {
@@ -174,15 +181,15 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
     const int owner = int(2 + l);
     add(at + "ln_1.weight", {C}, owner);
     add(at + "ln_1.bias", {C}, owner);
-    add(at + "attn.c_attn.weight", {3 * C, C}, owner);
-    add(at + "attn.c_attn.bias", {3 * C}, owner);
-    add(at + "attn.c_proj.weight", {C, C}, owner);
+    add(at + "attn.c_attn.weight", {3 * Cs, C}, owner);
+    add(at + "attn.c_attn.bias", {3 * Cs}, owner);
+    add(at + "attn.c_proj.weight", {C, Cs}, owner);
     add(at + "attn.c_proj.bias", {C}, owner);
     add(at + "ln_2.weight", {C}, owner);
     add(at + "ln_2.bias", {C}, owner);
-    add(at + "mlp.c_fc.weight", {4 * C, C}, owner);
-    add(at + "mlp.c_fc.bias", {4 * C}, owner);
-    add(at + "mlp.c_proj.weight", {C, 4 * C}, owner);
+    add(at + "mlp.c_fc.weight", {Fs, C}, owner);
+    add(at + "mlp.c_fc.bias", {Fs}, owner);
+    add(at + "mlp.c_proj.weight", {C, Fs}, owner);
     add(at + "mlp.c_proj.bias", {C}, owner);
   }
   add("ln_f.weight", {C}, int(2 + gpt.n_layer));
@@ -232,6 +239,12 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   const int64_t a = m.heads > 0 ? m.heads : std::max<int64_t>(1, h / 64);
   const int64_t sbh = s * b * h;
   const bool dropout = m.dropout > 0;
+  // Split over a tensor group of P (docs/tensor_parallel.md), a rank keeps the attention's and the
+  // MLP's tensors for its heads and features (q, k, v, the attention output, the MLP's 4h-wide
+  // tensors: sbh_split each, and the scores of its a / P heads), and the layer norms' inputs and
+  // outputs, the dropout masks of the residual branches and the block inputs whole (replicated).
+  const int64_t P = std::max<int64_t>(1, m.tensor_parallel);
+  const int64_t sbh_split = sbh / P, a_split = std::max<int64_t>(1, a / P);
   // Per layer (docs/memory.md "activations"): Korthikanti et al. (arXiv:2205.05198) eq. 1, sbh(34 + 5as/h)
   // bytes in 16-bit with 1-byte dropout masks, adapted to the kernels this LibTorch runs:
   // - without dropout, attention runs the fused (flash) kernel, which keeps its output and a
@@ -240,16 +253,18 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   //   output, its mask and the dropped scores (3·e·as²b), and CPU dropout masks are e bytes
   //   (a scaling tensor of the activation's dtype), not 1: 18·e·sbh + 3·e·as²b.
   // Both add LayerNorm's fp32 mean and rstd (2 × 2 × 4·bs).
+  // Of the 16 (18) sbh: 4 (6 with the two residual masks) replicated, 12 split.
   const int64_t layer_norm_stats = 16 * s * b;
-  const int64_t per_layer = dropout ? 18 * e * sbh + 3 * e * a * s * s * b + layer_norm_stats
-                                    : 16 * e * sbh + 4 * a * s * b + layer_norm_stats;
+  const int64_t per_layer = dropout ? e * (6 * sbh + 12 * sbh_split) + 3 * e * a_split * s * s * b + layer_norm_stats
+                                    : e * (4 * sbh + 12 * sbh_split) + 4 * a_split * s * b + layer_norm_stats;
   // The head and loss run over chunks of c tokens (model.loss_chunk_tokens); with full
   // recomputation each chunk's log-softmax is freed after forward and recomputed in backward.
   const int64_t tokens = s * b;
   const bool chunked = m.loss_chunk_tokens > 0 && tokens > m.loss_chunk_tokens;
   const int64_t c = chunked ? m.loss_chunk_tokens : tokens;
   const bool head_recomputed = chunked && recompute == Recompute::Full;
-  const int64_t generator_state = 5056;  // the CPU generator's state, kept by each checkpoint
+  // The CPU generator's state, kept by each checkpoint (and the split region's, used with dropout).
+  const int64_t generator_state = 5056 * (dropout && P > 1 ? 2 : 1);
   const int64_t log_softmax = head_recomputed ? 0 : 4 * tokens * V;
   // Outside the layers: token ids (int64) for the embedding's backward, ln_f's input and output,
   // the embedding dropout's mask, and the fp32 log-softmax of the logits (the loss is fp32).
@@ -257,8 +272,8 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   // Selective recomputation (src/models/gpt.cpp) keeps q, k, v and the attention output but not
   // the kernel's internals (fused: the log-sum-exp; unfused: the scaled q, k and v copies, the
   // scores, softmax, mask and dropped scores), nor GELU's 4h-wide output.
-  const int64_t selective_layer = dropout ? per_layer - 3 * e * a * s * s * b - 4 * e * sbh
-                                          : 12 * e * sbh + layer_norm_stats;
+  const int64_t selective_layer = dropout ? per_layer - 3 * e * a_split * s * s * b - 4 * e * sbh_split
+                                          : e * (4 * sbh + 8 * sbh_split) + layer_norm_stats;
   if (recompute == Recompute::Full) {
     bytes.saved = m.layers * (e * sbh + generator_state) + outside;
   } else if (recompute == Recompute::Selective) {
@@ -276,8 +291,8 @@ ActivationBytes transformer_activation_bytes(const ModelFigures& m, int64_t micr
   // Chunked, these are one chunk's (a recomputed chunk's log-softmax is live with its gradients).
   const int64_t at_loss = (head_recomputed ? 12 : 8) * c * V + (e < 4 ? e * c * V : 0);
   const int64_t at_head = e * V * h + (e < 4 ? e * c * V : 0);
-  const int64_t in_layer =
-      5 * e * sbh + 4 * e * h * h + (dropout ? 2 * e * a * s * s * b : 0) - (2 * e * sbh + log_softmax);
+  const int64_t in_layer = e * (sbh + 4 * sbh_split) + 4 * e * h * h / P + (dropout ? 2 * e * a_split * s * s * b : 0) -
+                           (2 * e * sbh + log_softmax);
   // At the end of backward, with the saved tensors freed: the tied embedding's gradient from the
   // head waits in autograd's input buffer for the embedding's own (dense, V·h) and the two are
   // summed: three V·h tensors (measured on GPT-2 124M at micro-batch 1, docs/memory.md).
@@ -330,6 +345,10 @@ EstimateTerms resolve_inputs(const ModelFigures& model, const ClusterSpec& clust
   if (cluster.world_size() != config.world_size)
     throw ConfigError(fmt::format("world size: the configuration was resolved for {} ranks, the cluster has {}",
                                   config.world_size, cluster.world_size()));
+  if (model.tensor_parallel != config.tensor_parallel)
+    throw ConfigError(fmt::format("tensor_parallel.autotp_size: the configuration splits the model over tensor groups "
+                                  "of {}, the model figures are for groups of {}",
+                                  config.tensor_parallel, model.tensor_parallel));
   EstimateTerms t{model, cluster, config, config.zero};
   const ZeroConfig& zero = config.zero;
   t.offload_optimizer = options.offload_optimizer.value_or(target_of(zero.offload_optimizer.device));
@@ -343,7 +362,7 @@ EstimateTerms resolve_inputs(const ModelFigures& model, const ClusterSpec& clust
     throw ConfigError(fmt::format("--offload-optimizer {}: optimizer states can be offloaded only when they are "
                                   "sharded (stage 1 or more), found stage {}",
                                   to_string(t.offload_optimizer), zero.stage));
-  t.N = config.world_size;
+  t.N = config.data_parallel_size();  // ZeRO shards over the data-parallel group
   t.psi = model.parameters;
   t.mixed = config.precision != Precision::FP32;
   t.e = t.mixed ? 2 : 4;

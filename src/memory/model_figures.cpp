@@ -13,7 +13,7 @@ ModelFigures model_figures_of(const TrainConfig& config) {
   const int64_t threshold = config.zero.stage3_param_persistence_threshold, seq = config.data.sequence_length;
   if (config.model.type == "gpt") {
     const GPTConfig gpt = gpt_config_of(config);
-    return gpt_model_figures(gpt, seq > 0 ? seq : gpt.context_length, threshold);
+    return gpt_model_figures(gpt, seq > 0 ? seq : gpt.context_length, threshold, config.tensor_parallel);
   }
   if (config.model.type == "llama") {
     const LlamaConfig llama = llama_config_of(config);

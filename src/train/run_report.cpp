@@ -18,7 +18,7 @@ namespace {
 // The run's memory as measured on every rank, beside what `zerotrain estimate` says of it.
 struct MemoryFigures {
   std::vector<RankStats> stats;
-  MemoryEstimate estimate;     // empty where no_estimate_reason() gives one (BERT; tensor parallelism)
+  MemoryEstimate estimate;     // empty where no_estimate_reason() gives one (BERT)
   int64_t measured_peak = 0;   // the largest peak RSS above the pre-model baseline over ranks
   // The two moments apart (zerotrain/estimate.h: construction and step), largest over ranks; -1
   // where the kernel's peak could not be restarted after set-up.
@@ -41,8 +41,9 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
     cluster.host_memory = physical_memory_bytes();
   }
   const int64_t threshold = run.config.zero.stage3_param_persistence_threshold;
-  if (run.is_gpt() && run.grid.tensor_size == 1)
-    m.estimate = estimate_memory(gpt_model_figures(run.gpt_config, run.seq_len, threshold), cluster, run.config);
+  if (run.is_gpt())
+    m.estimate = estimate_memory(gpt_model_figures(run.gpt_config, run.seq_len, threshold, run.grid.tensor_size),
+                                 cluster, run.config);
   else if (run.is_llama)
     m.estimate = estimate_memory(llama_model_figures(run.llama_config, run.seq_len, threshold), cluster, run.config);
   for (const auto& s : m.stats) {
@@ -64,7 +65,6 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
 // The runs the memory estimate does not model.
 const char* no_estimate_reason(const TrainingRun& run) {
   if (run.is_bert) return "the memory estimate models the GPT and the Llama";
-  if (run.grid.tensor_size > 1) return "the memory estimate does not model tensor parallelism yet";
   return nullptr;
 }
 

@@ -136,7 +136,8 @@ std::string choose_recomputation(TrainingRun& run) {
     machine.host_memory = physical_memory_bytes();
   }
   const ModelFigures figures =
-      gpt_model_figures(run.gpt_config, run.seq_len, config.zero.stage3_param_persistence_threshold);
+      gpt_model_figures(run.gpt_config, run.seq_len, config.zero.stage3_param_persistence_threshold,
+                        config.tensor_parallel);
   Recompute chosen = Recompute::Full;
   int64_t need = 0;
   for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {

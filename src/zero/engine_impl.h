@@ -166,6 +166,8 @@ struct Engine::Impl {
                                        int64_t chunk_limit, BeforeCopy&& before_copy);
   void create_reducer(const SwapDirectories& directories);
   void assign_parameter_groups(OptimizerPartition::Options& options);
+  std::unordered_set<std::string> find_tensor_group(const std::vector<torch::Tensor>& trainable,
+                                                    const std::vector<ParameterSpec>& specs);
   void check_tensor_group();
   void find_marked_modules(std::unordered_map<const void*, int>& owner_of,
                            std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules);

@@ -75,21 +75,10 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> owner_modules;
   if (shard_parameters) find_marked_modules(owner_of, owner_modules);
   std::optional<c10::Device> model_device;
-  std::string first_name, first_split;
-  std::unordered_set<std::string> split_names;
+  std::string first_name;
   for (auto& named : model->named_parameters(/*recurse=*/true)) {
     const torch::Tensor& p = named.value();
     if (!p.requires_grad()) continue;
-    if (const std::optional<TensorSplit> split = tensor_split_of(p)) {
-      if (!tensor_group) {
-        tensor_group = split->group;
-        first_split = named.key();
-      } else if (split->group != tensor_group) {
-        throw ConfigError("engine: expected every tensor-parallel parameter to name one tensor group, found '" +
-                          first_split + "' split over one group and '" + named.key() + "' over another");
-      }
-      split_names.insert(named.key());
-    }
     if (p.scalar_type() != torch::kFloat32)
       throw ConfigError("engine: expected fp32 parameters (the engine makes the working copy), found " +
                         std::string(c10::toString(p.scalar_type())) + " on " + p.device().str() + " for '" +
@@ -116,6 +105,7 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   }
   if (trainable.empty())
     throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
+  const std::unordered_set<std::string> split_names = find_tensor_group(trainable, specs);
   devices = plan_devices(*model_device, config.zero, host_staging_forced_by_environment());
   devices.emulate_copy_engine =
       devices.stage_through_host && devices.compute.is_cpu() && copy_engine_emulated_by_environment();
@@ -128,6 +118,13 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   options.bucket_size = std::max<int64_t>(1, config.zero.reduce_bucket_size);
   layout = compute_layout(specs, options);
   this->specs = specs;
+  // tensor_parallel.autotp_size names the split the model must have been built with; a model
+  // built split needs no key (the marks give its group).
+  if (config.tensor_parallel > 1 && (!tensor_group || tensor_group->world_size() != config.tensor_parallel))
+    throw ConfigError("tensor_parallel.autotp_size: expected a model split over tensor groups of " +
+                      std::to_string(config.tensor_parallel) + " ranks (zt::mark_tensor_split), found " +
+                      (tensor_group ? "groups of " + std::to_string(tensor_group->world_size())
+                                    : std::string("no tensor-parallel parameter (build the model with a tensor group)")));
   if (tensor_group) {
     tensor_split.assign(layout.placements.size(), 0);
     for (size_t i = 0; i < layout.placements.size(); ++i)
@@ -135,6 +132,27 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
     check_tensor_group();
   }
   return trainable;
+}
+
+// The tensor group the model's split parameters name (zerotrain/blocks.h), if any, and their
+// names; every split parameter must name the same group.
+std::unordered_set<std::string> Engine::Impl::find_tensor_group(const std::vector<torch::Tensor>& trainable,
+                                                                const std::vector<ParameterSpec>& specs) {
+  std::unordered_set<std::string> names;
+  std::string first;
+  for (size_t i = 0; i < trainable.size(); ++i) {
+    const std::optional<TensorSplit> split = tensor_split_of(trainable[i]);
+    if (!split) continue;
+    if (!tensor_group) {
+      tensor_group = split->group;
+      first = specs[i].name;
+    } else if (split->group != tensor_group) {
+      throw ConfigError("engine: expected every tensor-parallel parameter to name one tensor group, found '" + first +
+                        "' split over one group and '" + specs[i].name + "' over another");
+    }
+    names.insert(specs[i].name);
+  }
+  return names;
 }
 
 // The engine's ranks must hold the same slices (one tensor rank, a data-parallel group): the
