@@ -1018,7 +1018,7 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"train.retain_freed_memory", {Used, "\"never\"", [](C c) { return c.train.retain_freed_memory == "never"; }, "runtime"}},
       {"train.cpu_half_precision", {Used, "\"always\"", [](C c) { return c.train.cpu_half_precision == "always"; }, "trainer (precision on a CPU without 16-bit units)"}},
       {"activation_checkpointing.policy", {Used, "\"selective\"", [](C c) { return c.activation_checkpointing.policy == "selective"; }, "trainer (GPT checkpointing), estimate"}},
-      {"activation_checkpointing.partition_activations", {Used, "false", [](C c) { return !c.activation_checkpointing.partition_activations; }, "derive (true refused: needs model parallelism)"}},
+      {"activation_checkpointing.partition_activations", {Used, "false", [](C c) { return !c.activation_checkpointing.partition_activations; }, "trainer (the GPT's checkpoints over its tensor group), estimate"}},
       {"activation_checkpointing.cpu_checkpointing", {Used, "true", [](C c) { return c.activation_checkpointing.cpu_checkpointing; }, "trainer (GPT checkpointing)"}},
       {"activation_checkpointing.contiguous_memory_optimization", {Used, "true", [](C c) { return c.activation_checkpointing.contiguous_memory_optimization; }, "trainer (GPT checkpointing)"}},
       {"activation_checkpointing.synchronize_checkpoint_boundary", {Used, "true", [](C c) { return c.activation_checkpointing.synchronize_checkpoint_boundary; }, "trainer (GPT checkpointing)"}},
@@ -1210,12 +1210,17 @@ TEST(ConfigValidation, TensorParallelSizeDividesTheWorldAndTheBatchCountsDataPar
   expect_one_line_error(
       any_error_of([] { parse_config(R"({"model": {"type": "bert"}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
       "tensor_parallel.autotp_size: expected 1 for model.type \"bert\"");
-  expect_one_line_error(
-      any_error_of([] {
-        parse_config(R"({"activation_checkpointing": {"partition_activations": true}, "tensor_parallel": {"autotp_size": 2}})",
-                     {}, 2);
-      }),
-      "activation_checkpointing.partition_activations: expected false with tensor_parallel.autotp_size 2");
+  // partition_activations splits what full recomputation keeps: with another policy it is noted.
+  const TrainConfig partitioned = parse_config(
+      R"({"activation_checkpointing": {"partition_activations": true, "policy": "full"}, "tensor_parallel": {"autotp_size": 2}})",
+      {}, 2);
+  EXPECT_TRUE(partitioned.activation_checkpointing.partition_activations);
+  EXPECT_TRUE(partitioned.notes.empty());
+  const TrainConfig selective = parse_config(
+      R"({"activation_checkpointing": {"partition_activations": true, "policy": "selective"}, "tensor_parallel": {"autotp_size": 2}})",
+      {}, 2);
+  ASSERT_EQ(selective.notes.size(), 1u);
+  EXPECT_NE(selective.notes[0].find("policy \"selective\" keeps none"), std::string::npos) << selective.notes[0];
 }
 
 // zero_hpz_partition_size: stage 3 only, a divisor of the world size; 0 and 1 mean none.

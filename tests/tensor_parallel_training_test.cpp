@@ -4,10 +4,13 @@
 // same batches, over 10 steps with clipping active, on T = 2 × DP = 1 and T = 2 × DP = 2; LAMB's
 // per-tensor norms too. With dropout, the masks of the replicated activations are the same on the
 // ranks of a tensor group and those of its heads differ, the replicated weights stay equal, and
-// recomputation replays the masks of the first run. Bad grids are refused by name.
+// recomputation replays the masks of the first run. Partitioned activations keep 1/T of each
+// checkpointed block input per rank (in memory, on the host path and in the arena) with the same
+// losses. Bad grids are refused by name.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "support/counting_allocator.h"
 #include "support/multirank.h"
 #include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
@@ -220,6 +223,63 @@ TEST(TensorParallelTraining, DropoutMasksFollowTheRegions) {
   }
   auto r = run_ranks(2, "TensorParallelTraining.DropoutMasksFollowTheRegions", {{"ZT_COMM_TIMEOUT_SECONDS", "60"}},
                      std::chrono::seconds(90));
+  EXPECT_TRUE(r.all_succeeded()) << r.describe();
+}
+
+// One forward and backward of the split `small` GPT with full recomputation: the loss, the bytes
+// held between forward and backward (counting allocator), and the arena's slot size.
+struct PartitionRun {
+  double loss = 0;
+  int64_t held = 0, slot_bytes = 0;
+};
+PartitionRun run_partitioned(const zt::ProcessGrid& grid, bool partition, bool on_host, bool contiguous) {
+  torch::manual_seed(3);
+  zt::GPT model(zt::gpt_preset("small"), grid.tensor);
+  zt::CheckpointingSettings settings;
+  settings.recompute = zt::Recompute::Full;
+  settings.contiguous_memory = contiguous;
+  settings.keep_inputs_on_host = on_host;
+  settings.partition_activations = partition;
+  model->set_checkpointing(settings);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  const at::Tensor tokens = torch::randint(0, 256, {4, 65}, gen, torch::kLong);
+  auto& counter = zt::testing::CountingAllocator::instance();
+  counter.install();
+  PartitionRun run;
+  at::Tensor loss = model->loss(tokens.narrow(1, 0, 64), tokens.narrow(1, 1, 64));
+  run.held = counter.live();
+  loss.backward();
+  counter.uninstall();
+  run.loss = loss.item<double>();
+  if (contiguous) run.slot_bytes = model->checkpoint_arena_stats()->slot_bytes;
+  return run;
+}
+
+TEST(TensorParallelTraining, PartitionedActivationsKeepOneTthOfTheBlockInputs) {
+  if (is_rank_process()) {
+    at::set_num_threads(1);
+    auto world = zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
+    const zt::ProcessGrid grid = zt::make_process_grid(world, 2);
+    const auto shape = zt::gpt_preset("small");
+    // A block input: 4 × 64 tokens × width 128 in fp32; each rank keeps half.
+    const int64_t input_bytes = 4 * 64 * shape.n_embd * 4;
+    for (const auto& [on_host, contiguous] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+      SCOPED_TRACE(std::string(on_host ? "cpu_checkpointing" : "in place") + (contiguous ? ", contiguous" : ""));
+      const PartitionRun whole = run_partitioned(grid, false, on_host, contiguous);
+      const PartitionRun split = run_partitioned(grid, true, on_host, contiguous);
+      EXPECT_EQ(whole.loss, split.loss);
+      if (contiguous) {
+        EXPECT_EQ(whole.slot_bytes, input_bytes);
+        EXPECT_EQ(split.slot_bytes, input_bytes / 2);
+      }
+      // Between forward and backward each of the n_layer checkpoints keeps half an input less.
+      const int64_t saved = whole.held - split.held;
+      EXPECT_EQ(saved, shape.n_layer * input_bytes / 2) << "held " << whole.held << " whole, " << split.held << " split";
+    }
+    return;
+  }
+  auto r = run_ranks(2, "TensorParallelTraining.PartitionedActivationsKeepOneTthOfTheBlockInputs",
+                     {{"ZT_COMM_TIMEOUT_SECONDS", "60"}}, std::chrono::seconds(90));
   EXPECT_TRUE(r.all_succeeded()) << r.describe();
 }
 

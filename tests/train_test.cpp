@@ -109,11 +109,16 @@ TEST(TrainParity, TwoAndThreeRanksEqualOneRank) {
 
 // The 2-D grid through the command line: 4 ranks as 2 tensor groups of 2 train as 2 ranks of
 // data parallelism alone (the same batches, the batch keys counting data-parallel ranks), at
-// stages 0 and 3.
+// stages 0 and 3, also with the checkpointed block inputs partitioned over the tensor groups.
 TEST(TrainTensorParallel, TwoByTwoGridEqualsTwoDataParallelRanks) {
   for (const std::string stage : {"0", "3"}) {
     auto plain = train(2, {"zero_optimization.stage=" + stage});
     auto grid = train(4, {"zero_optimization.stage=" + stage, "tensor_parallel.autotp_size=2"});
+    // ZeRO-R's partitioned activations with full recomputation: the same run.
+    auto partitioned = train(4, {"zero_optimization.stage=" + stage, "tensor_parallel.autotp_size=2",
+                                 "activation_checkpointing.policy=\"full\"",
+                                 "activation_checkpointing.partition_activations=true"});
+    ASSERT_EQ(partitioned.summary["losses"].size(), 5u) << partitioned.output;
     ASSERT_EQ(grid.summary["tensor_parallel"], 2) << grid.output;
     ASSERT_EQ(grid.summary["data_parallel_size"], 2);
     ASSERT_EQ(grid.summary["losses"].size(), 5u);
@@ -124,6 +129,8 @@ TEST(TrainTensorParallel, TwoByTwoGridEqualsTwoDataParallelRanks) {
       EXPECT_LE(std::abs(a - b) / std::abs(a), 1e-5) << "stage " << stage << " step " << i << ": " << a << " vs " << b;
       EXPECT_LE(std::abs(plain.grad_norms[i] - grid.grad_norms[i]) / plain.grad_norms[i], 1e-5)
           << "stage " << stage << " step " << i;
+      double c = partitioned.summary["losses"][i];
+      EXPECT_LE(std::abs(a - c) / std::abs(a), 1e-5) << "partitioned, stage " << stage << " step " << i;
     }
   }
 }

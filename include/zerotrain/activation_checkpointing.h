@@ -33,6 +33,7 @@ namespace zt {
 // - Thread-safety: as autograd: the forward from the thread that drives the engine.
 
 class CheckpointArena;
+class Communicator;
 
 // How a model checkpoints its blocks (docs/activation_checkpointing.md): the settings the
 // `activation_checkpointing` block gives, as the reference models (GPT, BERT) take them.
@@ -43,6 +44,9 @@ struct CheckpointingSettings {
   bool contiguous_memory = false;     // contiguous_memory_optimization (full recomputation)
   bool synchronize_boundary = false;  // synchronize_checkpoint_boundary
   bool profile = false;               // per-block timings
+  // partition_activations: a model split over a tensor group keeps 1/T of each fully recomputed
+  // block's input per rank (CheckpointOptions::partition_group); without a group, nothing to split.
+  bool partition_activations = false;
 };
 
 // Which of `blocks` blocks hold a checkpoint when `number` are asked for (0: all): spread evenly,
@@ -68,6 +72,13 @@ struct CheckpointOptions {
   std::shared_ptr<CheckpointArena> arena;
   // profile: forward and recomputation times are added here.
   std::shared_ptr<CheckpointTimings> timings;
+  // partition_activations (ZeRO-R): every rank of this group holds the same inputs (activations a
+  // tensor group replicates), and each keeps only its 1/G of every input (flattened, the last
+  // piece padded with zeros), on the host with keep_inputs_on_host and in the arena's slots with
+  // one; backward all-gathers them over the group before the recomputation (a collective: every
+  // rank of the group runs the same checkpoints' backward in the same order). Null or a group of
+  // one: inputs kept whole.
+  std::shared_ptr<Communicator> partition_group;
 };
 
 using CheckpointFunction = std::function<at::Tensor(const std::vector<at::Tensor>&)>;

@@ -76,6 +76,9 @@ struct ModelFigures {
   // this many (parameter counts and shapes its slices; the GPT only); the activations split as the
   // GPT splits them.
   int64_t tensor_parallel = 1;
+  // activation_checkpointing.partition_activations: full recomputation keeps 1/tensor_parallel of
+  // each block input per rank (estimate_memory sets it from the configuration).
+  bool partition_activations = false;
   bool has_shape() const { return layers > 0 && hidden > 0 && sequence_length > 0 && vocabulary > 0; }
 };
 

@@ -461,10 +461,15 @@ void add_notes(TrainConfig& c) {
     note_if_given({"optimizer.params.max_grad_norm"},
                   "DeepSpeed sets Lamb's max_grad_norm to 0 outside fp16 (with a warning), so it clips nothing there "
                   "either; gradient_clipping is the clipping");
-  if (c.activation_checkpointing.partition_activations)
+  if (c.activation_checkpointing.partition_activations && c.tensor_parallel == 1)
     note_if_given({"activation_checkpointing.partition_activations"},
                   "DeepSpeed splits checkpointed activations across model-parallel ranks only (with "
                   "tensor_parallel.autotp_size 1, as here, nothing is split)");
+  else if (c.activation_checkpointing.partition_activations &&
+           (c.activation_checkpointing.policy == "none" || c.activation_checkpointing.policy == "selective"))
+    note_if_given({"activation_checkpointing.partition_activations"},
+                  "it splits the block inputs that full recomputation keeps, and activation_checkpointing.policy \"" +
+                      c.activation_checkpointing.policy + "\" keeps none");
   const std::string A = "activation_checkpointing.";
   if (c.activation_checkpointing.policy == "none")
     note_if_given({A + "cpu_checkpointing", A + "contiguous_memory_optimization", A + "synchronize_checkpoint_boundary",

@@ -55,11 +55,6 @@ void validate_tensor_parallel(const TrainConfig& c) {
     throw ConfigError(fmt::format("model.init_from: expected none with tensor_parallel.autotp_size {} (loading whole "
                                   "weights into the tensor-parallel slices is not implemented), found '{}'",
                                   c.tensor_parallel, c.model.init_from));
-  if (c.activation_checkpointing.partition_activations)
-    throw ConfigError(fmt::format("activation_checkpointing.partition_activations: expected false with "
-                                  "tensor_parallel.autotp_size {} (partitioning the checkpointed activations across "
-                                  "the tensor group is not implemented), found true",
-                                  c.tensor_parallel));
 }
 
 }  // namespace

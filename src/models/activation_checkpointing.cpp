@@ -12,6 +12,7 @@
 
 #include "common/check.h"
 #include "zerotrain/activation_checkpointing.h"
+#include "zerotrain/comm.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/tensor_parallel.h"
 
@@ -90,7 +91,31 @@ struct KeptInput {
   std::shared_ptr<void> slot;     // the arena slot holding it, if any
   at::Device device = at::kCPU;   // where the recomputation needs it
   bool requires_grad = false;
+  // Partitioned (CheckpointOptions::partition_group): `value` is this rank's piece of the input's
+  // flattened elements, whose whole shape this is.
+  bool partitioned = false;
+  std::vector<int64_t> whole_sizes;
 };
+
+bool partitions(const CheckpointOptions& options) {
+  return options.partition_group && options.partition_group->world_size() > 1;
+}
+
+// This rank's 1/G of x's elements, padded to the same length on every rank for the all-gather.
+at::Tensor piece_of(const at::Tensor& x, const Communicator& group) {
+  const int64_t G = group.world_size(), n = x.numel(), piece = (n + G - 1) / G;
+  at::Tensor mine = at::zeros({piece}, x.options());
+  const int64_t begin = std::min(n, piece * group.rank()), count = std::min(piece, n - begin);
+  if (count > 0) mine.narrow(0, 0, count).copy_(x.reshape({-1}).narrow(0, begin, count));
+  return mine;
+}
+
+at::Tensor whole_from_pieces(const at::Tensor& mine, const std::vector<int64_t>& sizes, Communicator& group) {
+  at::Tensor all = at::empty({mine.numel() * group.world_size()}, mine.options());
+  group.all_gather(mine.contiguous(), all, "checkpoint.partitioned_input").wait();
+  const int64_t n = c10::multiply_integers(sizes);
+  return all.narrow(0, 0, n).view(sizes);
+}
 
 struct CheckpointBackward : torch::autograd::Node {
   CheckpointFunction fn;
@@ -119,6 +144,7 @@ struct CheckpointBackward : torch::autograd::Node {
       // From an arena slot the copy is synchronous: the slot is handed out again (and written by
       // the CPU) as soon as this recomputation is enqueued, which may be before a queued copy ran.
       if (t.defined() && t.device() != k.device) t = t.to(k.device, /*non_blocking=*/k.slot == nullptr);
+      if (k.partitioned) t = whole_from_pieces(t, k.whole_sizes, *options.partition_group);
       inputs.push_back(t.defined() ? t.detach().requires_grad_(k.requires_grad) : t);
     }
     if (options.synchronize_boundary) synchronize_devices(inputs);
@@ -248,7 +274,14 @@ at::Tensor checkpoint(CheckpointFunction fn, const std::vector<at::Tensor>& inpu
     k.requires_grad = needs_grad(inputs[i]);
     if (t.defined()) {
       k.device = t.device();
-      k.value = options.keep_inputs_on_host ? keep_on_host(t, /*read_on_host=*/options.arena != nullptr) : t;
+      at::Tensor kept_value = t;
+      if (partitions(options) && t.numel() > 0) {
+        k.partitioned = true;
+        k.whole_sizes = t.sizes().vec();
+        kept_value = piece_of(t, *options.partition_group);
+      }
+      k.value = options.keep_inputs_on_host ? keep_on_host(kept_value, /*read_on_host=*/options.arena != nullptr)
+                                            : kept_value;
       if (options.arena) {
         auto [stored, slot] = options.arena->store(k.value);
         k.value = std::move(stored);

@@ -257,6 +257,8 @@ torch::Tensor GPTImpl::hidden(const torch::Tensor& idx, const torch::Tensor& seg
       options.synchronize_boundary = checkpointing_.synchronize_boundary;
       options.arena = arena_;
       if (!timings_.empty()) options.timings = timings_[size_t(i)];
+      // The block input is the residual stream, which the tensor group replicates (ZeRO-R).
+      if (checkpointing_.partition_activations) options.partition_group = tensor_group_;
       x = run_checkpointed_block(*blocks[i], x, std::move(run), options);
     } else {
       x = run_block(*blocks[i], x, run);

@@ -188,6 +188,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
   settings.contiguous_memory = ac.contiguous_memory_optimization;
   settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
   settings.profile = ac.profile;
+  settings.partition_activations = ac.partition_activations && run.grid.tensor_size > 1;
   if (run.is_bert) run.bert->set_checkpointing(settings);
   else if (run.is_llama) run.llama->set_checkpointing(settings);
   else run.model->set_checkpointing(settings);
