@@ -205,6 +205,27 @@ TEST(StepTime, WhatIfInputsTensorParallelAndHpz) {
   EXPECT_THROW(zt::estimate_step_time(model, cluster, config, {}, tp), zt::ConfigError);
 }
 
+// The figures of one rank of a tensor group (what the memory estimate takes for a configuration
+// with tensor_parallel.autotp_size) give the step time of the whole model with the what-if, to
+// the replicated parameters' share (wpe, norms and biases counted T times); another T is refused.
+TEST(StepTime, FiguresOfATensorGroupRankEqualTheWholeModelWithTheWhatIf) {
+  zt::GPTConfig gpt = zt::gpt_preset("gpt2-350m");
+  gpt.vocab_size = 50304;
+  const zt::ModelFigures whole = zt::gpt_model_figures(gpt, 1024, 100'000);
+  const zt::ModelFigures split = zt::gpt_model_figures(gpt, 1024, 100'000, 2);
+  const zt::ClusterSpec cluster = zt::cluster_preset("dgx-h100");
+  const auto config = config_for(8, {"zero_optimization.stage=3", "bf16.enabled=true", "tensor_parallel.autotp_size=2"});
+  zt::StepTimeOptions tp;
+  tp.tensor_parallel = 2;
+  const zt::StepTime expected = zt::estimate_step_time(whole, cluster, config, {}, tp);
+  const zt::StepTime from_split = zt::estimate_step_time(split, cluster, config);
+  EXPECT_NEAR(from_split.total, expected.total, 0.01 * expected.total);
+  EXPECT_NEAR(term(from_split, "forward compute"), term(expected, "forward compute"), 1e-9);
+  EXPECT_EQ(zt::estimate_step_time(split, cluster, config, {}, tp).total, from_split.total);
+  tp.tensor_parallel = 4;
+  EXPECT_THROW(zt::estimate_step_time(split, cluster, config, {}, tp), zt::ConfigError);
+}
+
 TEST(StepTime, RefusesMissingRatesAndMismatchedWorlds) {
   const auto model = gpt_figures("gpt2-124m", 64);
   zt::ClusterSpec none;

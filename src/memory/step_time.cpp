@@ -524,7 +524,27 @@ class StepTimeModel {
 
 StepTime estimate_step_time(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
                             const EstimateOptions& options, const StepTimeOptions& what_if) {
-  return StepTimeModel(model, cluster, config, options, what_if).run();
+  if (model.tensor_parallel <= 1) return StepTimeModel(model, cluster, config, options, what_if).run();
+  // Figures of one rank of a tensor group (the memory estimate's): the model below takes the whole
+  // model's counts and divides them by the tensor-parallel size itself.
+  const int64_t T = model.tensor_parallel;
+  if (what_if.tensor_parallel != 1 && what_if.tensor_parallel != T)
+    throw ConfigError(fmt::format("tensor parallel {}: the model is split over tensor groups of {} "
+                                  "(tensor_parallel.autotp_size); expected that or nothing",
+                                  what_if.tensor_parallel, T));
+  ModelFigures whole = model;
+  whole.tensor_parallel = 1;
+  whole.parameters *= T;
+  whole.persistent_parameters *= T;
+  whole.largest_block *= T;
+  whole.largest_parameter *= T;
+  for (int64_t& gathered : whole.block_gathered) gathered *= T;
+  whole.vocabulary *= T;
+  whole.parameter_list.clear();
+  whole.parameter_owner.clear();
+  StepTimeOptions split = what_if;
+  split.tensor_parallel = int(T);
+  return StepTimeModel(whole, cluster, config, options, split).run();
 }
 
 }  // namespace zt
