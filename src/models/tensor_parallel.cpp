@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <string>
 #include <utility>
 
@@ -309,21 +308,24 @@ at::Tensor with_tensor_parallel_rng(c10::Device device, const std::function<at::
   TrackedRng& rng = tracked_rng();
   at::Generator generator = at::globalContext().defaultGenerator(device);
   at::Tensor own;
-  auto slot = std::find_if(rng.states.begin(), rng.states.end(), [&](const auto& s) { return s.first == device; });
+  // An index, not an iterator: what fn runs may track another device's state meanwhile.
+  size_t slot = size_t(std::find_if(rng.states.begin(), rng.states.end(),
+                                    [&](const auto& s) { return s.first == device; }) -
+                       rng.states.begin());
   {
     // Not held while fn runs: its kernels lock the generator themselves.
     std::lock_guard lock(generator.mutex());
     own = generator.get_state();
-    if (slot == rng.states.end()) {
+    if (slot == rng.states.size()) {
       generator.set_current_seed(rng.seed);
       rng.states.emplace_back(device, generator.get_state());
-      slot = std::prev(rng.states.end());
     }
-    generator.set_state(slot->second);
+    generator.set_state(rng.states[slot].second);
   }
   auto put_back = [&](bool keep) {
     std::lock_guard lock(generator.mutex());
-    if (keep) slot->second = generator.get_state();
+    if (keep && slot < rng.states.size() && rng.states[slot].first == device)
+      rng.states[slot].second = generator.get_state();
     generator.set_state(own);
   };
   at::Tensor out;
