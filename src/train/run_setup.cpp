@@ -56,11 +56,7 @@ void open_communicator(TrainingRun& run, const TrainConfig& config_in, const Tra
   run.rank = run.comm->rank();
   run.world = run.comm->world_size();
   run.leader = run.rank == 0 && !options.quiet;
-  if (config.tensor_parallel > 1 && (!options.save_dir.empty() || !options.resume_dir.empty()))
-    throw ConfigError(fmt::format("{}: checkpoints of a tensor-parallel run (tensor_parallel.autotp_size {}) are not "
-                                  "implemented yet; expected no checkpoint directory, found '{}'",
-                                  options.save_dir.empty() ? "--resume" : "--save-dir", config.tensor_parallel,
-                                  options.save_dir.empty() ? options.resume_dir : options.save_dir));
+  check_run_options(config, options);
   run.grid = make_process_grid(run.comm, config.tensor_parallel);
   run.data_rank = run.grid.data->rank();
   run.data_world = run.grid.data->world_size();
