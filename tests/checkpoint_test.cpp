@@ -858,6 +858,29 @@ TEST(Checkpoint, HostileCheckpointsAreRefused) {
       {"parameter listed twice", "is listed twice",
        [](nlohmann::json& m) { m["parameters"].push_back(m["parameters"][0]); }},
       {"parameter without a name", "is not {", first_parameter([](nlohmann::json& p) { p.erase("name"); })},
+      {"slices in a version 1 manifest", "is saved as slices, which version 1 does not have",
+       first_parameter([](nlohmann::json& p) { p["split"] = {{"dim", 0}, {"parts", 1}, {"ranks", 2}}; })},
+      {"an unknown version", "not a zerotrain checkpoint of version 1 or 2", set("version", 3)},
+      {"a split along a dimension it lacks", "expected a split dimension below 2, found 2",
+       [](nlohmann::json& m) {
+         m["version"] = 2;
+         m["parameters"][0]["split"] = {{"dim", 2}, {"parts", 1}, {"ranks", 2}};
+       }},
+      {"a split into uneven slices", "equal slices",
+       [](nlohmann::json& m) {
+         m["version"] = 2;
+         m["parameters"][0]["split"] = {{"dim", 1}, {"parts", 3}, {"ranks", 7}};
+       }},
+      {"a split of one rank", "expected 'ranks' an integer in [2, 99999]",
+       [](nlohmann::json& m) {
+         m["version"] = 2;
+         m["parameters"][0]["split"] = {{"dim", 0}, {"parts", 1}, {"ranks", 1}};
+       }},
+      {"a split that is not an object", "expected 'dim' an integer",
+       [](nlohmann::json& m) {
+         m["version"] = 2;
+         m["parameters"][0]["split"] = "rows";
+       }},
       {"scalar not a string", "is not a string", [](nlohmann::json& m) { m["scalars"]["global_step"] = 3; }},
       {"step not a number", "scalar 'global_step' is 'abc'", [](nlohmann::json& m) { m["scalars"]["global_step"] = "abc"; }, nullptr, false},
       {"step beyond a count", "scalar 'global_step' is '1e400'", [](nlohmann::json& m) { m["scalars"]["global_step"] = "1e400"; }, nullptr, false},

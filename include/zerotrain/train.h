@@ -37,9 +37,6 @@ int run_training_rank(const TrainConfig& config, const TrainRunOptions& options)
 // plausible size; comms_logger.prof_ops names operations), so bad input fails fast with exit
 // code 2. Throws DataError or ConfigError naming the key.
 void check_training_inputs(const TrainConfig& config);
-// What the run's options need of the configuration: checkpoints (save_dir, resume_dir) of a
-// tensor-parallel run are refused (not implemented). Throws ConfigError naming the option.
-void check_run_options(const TrainConfig& config, const TrainRunOptions& options);
 
 // Peak resident set size of this process in bytes (VmHWM).
 long long peak_rss_bytes();

@@ -26,16 +26,54 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zt {
 
 class Communicator;
 class FileSystem;
+enum class ReduceOp;
+
+// How a parameter is split over a tensor group (zerotrain/blocks.h TensorSplit): this rank holds
+// slice `rank` of `ranks` (ranks = 1: the whole tensor). A checkpoint keeps the split parameter's
+// slices in rank order and loads them into any other split, or the whole tensor.
+struct CheckpointSplit {
+  int dim = 0;
+  int parts = 1;
+  int ranks = 1;
+  int rank = 0;
+};
 
 struct CheckpointParameter {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // the whole tensor's, split or not
+  CheckpointSplit split;
+
+  CheckpointParameter() = default;
+  CheckpointParameter(std::string name_, std::vector<int64_t> shape_, CheckpointSplit split_ = {})
+      : name(std::move(name_)), shape(std::move(shape_)), split(split_) {}
+};
+
+// The ranks that save or load one checkpoint together: one communicator, or the data-parallel
+// group and the tensor group of a 2-D grid (zerotrain/comm.h make_process_grid), whose ranks
+// count as data rank × T + tensor rank. The ranks of a tensor group must share their data rank
+// (the engine checks it). Holds the communicators by reference: they outlive it.
+class CheckpointGroup {
+ public:
+  CheckpointGroup(Communicator& comm);  // NOLINT(google-explicit-constructor): any communicator is a group
+  CheckpointGroup(Communicator& data, Communicator& tensor);
+  int rank() const;
+  int world_size() const;
+  int tensor_rank() const;
+  int tensor_size() const;
+  // Collectives over every rank of the group: the data-parallel group's, then the tensor group's.
+  void all_reduce(at::Tensor& tensor, ReduceOp op, const std::string& what);
+  void broadcast(at::Tensor& tensor, int source, const std::string& what);
+
+ private:
+  Communicator* data_;
+  Communicator* tensor_ = nullptr;
 };
 
 // Elements [offset, offset + count) of one role of a fragment, counted from the fragment's
@@ -72,7 +110,7 @@ int64_t checkpoint_chunk_bytes();
 // Runs `work` on this rank; every rank learns whether all succeeded, and all throw if one failed
 // (so that no rank waits in a later collective for one that gave up), with the failing rank's
 // message and error type (ConfigError, DataError or Error). `what` labels the collective.
-void on_every_rank(Communicator& comm, const std::string& what, const std::function<void()>& work);
+void on_every_rank(CheckpointGroup group, const std::string& what, const std::function<void()>& work);
 
 struct CheckpointContents {
   std::vector<CheckpointParameter> parameters;     // every trainable parameter: the model's identity
@@ -85,13 +123,13 @@ struct CheckpointContents {
 };
 
 // Keeps the newest `keep_last` checkpoints of dir (0: all); the one `latest` names is never removed.
-void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir, const std::string& tag,
+void save_sharded_checkpoint(CheckpointGroup group, const std::filesystem::path& dir, const std::string& tag,
                              const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
                              int keep_last);
 
 // The same, with every file operation of the save through `files` (checkpoint/file_system.h):
 // each rank may pass its own.
-void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir, const std::string& tag,
+void save_sharded_checkpoint(CheckpointGroup group, const std::filesystem::path& dir, const std::string& tag,
                              const CheckpointContents& contents, const std::vector<StateFragment>& fragments,
                              int keep_last, FileSystem& files);
 
@@ -99,7 +137,7 @@ void save_sharded_checkpoint(Communicator& comm, const std::filesystem::path& di
 // Checks `parameters` against the checkpoint's, fills every role of every fragment (tensors and
 // sinks), and returns the saved scalars. `frozen` (when given) is checked against the
 // checkpoint's frozen list the same way, unless the checkpoint has none.
-std::map<std::string, std::string> load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir,
+std::map<std::string, std::string> load_sharded_checkpoint(CheckpointGroup group, const std::filesystem::path& dir,
                                                            const std::string& tag,
                                                            const std::vector<CheckpointParameter>& parameters,
                                                            std::vector<StateFragment>& fragments);
@@ -116,7 +154,7 @@ struct LoadedCheckpoint {
 // The same, returning the saved configuration too; `check` (if set) runs on every rank after the
 // manifest and every file header are validated and before any tensor is read, and what it throws
 // fails the load on every rank (the engine refuses another optimizer's state there).
-LoadedCheckpoint load_sharded_checkpoint(Communicator& comm, const std::filesystem::path& dir, const std::string& tag,
+LoadedCheckpoint load_sharded_checkpoint(CheckpointGroup group, const std::filesystem::path& dir, const std::string& tag,
                                          const std::vector<CheckpointParameter>& parameters,
                                          std::vector<StateFragment>& fragments,
                                          const std::function<void(const LoadedCheckpoint&)>& check,

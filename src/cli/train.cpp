@@ -150,7 +150,6 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args) {
   const std::string device = resolve_device(requested_device(args.device, device_source), device_source);
   auto config = zt::load_config(args.config_path, overrides, args.nnodes * args.nproc);
   zt::check_training_inputs(config);
-  zt::check_run_options(config, run_options(args));
   print_config_messages(config, /*cpu_device=*/device == "cpu");
   if (!args.skip_memory_check) check_host_memory(config, args.nproc, args.nnodes, device);
   zt::LaunchOptions launch;

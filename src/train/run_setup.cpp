@@ -56,7 +56,6 @@ void open_communicator(TrainingRun& run, const TrainConfig& config_in, const Tra
   run.rank = run.comm->rank();
   run.world = run.comm->world_size();
   run.leader = run.rank == 0 && !options.quiet;
-  check_run_options(config, options);
   run.grid = make_process_grid(run.comm, config.tensor_parallel);
   run.data_rank = run.grid.data->rank();
   run.data_world = run.grid.data->world_size();

@@ -222,14 +222,6 @@ int64_t check_sequence_length(int64_t configured, int64_t context) {
 
 }  // namespace training
 
-void check_run_options(const TrainConfig& config, const TrainRunOptions& options) {
-  if (config.tensor_parallel > 1 && (!options.save_dir.empty() || !options.resume_dir.empty()))
-    throw ConfigError(fmt::format("{}: checkpoints of a tensor-parallel run (tensor_parallel.autotp_size {}) are not "
-                                  "implemented yet; expected no checkpoint directory, found '{}'",
-                                  options.save_dir.empty() ? "--resume" : "--save-dir", config.tensor_parallel,
-                                  options.save_dir.empty() ? options.resume_dir : options.save_dir));
-}
-
 void check_training_inputs(const TrainConfig& config) {
   // comms_logger.prof_ops names operations: an unknown one is refused before any rank starts.
   if (config.comms_logger.enabled) CommsLogger(config.comms_logger, 0, 1);

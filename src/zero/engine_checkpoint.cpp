@@ -90,7 +90,7 @@ void Engine::Impl::save_checkpoint(const std::string& dir, const std::string& ta
   // resumed one starts from, so resuming is exact with the delayed update too.
   apply_pending_update();
   CheckpointContents contents;
-  contents.parameters = registered;
+  contents.parameters = checkpointed;
   const LossScaler::State s = scaler.state();
   contents.scalars = {{"global_step", std::to_string(global_step)},
                       {"skipped_steps", std::to_string(skipped)},
@@ -114,7 +114,11 @@ void Engine::Impl::save_checkpoint(const std::string& dir, const std::string& ta
       fragments.push_back(std::move(f));
     }
   }
-  save_sharded_checkpoint(*comm, dir, tag, contents, fragments, keep_last);
+  save_sharded_checkpoint(checkpoint_group(), dir, tag, contents, fragments, keep_last);
+}
+
+CheckpointGroup Engine::Impl::checkpoint_group() const {
+  return tensor_group ? CheckpointGroup(*comm, *tensor_group) : CheckpointGroup(*comm);
 }
 
 // The model's values outside the layout, by name: frozen parameters and floating-point buffers
@@ -122,8 +126,14 @@ void Engine::Impl::save_checkpoint(const std::string& dir, const std::string& ta
 // are left out, said once.
 std::vector<std::pair<std::string, torch::Tensor>> Engine::Impl::frozen_values() {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (const auto& named : model->named_parameters(/*recurse=*/true))
-    if (!named.value().requires_grad()) out.emplace_back(named.key(), named.value());
+  for (const auto& named : model->named_parameters(/*recurse=*/true)) {
+    if (named.value().requires_grad()) continue;
+    // Saved and loaded whole from tensor rank 0: a frozen slice would be taken for the tensor.
+    if (tensor_split_of(named.value()))
+      throw ConfigError("checkpoint: frozen parameter '" + named.key() + "' is a tensor-parallel slice; expected "
+                        "frozen values replicated over the tensor group (train the slice, or freeze it unsplit)");
+    out.emplace_back(named.key(), named.value());
+  }
   for (const auto& named : model->named_buffers(/*recurse=*/true)) {
     if (named.value().is_floating_point()) {
       out.emplace_back(named.key(), named.value());
@@ -325,7 +335,7 @@ std::map<std::string, std::string> Engine::Impl::load_checkpoint(const std::stri
     staged.fragments.push_back(std::move(f));
   }
   const LoadedCheckpoint loaded =
-      load_sharded_checkpoint(*comm, dir, tag, registered, staged.fragments, check, frozen_list);
+      load_sharded_checkpoint(checkpoint_group(), dir, tag, checkpointed, staged.fragments, check, frozen_list);
   const auto& scalars = loaded.scalars;
   const LossScaler::State s = saved_state.scaler;
   torch::NoGradGuard no_grad;

@@ -91,6 +91,10 @@ struct Engine::Impl {
   // norm sums the slices' squares over the group and counts the replicated ones once.
   std::shared_ptr<Communicator> tensor_group;
   std::vector<char> tensor_split;
+  // What checkpoints name: `registered` with a split parameter's whole shape and its slice.
+  std::vector<CheckpointParameter> checkpointed;
+  // The ranks a checkpoint is saved and loaded by: the data-parallel group, and the tensor group.
+  CheckpointGroup checkpoint_group() const;
 
   // Offload tiers (docs/offload.md): the I/O engine and swap directories exist only with NVMe.
   std::unique_ptr<io::AioEngine> io;
@@ -166,9 +170,11 @@ struct Engine::Impl {
                                        int64_t chunk_limit, BeforeCopy&& before_copy);
   void create_reducer(const SwapDirectories& directories);
   void assign_parameter_groups(OptimizerPartition::Options& options);
-  std::unordered_set<std::string> find_tensor_group(const std::vector<torch::Tensor>& trainable,
-                                                    const std::vector<ParameterSpec>& specs);
+  std::unordered_map<std::string, TensorSplit> find_tensor_group(const std::vector<torch::Tensor>& trainable,
+                                                                 const std::vector<ParameterSpec>& specs);
   void check_tensor_group();
+  static std::vector<CheckpointParameter> checkpoint_parameters(
+      const std::vector<CheckpointParameter>& parameters, const std::unordered_map<std::string, TensorSplit>& splits);
   void find_marked_modules(std::unordered_map<const void*, int>& owner_of,
                            std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& modules);
   void assign_blocks(std::vector<torch::Tensor>& trainable, std::vector<ParameterSpec>& specs,

@@ -105,13 +105,14 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   }
   if (trainable.empty())
     throw ConfigError("engine: the model has no trainable parameters (every parameter has requires_grad false)");
-  const std::unordered_set<std::string> split_names = find_tensor_group(trainable, specs);
+  const std::unordered_map<std::string, TensorSplit> split_names = find_tensor_group(trainable, specs);
   devices = plan_devices(*model_device, config.zero, host_staging_forced_by_environment());
   devices.emulate_copy_engine =
       devices.stage_through_host && devices.compute.is_cpu() && copy_engine_emulated_by_environment();
   if (rank == 0 && (!devices.compute.is_cpu() || devices.stage_through_host))
     std::fprintf(stderr, "zerotrain: engine: %s\n", devices.describe().c_str());
   for (const auto& spec : specs) registered.push_back({spec.name, spec.shape});
+  checkpointed = checkpoint_parameters(registered, split_names);
   if (shard_parameters) assign_blocks(trainable, specs, owners, owner_modules);
   LayoutOptions options;
   options.world_size = shard_world;
@@ -134,11 +135,24 @@ std::vector<torch::Tensor> Engine::Impl::collect_trainable(std::vector<PendingBl
   return trainable;
 }
 
+// What checkpoints name: a split parameter with its whole shape and this rank's slice of it.
+std::vector<CheckpointParameter> Engine::Impl::checkpoint_parameters(
+    const std::vector<CheckpointParameter>& parameters, const std::unordered_map<std::string, TensorSplit>& splits) {
+  std::vector<CheckpointParameter> named = parameters;
+  for (CheckpointParameter& p : named)
+    if (auto split = splits.find(p.name); split != splits.end()) {
+      const TensorSplit& s = split->second;
+      p.shape[size_t(s.dim)] *= s.group->world_size();
+      p.split = {s.dim, s.parts, s.group->world_size(), s.group->rank()};
+    }
+  return named;
+}
+
 // The tensor group the model's split parameters name (zerotrain/blocks.h), if any, and their
 // names; every split parameter must name the same group.
-std::unordered_set<std::string> Engine::Impl::find_tensor_group(const std::vector<torch::Tensor>& trainable,
-                                                                const std::vector<ParameterSpec>& specs) {
-  std::unordered_set<std::string> names;
+std::unordered_map<std::string, TensorSplit> Engine::Impl::find_tensor_group(const std::vector<torch::Tensor>& trainable,
+                                                                             const std::vector<ParameterSpec>& specs) {
+  std::unordered_map<std::string, TensorSplit> names;
   std::string first;
   for (size_t i = 0; i < trainable.size(); ++i) {
     const std::optional<TensorSplit> split = tensor_split_of(trainable[i]);
@@ -150,7 +164,7 @@ std::unordered_set<std::string> Engine::Impl::find_tensor_group(const std::vecto
       throw ConfigError("engine: expected every tensor-parallel parameter to name one tensor group, found '" + first +
                         "' split over one group and '" + specs[i].name + "' over another");
     }
-    names.insert(specs[i].name);
+    names.emplace(specs[i].name, *split);
   }
   return names;
 }
@@ -172,6 +186,15 @@ void Engine::Impl::check_tensor_group() {
     throw ConfigError("engine: expected the communicator's ranks to hold the same tensor-parallel slices (one tensor "
                       "rank), found tensor ranks " + std::to_string(lowest) + " to " + std::to_string(highest) +
                       "; pass the data-parallel group, e.g. comm->split(rank % T, \"data\")");
+  // A checkpoint counts the grid's ranks as data rank × T + tensor rank: a tensor group's ranks
+  // share their data rank (zt::make_process_grid's groups do).
+  torch::Tensor data_ranks = torch::tensor({double(rank), -double(rank)}, torch::kFloat64);
+  tensor_group->all_reduce(data_ranks, ReduceOp::Max, "engine.data_ranks").wait();
+  if (int(data_ranks[0].item<double>()) != -int(data_ranks[1].item<double>()))
+    throw ConfigError("engine: expected the ranks of a tensor group to have one data-parallel rank each, found data "
+                      "ranks " + std::to_string(-int(data_ranks[1].item<double>())) + " to " +
+                      std::to_string(int(data_ranks[0].item<double>())) +
+                      " in one tensor group (build the groups with zt::make_process_grid)");
 }
 
 // The working parameters (the flat buffer, or this rank's partition and its tier) and the
