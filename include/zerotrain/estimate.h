@@ -99,6 +99,10 @@ ModelFigures llama_model_figures(const LlamaConfig& llama, int64_t sequence_leng
 // zt::ConfigError for another type, starting "model.type: the memory estimate models the GPT and
 // the Llama" and naming the type.
 ModelFigures model_figures_of(const TrainConfig& config);
+// One rank's figures of that model split over tensor groups of `tensor_parallel` ranks, or none
+// where the trainer could not split it so (not a GPT, model.init_from given, or heads or
+// vocabulary that T does not divide): what the planner tries (zerotrain/step_time.h).
+std::optional<ModelFigures> model_figures_at(const TrainConfig& config, int tensor_parallel);
 
 // What a cluster's devices and links sustain (achieved rates, not datasheet peaks): the inputs of
 // the step-time model (zerotrain/step_time.h, docs/step_time.md). 0 means unknown.

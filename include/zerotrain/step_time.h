@@ -18,6 +18,8 @@
 //   configuration's zero_hpz_partition_size, which the engine implements, or a what-if value.
 //   The planner proposes neither.
 #pragma once
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,9 +80,14 @@ struct PlanCandidate {
   EstimateOptions options;  // both offload targets and the recomputation set
   int64_t micro_batch = 0, accumulation = 0;
   bool overlap_comm = false;  // zero_optimization.overlap_comm
+  int tensor_parallel = 1;     // tensor_parallel.autotp_size
   StepTime time;
   MemoryEstimate estimate;
 };
+
+// One rank's figures of the same model split over tensor groups of T ranks, or none where the
+// model cannot be split so (zerotrain/estimate.h model_figures_at).
+using TensorParallelFigures = std::function<std::optional<ModelFigures>(int tensor_parallel)>;
 
 struct Plan {
   std::vector<PlanCandidate> fitting;  // fastest first
@@ -90,15 +97,18 @@ struct Plan {
 };
 
 // Every stage × offload × recomputation × micro-batch × overlap_comm combination (overlap_comm only
-// when the configuration did not give it) for `model` on `cluster` that keeps `config`'s global batch (micro-batch × accumulation × world size) and its other choices
-// (its offload settings included); those that fit, ordered by predicted step time. A combination
-// the configuration's settings refuse (a block shard beyond offload_param.buffer_size) is left
-// out. Without rates in `cluster`, those of the preset for its device kind are used and a note
-// says so.
-Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config);
+// when the configuration did not give it) for `model` on `cluster` that keeps `config`'s global
+// batch (micro-batch × accumulation × data-parallel size) and its other choices (its offload
+// settings included); those that fit, ordered by predicted step time. With `split` given, each
+// tensor-parallel size T that divides the devices of a node and that `split` has figures for is
+// tried too (`model` is the configuration's own T). A combination the configuration's settings
+// refuse (a block shard beyond offload_param.buffer_size) is left out. Without rates in
+// `cluster`, those of the preset for its device kind are used and a note says so.
+Plan plan_configurations(const ModelFigures& model, const ClusterSpec& cluster, const TrainConfig& config,
+                         const TensorParallelFigures& split = {});
 
-// `config` with a candidate's stage (and its switches), overlap_comm, micro-batch and
-// accumulation; the offload targets and recomputation stay in candidate.options.
+// `config` with a candidate's stage (and its switches), overlap_comm, micro-batch, accumulation
+// and tensor-parallel size; the offload targets and recomputation stay in candidate.options.
 TrainConfig candidate_config(const TrainConfig& config, const PlanCandidate& candidate);
 
 // "stage 3, optimizer offloaded to nvme, micro-batch 1 x 4 accumulation": a candidate in words.

@@ -326,7 +326,10 @@ int run_estimate(const EstimateArgs& args) {
   if (args.plan && args.time)
     throw zt::ConfigError("--plan and --time: expected one of them (--plan already predicts every candidate's step time)");
   if (args.plan) {
-    const zt::Plan plan = zt::plan_configurations(model, cluster, config);
+    // The configuration's model may be split over tensor groups too; a count (--params) may not.
+    zt::TensorParallelFigures split;
+    if (args.params.empty()) split = [&config](int T) { return zt::model_figures_at(config, T); };
+    const zt::Plan plan = zt::plan_configurations(model, cluster, config, split);
     if (args.json) {
       nlohmann::json out = zt::plan_to_json(plan);
       out["inputs"] = inputs;

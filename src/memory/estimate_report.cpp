@@ -28,6 +28,7 @@ std::string options_text(const PlanCandidate& c) {
   if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
     text += fmt::format(" +ckpt:{}", to_string(*c.options.recompute));
   if (c.stage < 3 && c.overlap_comm) text += " +overlap";
+  if (c.tensor_parallel > 1) text += fmt::format(" +tp{}", c.tensor_parallel);
   text += fmt::format(" mb{}x{}", c.micro_batch, c.accumulation);
   return text;
 }
@@ -74,6 +75,7 @@ nlohmann::json plan_to_json(const Plan& plan) {
                        {"activation_checkpointing", to_string(c.options.recompute.value_or(Recompute::None))},
                        {"micro_batch", c.micro_batch},
                        {"overlap_comm", c.overlap_comm},
+                       {"tensor_parallel", c.tensor_parallel},
                        {"gradient_accumulation_steps", c.accumulation},
                        {"step_time", step_time_to_json(c.time)},
                        {"estimate", estimate_to_json(c.estimate)}});

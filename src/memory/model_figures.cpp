@@ -110,4 +110,13 @@ ModelFigures model_figures_of(const TrainConfig& config) {
                                 config.model.type));
 }
 
+std::optional<ModelFigures> model_figures_at(const TrainConfig& config, int tensor_parallel) {
+  if (config.model.type != "gpt" || !config.model.init_from.empty() || tensor_parallel < 1) return std::nullopt;
+  const GPTConfig gpt = gpt_config_of(config);
+  if (gpt.n_head % tensor_parallel != 0 || gpt.vocab_size % tensor_parallel != 0) return std::nullopt;
+  const int64_t seq = config.data.sequence_length;
+  return gpt_model_figures(gpt, seq > 0 ? seq : gpt.context_length, config.zero.stage3_param_persistence_threshold,
+                           tensor_parallel);
+}
+
 }  // namespace zt

@@ -36,6 +36,7 @@ std::string describe_candidate(const PlanCandidate& c) {
   if (c.options.recompute.value_or(Recompute::None) != Recompute::None)
     text += fmt::format(", {} activation recomputation", to_string(*c.options.recompute));
   if (c.stage < 3 && c.overlap_comm) text += ", overlap_comm";
+  if (c.tensor_parallel > 1) text += fmt::format(", tensor-parallel groups of {}", c.tensor_parallel);
   text += fmt::format(", micro-batch {} x {} accumulation", c.micro_batch, c.accumulation);
   return text;
 }
@@ -50,23 +51,32 @@ TrainConfig candidate_config(const TrainConfig& config, const PlanCandidate& can
   c.zero.overlap_comm = candidate.overlap_comm;
   c.train_micro_batch_size_per_gpu = candidate.micro_batch;
   c.gradient_accumulation_steps = candidate.accumulation;
+  c.tensor_parallel = candidate.tensor_parallel;
+  c.train_batch_size = candidate.micro_batch * candidate.accumulation * c.data_parallel_size();
   return c;
 }
 
 namespace {
 
 // The pick: among the predictions the model cannot tell from the fastest, the one with fewer
-// offloaded tiers, no recomputation and no parameter sharding (each adds fixed costs per block or
-// per step that the model does not see, and offload takes host memory), then the larger
+// offloaded tiers, no recomputation, no parameter sharding and no tensor parallelism (each adds
+// fixed costs per block or per step that the model does not see, and offload takes host memory),
+// then the smaller tensor-parallel size, then the larger
 // micro-batch (the model does not see that small matrix products run less efficiently), then the
 // one that leaves more device memory free. It goes first; the rest stay fastest first.
 void put_pick_first(std::vector<PlanCandidate>& fastest_first) {
+  // Tensor parallelism too: collectives inside every layer, whose latency the model prices
+  // only roughly.
   const auto extras = [](const PlanCandidate& c) {
     return int(c.estimate.offload_optimizer != OffloadTarget::None) + int(c.estimate.offload_param != OffloadTarget::None) +
-           int(c.options.recompute.value_or(Recompute::None) != Recompute::None) + int(c.stage == 3);
+           int(c.options.recompute.value_or(Recompute::None) != Recompute::None) + int(c.stage == 3) +
+           int(c.tensor_parallel > 1);
   };
+  // A larger T gives each data-parallel rank a larger micro-batch of narrower products: the
+  // smaller T first, then the larger micro-batch.
   const auto preferred = [&](const PlanCandidate& a, const PlanCandidate& b) {
     if (extras(a) != extras(b)) return extras(a) < extras(b);
+    if (a.tensor_parallel != b.tensor_parallel) return a.tensor_parallel < b.tensor_parallel;
     if (a.micro_batch != b.micro_batch) return a.micro_batch > b.micro_batch;
     return a.estimate.per_device.total() < b.estimate.per_device.total();
   };
@@ -116,9 +126,24 @@ std::string pick_advice(const std::vector<PlanCandidate>& fitting, const Cluster
       why);
 }
 
+// The tensor-parallel sizes to try and one rank's figures at each: the configuration's own, and
+// with `split` every T dividing a node's devices (and so the world) that the model splits into.
+std::vector<std::pair<int, ModelFigures>> tensor_parallel_sizes(const ModelFigures& model, const ClusterSpec& cluster,
+                                                                const TrainConfig& config, const TensorParallelFigures& split) {
+  const int own = std::max(1, config.tensor_parallel);
+  std::vector<std::pair<int, ModelFigures>> sizes = {{own, model}};
+  if (!split) return sizes;
+  for (int T = 1; T <= cluster.devices_per_node; ++T) {
+    if (T == own || cluster.devices_per_node % T != 0) continue;
+    if (std::optional<ModelFigures> figures = split(T)) sizes.emplace_back(T, std::move(*figures));
+  }
+  return sizes;
+}
+
 }  // namespace
 
-Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, const TrainConfig& config) {
+Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, const TrainConfig& config,
+                         const TensorParallelFigures& split) {
   Plan plan;
   ClusterSpec cluster = given;
   if (!(cluster.rates.device_flops_fp32 > 0)) {
@@ -129,6 +154,9 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
                                      name));
   }
   plan.smallest_device_need = INT64_MAX;
+  // Sequences per data-parallel rank per step at the configuration's T; at another T the global
+  // batch stays and each data-parallel rank takes T / T0 times as many.
+  const int own = std::max(1, config.tensor_parallel);
   const int64_t per_rank = config.train_micro_batch_size_per_gpu * std::max<int64_t>(1, config.gradient_accumulation_steps);
   const std::vector<OffloadTarget> targets = {OffloadTarget::None, OffloadTarget::Cpu, OffloadTarget::Nvme};
   const auto source = config.sources.find("zero_optimization.overlap_comm");
@@ -136,7 +164,11 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
                              (source->second == ValueSource::File || source->second == ValueSource::CommandLine);
   std::vector<PlanCandidate> all;
   PlanCandidate leanest;  // the candidate that needs the least device memory
-  for (int64_t micro : micro_batches(per_rank))
+  for (const auto& [tensor_parallel, figures] : tensor_parallel_sizes(model, cluster, config, split)) {
+    if ((per_rank * tensor_parallel) % own != 0) continue;
+    if (tensor_parallel != own)
+      plan.notes.push_back(fmt::format("tried tensor-parallel groups of {} (tensor_parallel.autotp_size)", tensor_parallel));
+  for (int64_t micro : micro_batches(per_rank * tensor_parallel / own))
     for (bool overlap : {false, true})
     for (int stage = 0; stage <= 3; ++stage)
       for (OffloadTarget opt : targets)
@@ -146,7 +178,7 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
             if (param != OffloadTarget::None && stage < 3) continue;
             // The engine offloads parameters from a GPU only with the optimizer state on the host too.
             if (param != OffloadTarget::None && opt == OffloadTarget::None && cluster.device != DeviceKind::Cpu) continue;
-            if (recompute != Recompute::None && !model.has_shape()) continue;
+            if (recompute != Recompute::None && !figures.has_shape()) continue;
             // On CPU devices offloading to "cpu" changes nothing: skip the duplicate.
             if (cluster.device == DeviceKind::Cpu && (opt == OffloadTarget::Cpu || param == OffloadTarget::Cpu)) continue;
             // overlap_comm is a choice too unless the configuration gave it: it can only hide
@@ -156,13 +188,14 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
             candidate.stage = stage;
             candidate.overlap_comm = overlap;
             candidate.micro_batch = micro;
-            candidate.accumulation = per_rank / micro;
+            candidate.accumulation = per_rank * tensor_parallel / own / micro;
+            candidate.tensor_parallel = tensor_parallel;
             candidate.options.offload_optimizer = opt;
             candidate.options.offload_param = param;
             candidate.options.recompute = recompute;
             const TrainConfig c = candidate_config(config, candidate);
             try {
-              candidate.estimate = estimate_memory(model, cluster, c, candidate.options);
+              candidate.estimate = estimate_memory(figures, cluster, c, candidate.options);
             } catch (const ConfigError&) {
               continue;  // the configuration's own offload settings refuse this combination
             }
@@ -171,9 +204,10 @@ Plan plan_configurations(const ModelFigures& model, const ClusterSpec& given, co
               leanest = candidate;
             }
             if (!candidate.estimate.fits()) continue;
-            candidate.time = estimate_step_time(model, cluster, c, candidate.options);
+            candidate.time = estimate_step_time(figures, cluster, c, candidate.options);
             all.push_back(std::move(candidate));
           }
+  }
   std::stable_sort(all.begin(), all.end(),
                    [](const PlanCandidate& a, const PlanCandidate& b) { return a.time.total < b.time.total; });
   put_pick_first(all);
