@@ -366,8 +366,8 @@ TEST(CommMultiRank, AllReduce) {
 }
 
 // split(): groups of the ranks with one color, each with collectives of its own; a group of one
-// is local, a group of all ranks shares the job's connections; groups split again; node groups
-// from the placement (here two "nodes" of two ranks on this machine).
+// is local, a group of all ranks shares the job's connections; groups split again and keep their
+// ranks' nodes; node groups from the placement (here two "nodes" of two ranks on this machine).
 TEST(CommMultiRank, SplitMakesGroupsOfTheRanksWithOneColor) {
   if (is_rank_process()) {
     RendezvousInfo info = rendezvous_from_environment();
@@ -422,6 +422,25 @@ TEST(CommMultiRank, SplitMakesGroupsOfTheRanksWithOneColor) {
     EXPECT_EQ(sum_of_job_ranks(*nodes.within_node), rank < 2 ? 1.0 : 5.0);
     EXPECT_EQ(nodes.across_nodes->world_size(), 2);
     EXPECT_EQ(sum_of_job_ranks(*nodes.across_nodes), rank % 2 == 0 ? 2.0 : 4.0);
+    // A group keeps its ranks' nodes: a pair lies within one node, a group across them has one
+    // rank per node, a group of all has the world's placement, a group of one is its own node.
+    auto placed = [](const Communicator& c) {
+      const NodePlacement p = c.placement();
+      return std::vector<int>{p.node_rank, p.local_rank, p.local_world_size};
+    };
+    EXPECT_EQ(placed(*pairs), (std::vector<int>{0, rank % 2, 2}));
+    EXPECT_EQ(placed(*across), (std::vector<int>{rank / 2, 0, 1}));
+    EXPECT_EQ(placed(*everyone), (std::vector<int>{rank / 2, rank % 2, 2}));
+    EXPECT_EQ(placed(*alone), (std::vector<int>{0, 0, 1}));
+    EXPECT_EQ(placed(*nested), (std::vector<int>{0, rank % 2, 2}));
+    // The data-parallel groups of a grid of pairs span both nodes, so their node groups follow
+    // the nodes: one rank per node (before, every group claimed one node).
+    const ProcessGrid grid = make_process_grid(world, 2);
+    EXPECT_EQ(placed(*grid.tensor), (std::vector<int>{0, rank % 2, 2}));
+    EXPECT_EQ(placed(*grid.data), (std::vector<int>{rank / 2, 0, 1}));
+    const NodeGroups data_nodes = make_node_groups(grid.data);
+    EXPECT_EQ(data_nodes.within_node->world_size(), 1);
+    EXPECT_EQ(data_nodes.across_nodes->world_size(), 2);
     return;
   }
   expect_ranks_pass("CommMultiRank.SplitMakesGroupsOfTheRanksWithOneColor", {4});

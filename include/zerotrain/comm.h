@@ -165,8 +165,9 @@ class Communicator {
   // here, whose collectives involve those ranks alone. A collective of this communicator: every
   // rank calls it at the same point, each with its own color. `name` labels the group in
   // messages ("rank 1/2 of group 'node' (rank 3 of the job)"). The new communicator has its own
-  // sequence numbers and flight recorder (in memory), the same timeout and options, and reports
-  // all its ranks on one node; a group of one needs no network, a group of every rank shares this
+  // sequence numbers and flight recorder (in memory), the same timeout and options, and places its
+  // ranks on their nodes (placement(): the members' nodes numbered in order, a rank's place among
+  // the members on its node); a group of one needs no network, a group of every rank shares this
   // communicator's connections. Throws zt::CommError when the group cannot be formed; the
   // default, for a communicator that cannot split, throws zt::Error.
   virtual std::shared_ptr<Communicator> split(int color, std::string_view name);

@@ -481,20 +481,30 @@ std::shared_ptr<Communicator> ProcessGroupCommunicator::split(int color, std::st
   if (color < 0)
     throw CommError(fmt::format("{}: split into groups '{}': expected a color >= 0, found {}", who_, name, color));
   const int world = info_.world_size;
-  at::Tensor mine = at::full({1}, int64_t(color), at::kLong);
-  at::Tensor colors = at::empty({world}, at::kLong);
-  all_gather(mine, colors, fmt::format("split.{}", name)).wait();
+  // Every rank's color and node: the group's ranks keep their places among the nodes.
+  at::Tensor mine = at::tensor({int64_t(color), int64_t(info_.node_rank)}, at::kLong);
+  at::Tensor gathered = at::empty({2 * world}, at::kLong);
+  all_gather(mine, gathered, fmt::format("split.{}", name)).wait();
   std::vector<int> members;
-  const int64_t* color_of = colors.data_ptr<int64_t>();
+  const int64_t* of = gathered.data_ptr<int64_t>();  // rank r: color of[2r], node of[2r + 1]
   for (int r = 0; r < world; ++r)
-    if (color_of[r] == color) members.push_back(r);
+    if (of[2 * r] == color) members.push_back(r);
   const int split_number = ++splits_;
   RendezvousInfo group = info_;
   group.rank = int(std::find(members.begin(), members.end(), info_.rank) - members.begin());
   group.world_size = int(members.size());
-  group.local_rank = group.rank;
-  group.local_world_size = group.world_size;
-  group.node_rank = 0;
+  // This rank's node among the members' nodes (numbered in the order they first appear), and its
+  // place among the members on that node.
+  std::vector<int64_t> nodes;
+  group.local_rank = group.local_world_size = 0;
+  for (int member : members) {
+    const int64_t node = of[2 * member + 1];
+    if (std::find(nodes.begin(), nodes.end(), node) == nodes.end()) nodes.push_back(node);
+    if (node != info_.node_rank) continue;
+    if (member < info_.rank) ++group.local_rank;
+    ++group.local_world_size;
+  }
+  group.node_rank = int(std::find(nodes.begin(), nodes.end(), int64_t(info_.node_rank)) - nodes.begin());
   group.listen_fd = -1;
   Group g;
   g.name = group_name_.empty() ? std::string(name) : fmt::format("{}/{}", group_name_, name);
