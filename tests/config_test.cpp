@@ -1207,9 +1207,20 @@ TEST(ConfigValidation, TensorParallelSizeDividesTheWorldAndTheBatchCountsDataPar
   expect_one_line_error(
       any_error_of([] { parse_config(R"({"model": {"n_head": 3, "n_embd": 96}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
       "model.n_head: expected a multiple of tensor_parallel.autotp_size 2");
+  // BERT splits too (its heads and vocabulary); the Llama does not yet.
+  EXPECT_EQ(parse_config(R"({"model": {"type": "bert", "preset": "bert-tiny"}, "tensor_parallel": {"autotp_size": 2}})",
+                         {}, 2)
+                .tensor_parallel,
+            2);
   expect_one_line_error(
-      any_error_of([] { parse_config(R"({"model": {"type": "bert"}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
-      "tensor_parallel.autotp_size: expected 1 for model.type \"bert\"");
+      any_error_of([] {
+        parse_config(R"({"model": {"type": "bert", "preset": "bert-tiny", "vocab_size": 261}, "tensor_parallel": {"autotp_size": 2}})",
+                     {}, 2);
+      }),
+      "model.vocab_size: expected a multiple of tensor_parallel.autotp_size 2");
+  expect_one_line_error(
+      any_error_of([] { parse_config(R"({"model": {"type": "llama"}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
+      "tensor_parallel.autotp_size: expected 1 for model.type \"llama\" (the tensor-parallel split exists for the GPT and BERT)");
   // partition_activations splits what full recomputation keeps: with another policy it is noted.
   const TrainConfig partitioned = parse_config(
       R"({"activation_checkpointing": {"partition_activations": true, "policy": "full"}, "tensor_parallel": {"autotp_size": 2}})",

@@ -1087,6 +1087,31 @@ TEST(TrainBert, TrainsAtStagesZeroAndThreeOnTwoRanks) {
   }
 }
 
+// BERT split over tensor groups of 2 (a 2 x 2 grid) trains what 2 data-parallel ranks train:
+// the same losses and held-out losses at stage 3 (each tensor group reads one data rank's pairs).
+TEST(TrainBert, TensorParallelGridEqualsTwoDataParallelRanks) {
+  const auto dir = make_temp_dir("bert-tp");
+  bert_config(dir, 64);
+  const std::vector<std::string> common{"--steps", "8", "--set", "zero_optimization.stage=3"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), common.begin(), common.end());
+    return extra;
+  };
+  const auto plain = train_bert(dir, 2, common, "plain");
+  const auto grid = train_bert(dir, 4, with({"--set", "tensor_parallel.autotp_size=2"}), "grid");
+  ASSERT_FALSE(plain.summary.is_null() || grid.summary.is_null());
+  EXPECT_EQ(grid.summary["tensor_parallel"], 2);
+  EXPECT_EQ(grid.summary["data_parallel_size"], 2);
+  ASSERT_EQ(grid.summary["losses"].size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    const double a = plain.summary["losses"][i], b = grid.summary["losses"][i];
+    EXPECT_LE(std::abs(a - b) / a, 1e-5) << "step " << i + 1 << ": " << a << " vs " << b;
+  }
+  ASSERT_EQ(grid.summary["eval_losses"].size(), 1u);
+  const double a = plain.summary["eval_losses"][0]["loss"], b = grid.summary["eval_losses"][0]["loss"];
+  EXPECT_LE(std::abs(a - b) / a, 1e-5) << a << " vs " << b;
+}
+
 // The BERT keys reach the run: masking more positions, leaving out the NSP head and pre-LN
 // change what is trained (the run says so, and the first loss differs from the default run's).
 TEST(TrainBert, ModelAndMaskingKeysChangeTheRun) {

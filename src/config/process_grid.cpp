@@ -5,9 +5,11 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "config/schema.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/bert_config.h"
 #include "zerotrain/models/gpt_config.h"
 
 namespace zt::config_detail {
@@ -31,20 +33,28 @@ void validate_secondary_partition(const TrainConfig& c) {
         c.tensor_parallel > 1 ? "data-parallel" : "world", c.data_parallel_size(), size));
 }
 
-// Tensor parallelism splits the GPT only (docs/tensor_parallel.md), its heads and vocabulary
+// Tensor parallelism splits the GPT and BERT (docs/tensor_parallel.md), their heads and vocabulary
 // evenly; what is not implemented for split models is refused by name.
 void validate_tensor_parallel(const TrainConfig& c) {
   if (c.tensor_parallel <= 1) return;
-  if (c.model.type != "gpt")
+  if (c.model.type != "gpt" && c.model.type != "bert")
     throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the tensor-parallel "
-                                  "split exists for the GPT), found {}",
+                                  "split exists for the GPT and BERT), found {}",
                                   c.model.type, c.tensor_parallel));
   {
-    // The split: each rank keeps n_head / T heads and vocab_size / T rows of the vocabulary.
-    GPTConfig g = gpt_preset(c.model.preset);
-    if (c.model.n_head > 0) g.n_head = c.model.n_head;
-    if (c.model.vocab_size > 0) g.vocab_size = c.model.vocab_size;
-    for (const auto& [key, value] : {std::pair{"model.n_head", g.n_head}, std::pair{"model.vocab_size", g.vocab_size}})
+    // The split: each rank keeps n_head / T heads and vocab_size / T rows of the vocabulary (the
+    // MLP's 4 × n_embd features follow from the heads).
+    std::vector<std::pair<const char*, int64_t>> sizes;
+    if (c.model.type == "bert") {
+      const BertConfig b = bert_config_of(c);
+      sizes = {{"model.n_head", b.n_head}, {"model.vocab_size", b.vocab_size}};
+    } else {
+      GPTConfig g = gpt_preset(c.model.preset);
+      if (c.model.n_head > 0) g.n_head = c.model.n_head;
+      if (c.model.vocab_size > 0) g.vocab_size = c.model.vocab_size;
+      sizes = {{"model.n_head", g.n_head}, {"model.vocab_size", g.vocab_size}};
+    }
+    for (const auto& [key, value] : sizes)
       if (value % c.tensor_parallel != 0)
         throw ConfigError(fmt::format("{}: expected a multiple of tensor_parallel.autotp_size {} (each rank of a tensor "
                                       "group keeps 1/{} of it{}), found {}",

@@ -6,7 +6,9 @@
 #include <torch/torch.h>
 
 #include "zerotrain/blocks.h"
+#include "zerotrain/comm.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/tensor_parallel.h"
 
 namespace zt {
 namespace {
@@ -19,6 +21,20 @@ std::string describe(const torch::Tensor& t) {
 }
 
 bool is_integer(const torch::Tensor& t) { return at::isIntegralType(t.scalar_type(), /*includeBool=*/false); }
+
+int64_t group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
+
+bool ends_with(const std::string& name, const std::string& suffix) {
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A row-parallel projection: this rank's partial product summed over the group, then the bias
+// (replicated) once.
+torch::Tensor row_parallel(const torch::Tensor& x, torch::nn::Linear& linear,
+                           const std::shared_ptr<Communicator>& group) {
+  if (!group) return linear->forward(x);
+  return reduce_from_tensor_group(torch::nn::functional::linear(x, linear->weight), group) + linear->bias;
+}
 
 torch::nn::LayerNorm layer_norm(const BertConfig& c) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.hidden}).eps(c.layer_norm_eps));
@@ -34,7 +50,9 @@ torch::Tensor to_fp32(torch::Tensor t) {
 
 // ---- modules --------------------------------------------------------------------------------
 
-BertEmbeddingsImpl::BertEmbeddingsImpl(const BertConfig& config) {
+BertEmbeddingsImpl::BertEmbeddingsImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group)
+    : group_(std::move(tensor_group)) {
+  if (group_) vocab_begin_ = config.vocab_size / group_->world_size() * group_->rank();
   word_embeddings = register_module("word_embeddings", torch::nn::Embedding(config.vocab_size, config.hidden));
   position_embeddings =
       register_module("position_embeddings", torch::nn::Embedding(config.max_positions, config.hidden));
@@ -47,12 +65,15 @@ BertEmbeddingsImpl::BertEmbeddingsImpl(const BertConfig& config) {
 torch::Tensor BertEmbeddingsImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& token_type_ids) {
   const int64_t T = input_ids.size(1);
   auto positions = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(input_ids.device()));
-  auto x = word_embeddings(input_ids) + position_embeddings(positions) + token_type_embeddings(token_type_ids);
+  auto words = group_ ? vocab_parallel_lookup(input_ids, word_embeddings->weight, vocab_begin_, group_)
+                      : word_embeddings(input_ids);
+  auto x = words + position_embeddings(positions) + token_type_embeddings(token_type_ids);
   return dropout_(layer_norm(x));
 }
 
-BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& config)
-    : n_head_(config.n_head), dropout_(config.dropout) {
+BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group)
+    : n_head_(config.n_head / group_size(tensor_group)), head_dim_(config.hidden / config.n_head),
+      dropout_(config.dropout), group_(std::move(tensor_group)) {
   query = register_module("query", torch::nn::Linear(config.hidden, config.hidden));
   key = register_module("key", torch::nn::Linear(config.hidden, config.hidden));
   value = register_module("value", torch::nn::Linear(config.hidden, config.hidden));
@@ -61,13 +82,12 @@ BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& config)
 }
 
 torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& keep) {
-  const int64_t B = x.size(0), T = x.size(1), H = x.size(2);
-  const int64_t hd = H / n_head_;
+  const int64_t B = x.size(0), T = x.size(1), hd = head_dim_;
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
   const double dropout_p = is_training() ? dropout_ : 0.0;
   // The boolean key mask [B,1,1,T] (true: attend) broadcasts over heads and queries; padded
   // queries still attend to the tokens, and their outputs are never read by the losses.
-  auto attend = [dropout_p, keep](const std::vector<torch::Tensor>& qkv) {
+  auto attend_here = [dropout_p, keep](const std::vector<torch::Tensor>& qkv) {
     std::optional<torch::Tensor> mask;
     if (qkv[0].is_cpu() && qkv[0].scalar_type() == torch::kBFloat16) {
       // bf16 on the CPU: LibTorch's math path is 1.3-1.6x faster forward + backward than its
@@ -85,14 +105,20 @@ torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch
     if (keep.defined()) mask = keep;
     return at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], mask, dropout_p, /*is_causal=*/false);
   };
-  std::vector<torch::Tensor> qkv = {heads(query(x)), heads(key(x)), heads(value(x))};
+  // This rank's heads: their dropout masks must not repeat another rank's (zerotrain/models/tensor_parallel.h).
+  auto attend = [attend_here, split = group_size(group_) > 1 && dropout_p > 0](const std::vector<torch::Tensor>& qkv) {
+    return split ? with_tensor_parallel_rng(qkv[0].device(), [&] { return attend_here(qkv); }) : attend_here(qkv);
+  };
+  const torch::Tensor in = group_ ? copy_to_tensor_group(x, group_) : x;
+  std::vector<torch::Tensor> qkv = {heads(query(in)), heads(key(in)), heads(value(in))};
   auto y = recompute_scores_ ? checkpoint(attend, qkv, checkpoint_options_) : attend(qkv);
-  y = y.transpose(1, 2).contiguous().view({B, T, H});
-  return output_dropout_(output(y));
+  y = y.transpose(1, 2).contiguous().view({B, T, n_head_ * hd});
+  return output_dropout_(row_parallel(y, output, group_));
 }
 
-BertLayerImpl::BertLayerImpl(const BertConfig& config) : pre_layer_norm_(config.pre_layer_norm) {
-  attention = register_module("attention", BertSelfAttention(config));
+BertLayerImpl::BertLayerImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group)
+    : pre_layer_norm_(config.pre_layer_norm), group_(std::move(tensor_group)) {
+  attention = register_module("attention", BertSelfAttention(config, group_));
   attention_norm = register_module("attention_norm", layer_norm(config));
   intermediate = register_module("intermediate", torch::nn::Linear(config.hidden, config.intermediate));
   output = register_module("output", torch::nn::Linear(config.intermediate, config.hidden));
@@ -103,11 +129,13 @@ BertLayerImpl::BertLayerImpl(const BertConfig& config) : pre_layer_norm_(config.
 torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& keep) {
   auto feed_forward = [this](const torch::Tensor& in) {
     // BERT's GELU is the exact (erf) one.
-    auto h = intermediate(in);
+    auto h = intermediate(group_ ? copy_to_tensor_group(in, group_) : in);
     auto a = torch::gelu(h, "none");
-    auto y = output(a);
+    // With a tensor group the output's bias is added once, after the sum over the group.
+    auto y = group_ ? torch::nn::functional::linear(a, output->weight) : output(a);
     if (recompute_activation_)
       y = recompute_in_backward(y, a, [h](torch::Tensor& into) { at::gelu_out(into, h, "none"); });
+    if (group_) y = reduce_from_tensor_group(y, group_) + output->bias;
     return dropout_(y);
   };
   if (pre_layer_norm_) {
@@ -137,16 +165,28 @@ torch::Tensor BertNspHeadImpl::forward(const torch::Tensor& cls_hidden) {
 
 // ---- the model ------------------------------------------------------------------------------
 
-BertImpl::BertImpl(const BertConfig& config) : config_(config) {
+BertImpl::BertImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group)
+    : config_(config), tensor_group_(std::move(tensor_group)) {
   config_.validate();
+  if (const int64_t T = group_size(tensor_group_); T > 1) {
+    for (const auto& [key, value] : {std::pair{"n_head", config_.n_head}, std::pair{"intermediate", config_.intermediate},
+                                     std::pair{"vocab_size", config_.vocab_size}})
+      if (value % T != 0)
+        bad_input(std::string(key) + " " + std::to_string(value) + " is not divisible by the tensor group's " +
+                  std::to_string(T) + " ranks; expected a multiple of " + std::to_string(T));
+    // Megatron's seed of the split region's generator: the default one's, offset per tensor rank.
+    seed_tensor_parallel_rng(at::detail::getDefaultCPUGenerator().current_seed() + 2718 + uint64_t(tensor_group_->rank()));
+  } else {
+    tensor_group_.reset();  // a group of one is the unsplit model
+  }
   // As the GPT: each block is initialised and marked right after it is built, so that under a
   // ShardedConstruction no rank holds more than its shards plus one block.
-  embeddings = register_module("embeddings", BertEmbeddings(config_));
+  embeddings = register_module("embeddings", BertEmbeddings(config_, tensor_group_));
   finish_block(embeddings.ptr());
   layer_list_ = register_module("layers", torch::nn::ModuleList());
   layers.reserve(size_t(config_.n_layer));
   for (int64_t i = 0; i < config_.n_layer; ++i) {
-    layers.emplace_back(config_);
+    layers.emplace_back(config_, tensor_group_);
     layer_list_->push_back(layers.back());
     finish_block(layers.back().ptr());
   }
@@ -181,7 +221,42 @@ void BertImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module) {
         p.normal_(0.0, 0.02);
     }
   }
+  if (tensor_group_) keep_tensor_slices(*module);
   mark_block(module);
+}
+
+// The whole values were drawn as the unsplit model draws them; each split parameter keeps this
+// rank's slice (set_data: the module's member and its registration stay the same tensor).
+void BertImpl::keep_tensor_slices(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  const int64_t T = tensor_group_->world_size(), r = tensor_group_->rank();
+  const bool head = !mlm.is_empty() && &module == mlm.get();
+  for (auto& item : module.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    int64_t dim = 0;
+    if (name == "word_embeddings.weight" || (head && name == "bias") || ends_with(name, "attention.query.weight") ||
+        ends_with(name, "attention.query.bias") || ends_with(name, "attention.key.weight") ||
+        ends_with(name, "attention.key.bias") || ends_with(name, "attention.value.weight") ||
+        ends_with(name, "attention.value.bias") || name == "intermediate.weight" || name == "intermediate.bias") {
+      dim = 0;  // vocabulary rows; the rows of this rank's heads and features
+    } else if (name == "attention.output.weight" || name == "output.weight") {
+      dim = 1;  // the columns of this rank's heads and features
+    } else {
+      continue;  // replicated: positions, token types, norms, the row-parallel biases, the heads' dense
+    }
+    const int64_t n = p.size(dim) / T;
+    p.set_data(p.narrow(dim, n * r, n).contiguous().clone());
+    mark_tensor_split(p, TensorSplit{tensor_group_, int(dim), 1});
+  }
+}
+
+// The MLM cross-entropy: over this rank's vocabulary slice with a tensor group.
+torch::Tensor BertImpl::mlm_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels,
+                                          int64_t ignore_index) {
+  if (tensor_group_) return vocab_parallel_cross_entropy(logits, labels, tensor_group_, ignore_index);
+  return torch::nn::functional::cross_entropy(
+      logits, labels, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(ignore_index));
 }
 
 torch::Tensor BertImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& token_type_ids,
@@ -237,6 +312,8 @@ torch::Tensor BertImpl::forward(const torch::Tensor& input_ids, const torch::Ten
       options.keep_inputs_on_host = checkpointing_.keep_inputs_on_host;
       options.synchronize_boundary = checkpointing_.synchronize_boundary;
       options.arena = arena_;
+      // The layer input is the hidden stream, which the tensor group replicates (ZeRO-R).
+      if (checkpointing_.partition_activations) options.partition_group = tensor_group_;
       if (!timings_.empty()) options.timings = timings_[size_t(i)];
       x = run_checkpointed_block(*layers[size_t(i)], x, std::move(run), options);
     } else {
@@ -254,8 +331,9 @@ torch::Tensor BertImpl::mlm_logits(const torch::Tensor& rows) {
   // Three block runs, as the GPT's tied head: the head's transform, the decoder with the word
   // embeddings' weight (stage 3 gathers that block again), then the head's output bias.
   auto t = run_block(*mlm, rows, [m = mlm.ptr()](const torch::Tensor& in) { return m->transform(in); });
-  auto logits = run_block(*embeddings, t, [e = embeddings.ptr()](const torch::Tensor& in) {
-    return torch::nn::functional::linear(in, e->word_embeddings->weight);
+  auto logits = run_block(*embeddings, t, [e = embeddings.ptr(), group = tensor_group_](const torch::Tensor& in) {
+    // With a tensor group: this rank's vocabulary slice of the logits.
+    return torch::nn::functional::linear(group ? copy_to_tensor_group(in, group) : in, e->word_embeddings->weight);
   });
   logits = run_block(*mlm, logits, [m = mlm.ptr()](const torch::Tensor& in) { return in + m->bias; });
   last_projected_rows_ = rows.size(0);
@@ -318,7 +396,7 @@ BertLosses BertImpl::losses(const BertBatch& batch) {
   // Only the masked rows reach the head: the decoder's [rows, V] product is ~15% of the full one.
   auto rows = hidden.reshape({-1, config_.hidden}).index_select(0, positions);
   BertLosses out;
-  out.mlm = torch::nn::functional::cross_entropy(mlm_logits(rows), labels);
+  out.mlm = mlm_cross_entropy(mlm_logits(rows), labels, -100);
   out.total = out.mlm;
   if (config_.next_sentence) {
     out.nsp =
@@ -333,7 +411,7 @@ torch::Tensor BertImpl::mlm_loss_full_projection(const BertBatch& batch) {
   auto hidden = check_and_run(batch, positions, labels);
   auto logits = mlm_logits(hidden.reshape({-1, config_.hidden}));
   auto full_labels = torch::full({logits.size(0)}, -100, labels.options()).index_copy_(0, positions, labels);
-  auto loss = torch::nn::functional::cross_entropy(logits, full_labels);  // ignore_index -100: mean over masked
+  auto loss = mlm_cross_entropy(logits, full_labels, -100);  // ignore_index -100: mean over masked
   if (config_.next_sentence)
     loss = loss +
            torch::nn::functional::cross_entropy(nsp_logits(hidden), batch.nsp_labels.to(hidden.device(), torch::kLong));

@@ -164,7 +164,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
   std::optional<ShardedConstruction> sharded;
   if (config.zero.shard_parameters) sharded.emplace(run.data_rank, run.data_world, run.device.device);
   if (run.is_bert) {
-    run.bert = Bert(run.bert_config);
+    run.bert = Bert(run.bert_config, run.grid.tensor);
     run.module = run.bert.ptr();
   } else if (run.is_llama) {
     run.llama = Llama(run.llama_config);

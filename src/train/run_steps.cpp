@@ -111,9 +111,9 @@ class BatchSource {
     mlm_options.probability = config.data.mlm_probability;
     mlm_options.max_predictions = config.data.max_predictions;
     masker_.emplace(mlm_options, run_.bert_specials, seed);
-    train_pairs_.emplace(run_.data.train, pair_options, micro, run_.world, run_.rank, seed);
+    train_pairs_.emplace(run_.data.train, pair_options, micro, run_.data_world, run_.data_rank, seed);
     if (config.train.eval_interval > 0)
-      val_pairs_.emplace(run_.data.val, pair_options, micro, run_.world, run_.rank, seed ^ 0x5eedULL);
+      val_pairs_.emplace(run_.data.val, pair_options, micro, run_.data_world, run_.data_rank, seed ^ 0x5eedULL);
     // The sampler and the masker are immutable: the prefetch thread may use them.
     bert_prefetcher_.emplace(
         [this, accum](int64_t i) {

@@ -30,7 +30,16 @@
 //  - Initialisation (BERT): every Linear and Embedding weight ~ N(0, 0.02), biases zero,
 //    LayerNorm weight one and bias zero, drawn from torch's global CPU generator in registration
 //    order: torch::manual_seed(s) before construction reproduces the weights.
-//  - The element count of parameters() equals bert_parameter_count(config) exactly.
+//  - The element count of parameters() equals bert_parameter_count(config) exactly (unsplit).
+//  - Tensor parallelism (docs/tensor_parallel.md), as the GPT: built with the communicator of a
+//    tensor group of T ranks, each rank keeps n_head / T heads (the rows of query, key and value;
+//    the columns of attention.output), I / T features (intermediate rows, output columns) and
+//    vocab_size / T rows of the word embeddings and of the MLM output bias (a vocabulary-parallel
+//    embedding, decoder and cross-entropy: the logits are never gathered whole); the rest is
+//    replicated. The whole values are drawn as the unsplit model draws them and each rank keeps
+//    its slice (zt::mark_tensor_split), so with the same seed the split model computes what the
+//    unsplit one does. mlm_logits then returns this rank's vocabulary slice [N, V/T]. Throws
+//    zt::ConfigError when T does not divide n_head, intermediate or vocab_size.
 //  - forward()/losses() throw zt::ConfigError (never abort) on a bad shape, a sequence longer than
 //    max_positions, a non-integer index tensor, an id outside its vocabulary, a masked position
 //    outside [0, B·T) or a label outside the vocabulary (both checked when on the CPU, where it
@@ -60,9 +69,11 @@
 
 namespace zt {
 
+class Communicator;
+
 class BertEmbeddingsImpl : public torch::nn::Module {
  public:
-  explicit BertEmbeddingsImpl(const BertConfig& config);
+  explicit BertEmbeddingsImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   // ids, types [B,T] -> LayerNorm(word + position + type) after dropout, [B,T,H]
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& token_type_ids);
 
@@ -73,13 +84,15 @@ class BertEmbeddingsImpl : public torch::nn::Module {
 
  private:
   torch::nn::Dropout dropout_{nullptr};
+  std::shared_ptr<Communicator> group_;  // with a tensor group: word_embeddings holds rows
+  int64_t vocab_begin_ = 0;              // [vocab_begin_, vocab_begin_ + V/T)
 };
 TORCH_MODULE(BertEmbeddings);
 
 // Bidirectional self-attention; `keep` is the boolean key mask [B,1,1,T] (true: attend).
 class BertSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit BertSelfAttentionImpl(const BertConfig& config);
+  explicit BertSelfAttentionImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep);  // [B,T,H] -> [B,T,H]
 
   torch::nn::Linear query{nullptr}, key{nullptr}, value{nullptr};
@@ -87,8 +100,10 @@ class BertSelfAttentionImpl : public torch::nn::Module {
 
  private:
   friend class BertImpl;
-  int64_t n_head_;
+  int64_t n_head_;  // this rank's heads
+  int64_t head_dim_;
   double dropout_;
+  std::shared_ptr<Communicator> group_;
   // Selective recomputation: the attention core is checkpointed, keeping q, k and v.
   bool recompute_scores_ = false;
   CheckpointOptions checkpoint_options_;
@@ -99,7 +114,7 @@ TORCH_MODULE(BertSelfAttention);
 // One encoder layer: the unit that stage 3 gathers and activation checkpointing recomputes.
 class BertLayerImpl : public torch::nn::Module {
  public:
-  explicit BertLayerImpl(const BertConfig& config);
+  explicit BertLayerImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& keep);
 
   BertSelfAttention attention{nullptr};
@@ -111,6 +126,7 @@ class BertLayerImpl : public torch::nn::Module {
  private:
   friend class BertImpl;
   bool pre_layer_norm_;
+  std::shared_ptr<Communicator> group_;
   // Selective recomputation: GELU's output is freed after `output` reads it.
   bool recompute_activation_ = false;
   torch::nn::Dropout dropout_{nullptr};
@@ -147,7 +163,7 @@ struct BertLosses {
 
 class BertImpl : public torch::nn::Module {
  public:
-  explicit BertImpl(const BertConfig& config);
+  explicit BertImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
 
   // input_ids, token_type_ids [B,T] integer (token_type_ids undefined: all 0), attention_mask
   // [B,T] integer or bool (undefined: all 1; nonzero: attend) -> the last layer's output [B,T,H]
@@ -156,7 +172,8 @@ class BertImpl : public torch::nn::Module {
                         const torch::Tensor& attention_mask = {});
 
   // The MLM logits of given rows of hidden: transform, tied decoder, output bias. [N,H] -> [N,V]
-  // (fp32 whatever the model's dtype). Counts its rows in last_projected_rows().
+  // (with a tensor group of T: this rank's vocabulary slice, [N,V/T]; fp32 whatever the model's
+  // dtype). Counts its rows in last_projected_rows().
   torch::Tensor mlm_logits(const torch::Tensor& rows);
   // The NSP logits [B,2] from hidden [B,T,H]. Throws zt::ConfigError without next_sentence.
   torch::Tensor nsp_logits(const torch::Tensor& hidden);
@@ -179,6 +196,8 @@ class BertImpl : public torch::nn::Module {
   void set_block_wrapper(BlockWrapper wrapper) { block_wrapper_ = std::move(wrapper); }
 
   const BertConfig& config() const { return config_; }
+  // The tensor group (null: the unsplit model).
+  const std::shared_ptr<Communicator>& tensor_group() const { return tensor_group_; }
 
   // Activation checkpointing of the encoder layers, with GPTImpl::Checkpointing's meaning
   // (docs/activation_checkpointing.md). Throws ConfigError on a count outside [0, n_layer].
@@ -196,9 +215,12 @@ class BertImpl : public torch::nn::Module {
 
  private:
   void finish_block(const std::shared_ptr<torch::nn::Module>& module);
+  void keep_tensor_slices(torch::nn::Module& module);
+  torch::Tensor mlm_cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels, int64_t ignore_index);
   torch::Tensor check_and_run(const BertBatch& batch, torch::Tensor& flat_positions, torch::Tensor& labels);
 
   BertConfig config_;
+  std::shared_ptr<Communicator> tensor_group_;
   torch::nn::ModuleList layer_list_{nullptr};
   BlockWrapper block_wrapper_;
   Checkpointing checkpointing_;
