@@ -1220,7 +1220,7 @@ TEST(ConfigValidation, TensorParallelSizeDividesTheWorldAndTheBatchCountsDataPar
       "model.vocab_size: expected a multiple of tensor_parallel.autotp_size 2");
   expect_one_line_error(
       any_error_of([] { parse_config(R"({"model": {"type": "llama"}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
-      "tensor_parallel.autotp_size: expected 1 for model.type \"llama\" (the tensor-parallel split exists for the GPT and BERT)");
+      "tensor_parallel.autotp_size: expected 1 for model.type \"llama\" (the trainer splits the GPT and BERT");
   // partition_activations splits what full recomputation keeps: with another policy it is noted.
   const TrainConfig partitioned = parse_config(
       R"({"activation_checkpointing": {"partition_activations": true, "policy": "full"}, "tensor_parallel": {"autotp_size": 2}})",

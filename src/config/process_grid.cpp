@@ -38,8 +38,9 @@ void validate_secondary_partition(const TrainConfig& c) {
 void validate_tensor_parallel(const TrainConfig& c) {
   if (c.tensor_parallel <= 1) return;
   if (c.model.type != "gpt" && c.model.type != "bert")
-    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the tensor-parallel "
-                                  "split exists for the GPT and BERT), found {}",
+    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the trainer splits "
+                                  "the GPT and BERT; a split Llama is trained from C++, as its memory estimate does "
+                                  "not price the split), found {}",
                                   c.model.type, c.tensor_parallel));
   {
     // The split: each rank keeps n_head / T heads and vocab_size / T rows of the vocabulary (the

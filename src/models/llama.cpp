@@ -11,7 +11,10 @@
 
 #include "models/llama_ops.h"
 #include "models/packed_rows.h"
+#include "zerotrain/blocks.h"
+#include "zerotrain/comm.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/tensor_parallel.h"
 
 namespace zt {
 namespace {
@@ -20,6 +23,16 @@ namespace {
 
 torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+int64_t group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
+
+// A row-parallel projection: this rank's partial product summed over the group, then the bias
+// (replicated, if any) once.
+torch::Tensor row_parallel(const torch::Tensor& x, torch::nn::Linear& linear, const std::shared_ptr<Communicator>& group) {
+  if (!group) return linear->forward(x);
+  auto y = reduce_from_tensor_group(torch::nn::functional::linear(x, linear->weight), group);
+  return linear->bias.defined() ? y + linear->bias : y;
 }
 
 
@@ -56,20 +69,26 @@ torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.resolved_head_dim()) {
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, std::shared_ptr<Communicator> tensor_group)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.resolved_head_dim()),
+      group_(std::move(tensor_group)) {
+  // Built whole (the values are drawn as the unsplit model draws them, then sliced): this rank's
+  // head counts are set after the projections exist.
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   q_proj = register_module("q_proj", linear(c.hidden_size, heads_ * head_dim_, qkv_bias));
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
   o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
+  heads_ /= group_size(group_);
+  kv_heads_ /= group_size(group_);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                                           const torch::Tensor& allowed) {
   const int64_t B = x.size(0), T = x.size(1);
   auto heads = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, head_dim_}).transpose(1, 2); };
-  auto q = heads(q_proj(x), heads_), k = heads(k_proj(x), kv_heads_), v = heads(v_proj(x), kv_heads_);
+  const torch::Tensor in = group_ ? copy_to_tensor_group(x, group_) : x;
+  auto q = heads(q_proj(in), heads_), k = heads(k_proj(in), kv_heads_), v = heads(v_proj(in), kv_heads_);
   const auto c = cos.to(x.scalar_type()), s = sin.to(x.scalar_type());
   q = llama_ops::apply_rotary(q, c, s);
   k = llama_ops::repeat_kv(llama_ops::apply_rotary(k, c, s), heads_);
@@ -81,22 +100,24 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
                ? at::scaled_dot_product_attention(q, k, v, allowed, /*dropout_p=*/0.0, /*is_causal=*/false, scale)
                : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
                                                   /*is_causal=*/true, scale);
-  return o_proj(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}));
+  return row_parallel(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}), o_proj, group_);
 }
 
-LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c) {
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<Communicator> tensor_group)
+    : group_(std::move(tensor_group)) {
   gate_proj = register_module("gate_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
   up_proj = register_module("up_proj", linear(c.hidden_size, c.intermediate_size, c.mlp_bias));
   down_proj = register_module("down_proj", linear(c.intermediate_size, c.hidden_size, c.mlp_bias));
 }
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
-  return down_proj(torch::silu(gate_proj(x)) * up_proj(x));
+  const torch::Tensor in = group_ ? copy_to_tensor_group(x, group_) : x;
+  return row_parallel(torch::silu(gate_proj(in)) * up_proj(in), down_proj, group_);
 }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
-  self_attn = register_module("self_attn", LlamaAttention(c));
-  mlp = register_module("mlp", LlamaMLP(c));
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, std::shared_ptr<Communicator> tensor_group) {
+  self_attn = register_module("self_attn", LlamaAttention(c, tensor_group));
+  mlp = register_module("mlp", LlamaMLP(c, tensor_group));
   input_layernorm = register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
   post_attention_layernorm = register_module("post_attention_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps));
 }
@@ -107,9 +128,22 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
+LlamaImpl::LlamaImpl(const LlamaConfig& config, std::shared_ptr<Communicator> tensor_group)
+    : config_(config), tensor_group_(std::move(tensor_group)) {
   config_.validate();
   const LlamaConfig& c = config_;
+  if (const int64_t T = group_size(tensor_group_); T > 1) {
+    for (const auto& [key, value] : {std::pair{"num_attention_heads", c.num_attention_heads},
+                                     std::pair{"num_key_value_heads", c.num_key_value_heads},
+                                     std::pair{"intermediate_size", c.intermediate_size},
+                                     std::pair{"vocab_size", c.vocab_size}})
+      if (value % T != 0)
+        bad_input(std::string(key) + " " + std::to_string(value) + " is not divisible by the tensor group's " +
+                  std::to_string(T) + " ranks; expected a multiple of " + std::to_string(T));
+    vocab_begin_ = c.vocab_size / T * tensor_group_->rank();
+  } else {
+    tensor_group_.reset();  // a group of one is the unsplit model
+  }
   inv_freq_ = inverse_frequencies(c);
   // Each parameterised module is initialised and marked as a stage-3 block right after it is
   // built, as the GPT does: under a ShardedConstruction no rank holds more than one whole block.
@@ -119,7 +153,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config) : config_(config) {
   model->layers = model->register_module("layers", torch::nn::ModuleList());
   layers.reserve(size_t(c.num_hidden_layers));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    layers.emplace_back(c);
+    layers.emplace_back(c, tensor_group_);
     model->layers->push_back(layers.back());
     finish_block(layers.back().ptr());
   }
@@ -145,7 +179,38 @@ void LlamaImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module) {
       e->weight.normal_(0.0, config_.initializer_range);
     }
   }
+  if (tensor_group_) keep_tensor_slices(*module);
   mark_block(module);
+}
+
+// The whole values were drawn as the unsplit model draws them; each split parameter keeps this
+// rank's slice (set_data: the module's member and its registration stay the same tensor).
+void LlamaImpl::keep_tensor_slices(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  const int64_t T = tensor_group_->world_size(), r = tensor_group_->rank();
+  auto ends_with = [](const std::string& name, const char* suffix) {
+    const std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  const bool vocabulary = &module == model->embed_tokens.get() || (!lm_head.is_empty() && &module == lm_head.get());
+  for (auto& item : module.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    int64_t dim = 0;
+    if (vocabulary || ends_with(name, "q_proj.weight") || ends_with(name, "q_proj.bias") ||
+        ends_with(name, "k_proj.weight") || ends_with(name, "k_proj.bias") || ends_with(name, "v_proj.weight") ||
+        ends_with(name, "v_proj.bias") || ends_with(name, "gate_proj.weight") || ends_with(name, "gate_proj.bias") ||
+        ends_with(name, "up_proj.weight") || ends_with(name, "up_proj.bias")) {
+      dim = 0;  // vocabulary rows; the rows of this rank's heads and features
+    } else if (ends_with(name, "o_proj.weight") || ends_with(name, "down_proj.weight")) {
+      dim = 1;  // their columns
+    } else {
+      continue;  // replicated: the norms, the row-parallel projections' biases
+    }
+    const int64_t n = p.size(dim) / T;
+    p.set_data(p.narrow(dim, n * r, n).contiguous().clone());
+    mark_tensor_split(p, TensorSplit{tensor_group_, int(dim), 1});
+  }
 }
 
 void LlamaImpl::set_checkpointing(const CheckpointingSettings& settings) {
@@ -185,7 +250,9 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& ids, const torch::Tensor& 
     bad_input("token ids must be in [0, vocab_size=" + std::to_string(config_.vocab_size) + "), found range [" +
               std::to_string(lo) + ", " + std::to_string(hi) + "]");
   auto embed = model->embed_tokens.ptr();
-  auto x = run_block(*embed, ids, [embed](const torch::Tensor& in) { return embed->forward(in); });
+  auto x = run_block(*embed, ids, [embed, group = tensor_group_, begin = vocab_begin_](const torch::Tensor& in) {
+    return group ? vocab_parallel_lookup(in, embed->weight, begin, group) : embed->forward(in);
+  });
   auto [cos, sin] = rotary(T, ids.device());
   torch::Tensor allowed;  // packed rows: the block-diagonal causal mask [B,1,T,T]
   if (segments.defined()) {
@@ -209,6 +276,8 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& ids, const torch::Tensor& 
       CheckpointOptions options;
       options.keep_inputs_on_host = checkpointing_.keep_inputs_on_host;
       options.synchronize_boundary = checkpointing_.synchronize_boundary;
+      // The layer input is the residual stream, which the tensor group replicates (ZeRO-R).
+      if (checkpointing_.partition_activations) options.partition_group = tensor_group_;
       x = run_checkpointed_block(*layers[i], x, std::move(run), options);
     } else {
       x = run_block(*layers[i], x, run);
@@ -216,8 +285,13 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& ids, const torch::Tensor& 
   }
   auto norm = model->norm.ptr();
   x = run_block(*norm, x, [norm](const torch::Tensor& in) { return norm->forward(in); });
-  if (lm_head) return run_block(*lm_head, x, [head = lm_head.ptr()](const torch::Tensor& in) { return head->forward(in); });
-  return run_block(*embed, x, [embed](const torch::Tensor& in) { return torch::nn::functional::linear(in, embed->weight); });
+  // With a tensor group: this rank's vocabulary slice of the logits.
+  auto logits_of = [group = tensor_group_](const torch::Tensor& in, const torch::Tensor& weight) {
+    return torch::nn::functional::linear(group ? copy_to_tensor_group(in, group) : in, weight);
+  };
+  if (lm_head)
+    return run_block(*lm_head, x, [head = lm_head.ptr(), logits_of](const torch::Tensor& in) { return logits_of(in, head->weight); });
+  return run_block(*embed, x, [embed, logits_of](const torch::Tensor& in) { return logits_of(in, embed->weight); });
 }
 
 torch::Tensor LlamaImpl::loss(const torch::Tensor& ids, const torch::Tensor& targets, const torch::Tensor& segments) {
@@ -225,6 +299,9 @@ torch::Tensor LlamaImpl::loss(const torch::Tensor& ids, const torch::Tensor& tar
     bad_input("loss expects targets with the shape of the inputs " + c10::str(ids.sizes()) + ", found " +
               (targets.defined() ? c10::str(targets.sizes()) : std::string("an undefined tensor")));
   auto logits = forward(ids, segments).to(torch::kFloat);
+  if (tensor_group_)
+    return vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}).to(torch::kLong),
+                                        tensor_group_, -100);
   return torch::nn::functional::cross_entropy(
       logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}).to(torch::kLong),
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));

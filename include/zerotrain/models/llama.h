@@ -19,7 +19,15 @@
 //    registration order. Each embedding, layer, the final norm and the head is a stage-3 block
 //    (zerotrain/blocks.h), marked right after it is built, so a ShardedConstruction shards it at
 //    once.
-//  - element count == llama_parameter_count(config).
+//  - element count == llama_parameter_count(config) (unsplit).
+//  - Tensor parallelism (docs/tensor_parallel.md), as the GPT: built with the communicator of a
+//    tensor group of T ranks, each rank keeps num_attention_heads / T query heads and
+//    num_key_value_heads / T kv heads (the rows of q, k and v; the columns of o_proj),
+//    intermediate_size / T features (gate and up rows, down columns) and vocab_size / T rows of
+//    the embedding and of the head (a vocabulary-parallel lookup, logits and cross-entropy); the
+//    norms are replicated. Values are drawn whole as the unsplit model draws them and sliced
+//    (zt::mark_tensor_split); forward() then returns this rank's vocabulary slice of the logits.
+//    Throws zt::ConfigError when T does not divide those counts.
 //  - forward()/loss() throw zt::ConfigError on a bad shape, a sequence longer than
 //    max_position_embeddings, non-integer ids or ids outside [0, vocab_size).
 //  - Not thread-safe (as any torch::nn::Module).
@@ -38,6 +46,8 @@
 
 namespace zt {
 
+class Communicator;
+
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t size, double eps);
@@ -51,7 +61,7 @@ TORCH_MODULE(RMSNorm);
 
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  explicit LlamaAttentionImpl(const LlamaConfig& config);
+  explicit LlamaAttentionImpl(const LlamaConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   // x [B,T,H]; cos, sin [T, head_dim], or [B,1,T,head_dim] per token (packed rows) -> [B,T,H].
   // `allowed` (packed rows), when defined: bool [B,1,T,T], true where a query may attend to a key,
   // in place of the causal mask.
@@ -60,22 +70,26 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
-  int64_t heads_, kv_heads_, head_dim_;
+  int64_t heads_, kv_heads_, head_dim_;  // this rank's heads
+  std::shared_ptr<Communicator> group_;
 };
 TORCH_MODULE(LlamaAttention);
 
 class LlamaMLPImpl : public torch::nn::Module {
  public:
-  explicit LlamaMLPImpl(const LlamaConfig& config);
+  explicit LlamaMLPImpl(const LlamaConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   torch::Tensor forward(const torch::Tensor& x);
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  std::shared_ptr<Communicator> group_;
 };
 TORCH_MODULE(LlamaMLP);
 
 // One decoder layer: the unit stage 3 gathers and activation checkpointing recomputes.
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  explicit LlamaDecoderLayerImpl(const LlamaConfig& config);
+  explicit LlamaDecoderLayerImpl(const LlamaConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
   // As LlamaAttentionImpl::forward.
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& allowed = {});
@@ -100,9 +114,10 @@ TORCH_MODULE(LlamaBody);
 
 class LlamaImpl : public torch::nn::Module {
  public:
-  explicit LlamaImpl(const LlamaConfig& config);
+  explicit LlamaImpl(const LlamaConfig& config, std::shared_ptr<Communicator> tensor_group = nullptr);
 
-  // ids: integer tensor [B,T], 1 <= T <= max_position_embeddings -> logits [B,T,vocab_size].
+  // ids: integer tensor [B,T], 1 <= T <= max_position_embeddings -> logits [B,T,vocab_size]
+  // (with a tensor group of T: this rank's vocabulary slice, [B,T,vocab_size/T]).
   // `segments` (packed rows, zerotrain/data.h Batch::segments), when defined: integer [B,T]; each
   // position attends only to the earlier positions of its own segment, and its rotary position
   // restarts at 0 where its segment starts, so each segment's logits are those of its tokens alone
@@ -120,6 +135,8 @@ class LlamaImpl : public torch::nn::Module {
   bool is_checkpointed(int64_t layer) const;
 
   const LlamaConfig& config() const { return config_; }
+  // The tensor group (null: the unsplit model).
+  const std::shared_ptr<Communicator>& tensor_group() const { return tensor_group_; }
   // The rotary tables for positions [0, T): cos and sin [T, head_dim] in fp32.
   std::pair<torch::Tensor, torch::Tensor> rotary(int64_t T, const torch::Device& device) const;
 
@@ -129,8 +146,11 @@ class LlamaImpl : public torch::nn::Module {
 
  private:
   void finish_block(const std::shared_ptr<torch::nn::Module>& module);
+  void keep_tensor_slices(torch::nn::Module& module);
 
   LlamaConfig config_;
+  std::shared_ptr<Communicator> tensor_group_;
+  int64_t vocab_begin_ = 0;  // with a tensor group: the first token id of this rank's rows
   torch::Tensor inv_freq_;  // [head_dim/2], fp32, after rope_scaling
   CheckpointingSettings checkpointing_;
   std::vector<char> checkpointed_;

@@ -1,10 +1,10 @@
-// BERT split over a tensor group (zerotrain/models/bert.h): on the 2-D grid (T = 2 × DP = 1 and
-// T = 2 × DP = 2) at ZeRO stages 0-3, with the NSP head, pre- and post-LayerNorm, the losses,
-// gradient norms and every parameter's slice after 6 steps with clipping active equal the unsplit
-// BERT trained with data parallelism alone on the same batches; the MLM logits are this rank's
-// vocabulary slice; with dropout (seeded as the trainer seeds) the replicated weights stay equal
-// across the tensor group; and
-// sizes T does not divide are refused by name.
+// BERT and the Llama split over a tensor group (zerotrain/models/bert.h, llama.h): on the 2-D grid
+// (T = 2 × DP = 1 and T = 2 × DP = 2) at ZeRO stages 0-3 the losses, gradient norms and every
+// parameter's slice after 6 steps with clipping active equal the unsplit model trained with data
+// parallelism alone on the same batches: BERT with the NSP head, pre- and post-LayerNorm; the
+// Llama with grouped-query attention, biases on q, k, v and o, tied and untied heads. The MLM
+// logits are this rank's vocabulary slice; with dropout (seeded as the trainer seeds) BERT's
+// replicated weights stay equal across the tensor group; sizes T does not divide are refused.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -17,6 +17,7 @@
 #include "zerotrain/error.h"
 #include "zerotrain/models/bert.h"
 #include "zerotrain/models/bert_data.h"
+#include "zerotrain/models/llama.h"
 #include "zerotrain/models/tensor_parallel.h"
 
 namespace {
@@ -180,6 +181,92 @@ TEST(TensorParallelBert, SlicedLogitsDropoutAndBadSizes) {
   auto r = run_ranks(2, "TensorParallelBert.SlicedLogitsDropoutAndBadSizes", {{"ZT_COMM_TIMEOUT_SECONDS", "120"}},
                      std::chrono::seconds(120));
   EXPECT_TRUE(r.all_succeeded()) << r.describe();
+}
+
+// ---- the Llama ------------------------------------------------------------------------------
+
+// Steps of the Llama on the batches every grid shares (each data-parallel rank its rows).
+Trace train_llama(zt::Llama model, const zt::TrainConfig& config, const std::shared_ptr<zt::Communicator>& data) {
+  zt::Engine engine(model.ptr(), config, data);
+  const int64_t micro = kGlobalBatch / data->world_size();
+  Trace trace;
+  for (int step = 0; step < kSteps; ++step) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(700 + step);
+    const at::Tensor tokens = torch::randint(0, 256, {kGlobalBatch, kTokens + 1}, gen, torch::kLong)
+                                  .narrow(0, data->rank() * micro, micro);
+    const at::Tensor loss = model->loss(tokens.narrow(1, 0, kTokens), tokens.narrow(1, 1, kTokens));
+    at::Tensor global = loss.detach().reshape({1}).to(torch::kDouble);
+    data->all_reduce(global, zt::ReduceOp::Avg, "test.loss").wait();
+    trace.losses.push_back(global.item<double>());
+    engine.backward(loss);
+    const zt::StepResult result = engine.step();
+    EXPECT_TRUE(result.stepped);
+    trace.norms.push_back(result.grad_norm);
+  }
+  for (const auto& item : model->named_parameters()) trace.parameters[item.key()] = engine.master_parameter(item.key());
+  return trace;
+}
+
+void llama_split_equals_unsplit(const zt::ProcessGrid& grid, int stage, bool tied) {
+  SCOPED_TRACE("Llama, stage " + std::to_string(stage) + (tied ? ", tied head" : ", untied head"));
+  const zt::TrainConfig config = config_for(stage, grid.data->world_size());
+  zt::LlamaConfig shape;  // llama-tiny: 4 query heads over 2 kv heads
+  shape.attention_bias = true;
+  shape.tie_word_embeddings = tied;
+  auto build = [&](const std::shared_ptr<zt::Communicator>& tensor) {
+    torch::manual_seed(29);
+    std::optional<zt::ShardedConstruction> sharded;
+    if (config.zero.shard_parameters) sharded.emplace(grid.data->rank(), grid.data->world_size());
+    return zt::Llama(shape, tensor);
+  };
+  const Trace reference = train_llama(build(nullptr), config, grid.data);
+  zt::Llama split = build(grid.tensor);
+  std::map<std::string, std::optional<zt::TensorSplit>> splits;
+  for (const auto& item : split->named_parameters()) splits[item.key()] = zt::tensor_split_of(item.value());
+  const Trace trace = train_llama(split, config, grid.data);
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_NEAR(trace.losses[step], reference.losses[step], 2e-5 * reference.losses[step]) << "step " << step;
+    EXPECT_NEAR(trace.norms[step], reference.norms[step], 2e-5 * reference.norms[step]) << "step " << step;
+  }
+  EXPECT_GT(reference.norms[0], 0.3) << "clipping is active, so the norm decides the update";
+  int sliced = 0;
+  for (const auto& [name, value] : trace.parameters) {
+    const at::Tensor whole = reference.parameters.at(name);
+    const at::Tensor expected = splits[name] ? slice_of(whole, *splits[name]) : whole;
+    sliced += splits[name] ? 1 : 0;
+    ASSERT_EQ(value.sizes(), expected.sizes()) << name;
+    EXPECT_TRUE(torch::allclose(value, expected, 1e-4, 3e-4))
+        << name << ": largest difference " << (value - expected).abs().max().item<double>();
+  }
+  // The embedding and (untied) the head; per layer q, k, v (weight and bias), o's weight, gate,
+  // up and down's weights.
+  EXPECT_EQ(sliced, (tied ? 1 : 2) + 10 * shape.num_hidden_layers);
+}
+
+TEST(TensorParallelLlama, SplitEqualsUnsplitAtEveryStage) {
+  if (is_rank_process()) {
+    at::set_num_threads(1);
+    auto world = zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
+    const zt::ProcessGrid grid = zt::make_process_grid(world, 2);
+    for (int stage : {0, 1, 2, 3}) llama_split_equals_unsplit(grid, stage, false);
+    llama_split_equals_unsplit(grid, 2, true);
+    zt::LlamaConfig odd;
+    odd.num_key_value_heads = 1;
+    try {
+      zt::Llama bad(odd, grid.tensor);
+      ADD_FAILURE() << "one kv head cannot split in two";
+    } catch (const zt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("num_key_value_heads 1 is not divisible by the tensor group's 2 ranks"),
+                std::string::npos)
+          << e.what();
+    }
+    return;
+  }
+  for (int world : {2, 4}) {
+    auto r = run_ranks(world, "TensorParallelLlama.SplitEqualsUnsplitAtEveryStage", {{"ZT_COMM_TIMEOUT_SECONDS", "120"}},
+                       std::chrono::seconds(240));
+    EXPECT_TRUE(r.all_succeeded()) << "T = 2 x DP = " << world / 2 << ":\n" << r.describe();
+  }
 }
 
 }  // namespace
