@@ -1218,9 +1218,17 @@ TEST(ConfigValidation, TensorParallelSizeDividesTheWorldAndTheBatchCountsDataPar
                      {}, 2);
       }),
       "model.vocab_size: expected a multiple of tensor_parallel.autotp_size 2");
+  // The Llama's kv heads split too.
+  EXPECT_EQ(parse_config(R"({"model": {"type": "llama", "preset": "llama-tiny"}, "tensor_parallel": {"autotp_size": 2}})",
+                         {}, 2)
+                .tensor_parallel,
+            2);
   expect_one_line_error(
-      any_error_of([] { parse_config(R"({"model": {"type": "llama"}, "tensor_parallel": {"autotp_size": 2}})", {}, 2); }),
-      "tensor_parallel.autotp_size: expected 1 for model.type \"llama\" (the trainer splits the GPT and BERT");
+      any_error_of([] {
+        parse_config(R"({"model": {"type": "llama", "preset": "llama-tiny", "n_kv_head": 1}, "tensor_parallel": {"autotp_size": 2}})",
+                     {}, 2);
+      }),
+      "model.n_kv_head: expected a multiple of tensor_parallel.autotp_size 2");
   // partition_activations splits what full recomputation keeps: with another policy it is noted.
   const TrainConfig partitioned = parse_config(
       R"({"activation_checkpointing": {"partition_activations": true, "policy": "full"}, "tensor_parallel": {"autotp_size": 2}})",

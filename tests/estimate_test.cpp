@@ -809,6 +809,11 @@ TEST(EstimateMeasured, TensorParallelTwoMatchesModelStatesAndPeakMemory) {
 TEST(EstimateMeasured, LlamaFp32StagesZeroAndThreeMatchModelStatesAndPeakMemory) {
   expect_measured_matches_estimate({{0, 1, "fp32", 8}, {3, 2, "fp32", 8}}, /*llama=*/true);
 }
+// The Llama split over tensor groups of 2: its slices of the heads (kv heads too), features and
+// vocabulary, the residual stream whole (T = 2 × DP = 1 at stage 0, T = 2 × DP = 2 at stage 3).
+TEST(EstimateMeasured, LlamaTensorParallelTwoMatchesModelStatesAndPeakMemory) {
+  expect_measured_matches_estimate({{0, 2, "fp32", 8, 2}, {3, 4, "fp32", 8, 2}}, /*llama=*/true);
+}
 
 // The heap policies at stages 0-2 on three model sizes whose activations are 256-512 KiB tensors.
 // "never" returns every freed block of 64 KiB or more: the peak stays within 10% of the estimate

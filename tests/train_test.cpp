@@ -137,6 +137,31 @@ TEST(TrainTensorParallel, TwoByTwoGridEqualsTwoDataParallelRanks) {
   }
 }
 
+// The Llama (grouped-query attention) split over tensor groups of 2 on a 2 x 2 grid trains what 2
+// data-parallel ranks train at stage 3.
+TEST(TrainTensorParallel, LlamaGridEqualsTwoDataParallelRanks) {
+  const auto dir = make_temp_dir("llama-tp");
+  auto run = [&](int world, int tensor, const std::string& name) {
+    const std::string summary = dir + "/" + name + ".json";
+    auto r = run_process({cli_path(), "train", std::string(ZT_SOURCE_DIR) + "/configs/llama_tiny.json", "--nproc",
+                          std::to_string(world), "--steps", "4", "--summary", summary, "--set",
+                          "zero_optimization.stage=3", "--set", "train.eval_interval=0", "--set",
+                          "tensor_parallel.autotp_size=" + std::to_string(tensor), "--set",
+                          "train.log_dir=\"" + dir + "/" + name + "\""},
+                         {}, std::chrono::seconds(240));
+    EXPECT_EQ(r.exit_code, 0) << name << ":\n" << r.output;
+    return r.exit_code == 0 ? read_json(summary) : nlohmann::json();
+  };
+  const auto plain = run(2, 1, "plain"), grid = run(4, 2, "grid");
+  ASSERT_FALSE(plain.is_null() || grid.is_null());
+  EXPECT_EQ(grid["tensor_parallel"], 2);
+  ASSERT_EQ(grid["losses"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    const double a = plain["losses"][i], b = grid["losses"][i];
+    EXPECT_LE(std::abs(a - b) / a, 1e-5) << "step " << i + 1 << ": " << a << " vs " << b;
+  }
+}
+
 // Whether /proc/cpuinfo lists every flag in `flags`.
 bool cpu_has_flags(std::initializer_list<const char*> flags) {
   std::ifstream in("/proc/cpuinfo");

@@ -92,7 +92,10 @@ GPTConfig gpt_config_of(const TrainConfig& config);
 // Exact figures of the Llama-family decoder (models/llama.h) trained on `sequence_length` tokens:
 // parameters == llama_parameter_count(llama), its parameter list in registration order with each
 // tensor's stage-3 block (the embedding, each layer, the final norm, the untied head).
-ModelFigures llama_model_figures(const LlamaConfig& llama, int64_t sequence_length, int64_t persistence_threshold);
+// `tensor_parallel`: one rank's figures of the Llama split over a tensor group of that many
+// (models/llama.h): its slices of the heads, features and vocabulary.
+ModelFigures llama_model_figures(const LlamaConfig& llama, int64_t sequence_length, int64_t persistence_threshold,
+                                 int64_t tensor_parallel = 1);
 // The figures of the model a training configuration describes: model.type "gpt" or "llama" (a
 // Llama's config.json read where model.init_from or model.config_from names it) trained on
 // data.sequence_length tokens (0: the model's context), with its persistence threshold. Throws

@@ -11,6 +11,7 @@
 #include "zerotrain/error.h"
 #include "zerotrain/models/bert_config.h"
 #include "zerotrain/models/gpt_config.h"
+#include "zerotrain/models/llama_config.h"
 
 namespace zt::config_detail {
 namespace {
@@ -33,20 +34,29 @@ void validate_secondary_partition(const TrainConfig& c) {
         c.tensor_parallel > 1 ? "data-parallel" : "world", c.data_parallel_size(), size));
 }
 
-// Tensor parallelism splits the GPT and BERT (docs/tensor_parallel.md), their heads and vocabulary
-// evenly; what is not implemented for split models is refused by name.
+// Tensor parallelism splits the GPT, BERT and the Llama (docs/tensor_parallel.md): their heads
+// (the Llama's kv heads too), features and vocabulary evenly; what is not implemented for split
+// models is refused by name.
 void validate_tensor_parallel(const TrainConfig& c) {
   if (c.tensor_parallel <= 1) return;
-  if (c.model.type != "gpt" && c.model.type != "bert")
-    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the trainer splits "
-                                  "the GPT and BERT; a split Llama is trained from C++, as its memory estimate does "
-                                  "not price the split), found {}",
+  if (c.model.type != "gpt" && c.model.type != "bert" && c.model.type != "llama")
+    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the tensor-parallel "
+                                  "split exists for the GPT, BERT and the Llama), found {}",
                                   c.model.type, c.tensor_parallel));
+  if (!c.model.init_from.empty())
+    throw ConfigError(fmt::format("model.init_from: expected none with tensor_parallel.autotp_size {} (loading whole "
+                                  "weights into the tensor-parallel slices is not implemented), found '{}'",
+                                  c.tensor_parallel, c.model.init_from));
   {
     // The split: each rank keeps n_head / T heads and vocab_size / T rows of the vocabulary (the
-    // MLP's 4 × n_embd features follow from the heads).
+    // GPT's and BERT's 4 × n_embd features follow from the heads; the Llama's are a key).
     std::vector<std::pair<const char*, int64_t>> sizes;
-    if (c.model.type == "bert") {
+    if (c.model.type == "llama") {
+      // From the preset and keys; with model.config_from, its config.json (init_from is refused above).
+      const LlamaConfig l = llama_config_of(c);
+      sizes = {{"model.n_head", l.num_attention_heads}, {"model.n_kv_head", l.num_key_value_heads},
+               {"model.intermediate_size", l.intermediate_size}, {"model.vocab_size", l.vocab_size}};
+    } else if (c.model.type == "bert") {
       const BertConfig b = bert_config_of(c);
       sizes = {{"model.n_head", b.n_head}, {"model.vocab_size", b.vocab_size}};
     } else {
@@ -62,10 +72,6 @@ void validate_tensor_parallel(const TrainConfig& c) {
                                       key, c.tensor_parallel, c.tensor_parallel,
                                       std::string(key) == "model.vocab_size" ? "; pad the vocabulary" : "", value));
   }
-  if (!c.model.init_from.empty())
-    throw ConfigError(fmt::format("model.init_from: expected none with tensor_parallel.autotp_size {} (loading whole "
-                                  "weights into the tensor-parallel slices is not implemented), found '{}'",
-                                  c.tensor_parallel, c.model.init_from));
 }
 
 }  // namespace

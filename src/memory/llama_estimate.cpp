@@ -12,18 +12,23 @@
 
 namespace zt {
 
-ModelFigures llama_model_figures(const LlamaConfig& c, int64_t sequence_length, int64_t persistence_threshold) {
-  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.intermediate_size, L = c.num_hidden_layers;
-  const int64_t hd = c.resolved_head_dim(), q = c.num_attention_heads * hd, kv = c.num_key_value_heads * hd;
+ModelFigures llama_model_figures(const LlamaConfig& c, int64_t sequence_length, int64_t persistence_threshold,
+                                 int64_t tensor_parallel) {
+  // Split over a tensor group (models/llama.h): this rank's heads, features and vocabulary rows.
+  const int64_t P = std::max<int64_t>(1, tensor_parallel);
+  const int64_t H = c.hidden_size, V = c.vocab_size / P, I = c.intermediate_size / P, L = c.num_hidden_layers;
+  const int64_t heads = c.num_attention_heads / P, kv_heads = c.num_key_value_heads / P;
+  const int64_t hd = c.resolved_head_dim(), q = heads * hd, kv = kv_heads * hd;
   const bool qkv_bias = c.attention_bias || c.qkv_bias;
   ModelFigures f;
-  f.parameters = llama_parameter_count(c);
+  f.tensor_parallel = P;
   // transformers' registration order (models/llama.h), each tensor under its stage-3 block: the
   // embedding, each layer, the final norm, then the head when it is not tied.
   std::vector<int64_t> gathered, persistent;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, int owner) {
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
+    f.parameters += numel;
     f.parameter_list.push_back({name, std::move(shape), "float32", -1});
     f.parameter_owner.push_back(owner);
     f.largest_parameter = std::max(f.largest_parameter, numel);
@@ -64,8 +69,8 @@ ModelFigures llama_model_figures(const LlamaConfig& c, int64_t sequence_length, 
   f.family = ModelFigures::Family::Llama;
   f.layers = L;
   f.hidden = H;
-  f.heads = c.num_attention_heads;
-  f.kv_heads = c.num_key_value_heads;
+  f.heads = heads;
+  f.kv_heads = kv_heads;
   f.head_dim = hd;
   f.intermediate = I;
   f.tied_head = c.tie_word_embeddings;
@@ -103,7 +108,11 @@ ActivationBytes llama_activation_bytes(const ModelFigures& m, int64_t micro_batc
   // Outside the layers: token ids (int64) for the embedding's backward, the final norm, the head's
   // input, and the fp32 log-softmax of the logits (the loss is fp32).
   const int64_t outside = 8 * tokens + norm + e * tokens * h + log_softmax;
-  bytes.saved = recompute == Recompute::Full ? m.layers * (e * tokens * h + generator_state) + outside
+  // Full recomputation keeps each layer's input (the residual stream; with partition_activations
+  // 1/P of it per rank of a tensor group of P).
+  const int64_t P = std::max<int64_t>(1, m.tensor_parallel);
+  const int64_t kept_input = m.partition_activations ? (tokens * h + P - 1) / P : tokens * h;
+  bytes.saved = recompute == Recompute::Full ? m.layers * (e * kept_input + generator_state) + outside
                                              : m.layers * per_layer + outside;
   // Backward's working set on top of the saved tensors, as for the GPT (transformer_activation_bytes):
   // the largest of the moment at the loss (the log-softmax's gradient and its input's, fp32, plus a

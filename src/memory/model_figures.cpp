@@ -103,7 +103,7 @@ ModelFigures model_figures_of(const TrainConfig& config) {
   }
   if (config.model.type == "llama") {
     const LlamaConfig llama = llama_config_of(config);
-    return llama_model_figures(llama, seq > 0 ? seq : llama.max_position_embeddings, threshold);
+    return llama_model_figures(llama, seq > 0 ? seq : llama.max_position_embeddings, threshold, config.tensor_parallel);
   }
   throw ConfigError(fmt::format("model.type: the memory estimate models the GPT and the Llama; expected \"gpt\" or "
                                 "\"llama\", found \"{}\"",

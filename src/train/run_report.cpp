@@ -45,7 +45,8 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
     m.estimate = estimate_memory(gpt_model_figures(run.gpt_config, run.seq_len, threshold, run.grid.tensor_size),
                                  cluster, run.config);
   else if (run.is_llama)
-    m.estimate = estimate_memory(llama_model_figures(run.llama_config, run.seq_len, threshold), cluster, run.config);
+    m.estimate = estimate_memory(llama_model_figures(run.llama_config, run.seq_len, threshold, run.grid.tensor_size),
+                                 cluster, run.config);
   for (const auto& s : m.stats) {
     m.measured_peak = std::max(m.measured_peak, s.peak_rss - s.baseline_rss);
     if (s.setup_peak_rss >= 0) m.measured_setup = std::max(m.measured_setup, s.setup_peak_rss - s.baseline_rss);

@@ -167,7 +167,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
     run.bert = Bert(run.bert_config, run.grid.tensor);
     run.module = run.bert.ptr();
   } else if (run.is_llama) {
-    run.llama = Llama(run.llama_config);
+    run.llama = Llama(run.llama_config, run.grid.tensor);
     run.module = run.llama.ptr();
   } else {
     run.model = GPT(run.gpt_config, run.grid.tensor);
