@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint.h"
 #include "support/multirank.h"
 #include "support/process.h"
+#include "support/tensor_split.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
 #include "zerotrain/config.h"
@@ -24,6 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using zt::testing::is_rank_process;
 using zt::testing::run_ranks;
+using zt::testing::slice_of;
 
 constexpr int64_t kGlobalBatch = 4, kTokens = 16;
 constexpr int kLeg = 3;  // steps between checkpoints
@@ -56,16 +58,6 @@ std::vector<double> train(zt::GPT& model, zt::Engine& engine, zt::Communicator& 
     EXPECT_TRUE(engine.step().stepped);
   }
   return losses;
-}
-
-at::Tensor slice_of(const at::Tensor& whole, const zt::TensorSplit& split) {
-  const int64_t T = split.group->world_size(), r = split.group->rank();
-  std::vector<at::Tensor> pieces;
-  for (const at::Tensor& part : whole.chunk(split.parts, split.dim)) {
-    const int64_t n = part.size(split.dim) / T;
-    pieces.push_back(part.narrow(split.dim, n * r, n));
-  }
-  return torch::cat(pieces, split.dim);
 }
 
 // Every master of `engine` equals the checkpoint's whole tensor (its slice for a split one).

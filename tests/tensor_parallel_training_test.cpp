@@ -12,6 +12,7 @@
 
 #include "support/counting_allocator.h"
 #include "support/multirank.h"
+#include "support/tensor_split.h"
 #include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comm.h"
@@ -25,6 +26,7 @@ namespace {
 
 using zt::testing::is_rank_process;
 using zt::testing::run_ranks;
+using zt::testing::slice_of;
 
 constexpr int kSteps = 10;
 constexpr int64_t kGlobalBatch = 4, kTokens = 16;
@@ -67,17 +69,6 @@ Trace train(zt::GPT model, const zt::TrainConfig& config, const std::shared_ptr<
   }
   for (const auto& item : model->named_parameters()) trace.parameters[item.key()] = engine.master_parameter(item.key());
   return trace;
-}
-
-// This rank's slice of the unsplit GPT's parameter `name` (zerotrain/blocks.h TensorSplit).
-at::Tensor slice_of(const at::Tensor& whole, const zt::TensorSplit& split) {
-  const int64_t T = split.group->world_size(), r = split.group->rank();
-  std::vector<at::Tensor> pieces;
-  for (const at::Tensor& part : whole.chunk(split.parts, split.dim)) {
-    const int64_t n = part.size(split.dim) / T;
-    pieces.push_back(part.narrow(split.dim, n * r, n));
-  }
-  return torch::cat(pieces, split.dim);
 }
 
 void grid_equals_data_parallel(const zt::ProcessGrid& grid, int stage, const std::string& optimizer) {
