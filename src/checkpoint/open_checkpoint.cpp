@@ -338,7 +338,8 @@ void OpenCheckpoint::read_resliced(const std::string& role, const std::string& p
   });
   int64_t filled = 0;
   for (int64_t s = 0; s < saved.ranks; ++s) {
-    const auto [lo, hi] = needed[size_t(s)];
+    // Plain variables: the lambda below captures them.
+    const int64_t lo = needed[size_t(s)].first, hi = needed[size_t(s)].second;
     if (hi <= lo) continue;
     read_range(role, parameter, s * saved.slice_numel() + lo, hi - lo,
                [&](int64_t offset, int64_t count, const float* values) {
