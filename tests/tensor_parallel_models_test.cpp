@@ -161,6 +161,13 @@ TEST(TensorParallelBert, SlicedLogitsDropoutAndBadSizes) {
     zt::Bert model(c, grid.tensor);
     const at::Tensor rows = torch::randn({5, c.hidden});
     EXPECT_EQ(model->mlm_logits(rows).sizes(), (std::vector<int64_t>{5, c.vocab_size / 2}));
+    // An id no rank's rows hold is refused, not looked up as zeros.
+    try {
+      model->forward(torch::full({1, 4}, c.vocab_size, torch::kLong));
+      ADD_FAILURE() << "an id outside the vocabulary must be refused";
+    } catch (const zt::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("input_ids must be in [0, vocab_size=260)"), std::string::npos) << e.what();
+    }
     zt::Engine engine(model.ptr(), config_for(1, grid.data->world_size()), grid.data);
     zt::SentencePairOptions options;
     options.max_length = kTokens;

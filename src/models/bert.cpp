@@ -285,6 +285,13 @@ torch::Tensor BertImpl::forward(const torch::Tensor& input_ids, const torch::Ten
     keep = (attention_mask != 0).view({B, 1, 1, T}).to(input_ids.device());
   }
 
+  if (tensor_group_) {
+    // Each rank looks up only its rows: an id outside the vocabulary would read as zeros.
+    const int64_t lo = input_ids.min().item<int64_t>(), hi = input_ids.max().item<int64_t>();
+    if (lo < 0 || hi >= config_.vocab_size)
+      bad_input("input_ids must be in [0, vocab_size=" + std::to_string(config_.vocab_size) + "), found range [" +
+                std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
   torch::Tensor x;
   try {
     x = run_block(*embeddings, input_ids, [e = embeddings.ptr(), types](const torch::Tensor& in) {
