@@ -22,18 +22,8 @@ std::string describe(const torch::Tensor& t) {
 
 bool is_integer(const torch::Tensor& t) { return at::isIntegralType(t.scalar_type(), /*includeBool=*/false); }
 
-int64_t group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
-
 bool ends_with(const std::string& name, const std::string& suffix) {
   return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// A row-parallel projection: this rank's partial product summed over the group, then the bias
-// (replicated) once.
-torch::Tensor row_parallel(const torch::Tensor& x, torch::nn::Linear& linear,
-                           const std::shared_ptr<Communicator>& group) {
-  if (!group) return linear->forward(x);
-  return reduce_from_tensor_group(torch::nn::functional::linear(x, linear->weight), group) + linear->bias;
 }
 
 torch::nn::LayerNorm layer_norm(const BertConfig& c) {
@@ -72,7 +62,7 @@ torch::Tensor BertEmbeddingsImpl::forward(const torch::Tensor& input_ids, const 
 }
 
 BertSelfAttentionImpl::BertSelfAttentionImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group)
-    : n_head_(config.n_head / group_size(tensor_group)), head_dim_(config.hidden / config.n_head),
+    : n_head_(config.n_head / tensor_group_size(tensor_group)), head_dim_(config.hidden / config.n_head),
       dropout_(config.dropout), group_(std::move(tensor_group)) {
   query = register_module("query", torch::nn::Linear(config.hidden, config.hidden));
   key = register_module("key", torch::nn::Linear(config.hidden, config.hidden));
@@ -106,14 +96,14 @@ torch::Tensor BertSelfAttentionImpl::forward(const torch::Tensor& x, const torch
     return at::scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], mask, dropout_p, /*is_causal=*/false);
   };
   // This rank's heads: their dropout masks must not repeat another rank's (zerotrain/models/tensor_parallel.h).
-  auto attend = [attend_here, split = group_size(group_) > 1 && dropout_p > 0](const std::vector<torch::Tensor>& qkv) {
+  auto attend = [attend_here, split = tensor_group_size(group_) > 1 && dropout_p > 0](const std::vector<torch::Tensor>& qkv) {
     return split ? with_tensor_parallel_rng(qkv[0].device(), [&] { return attend_here(qkv); }) : attend_here(qkv);
   };
   const torch::Tensor in = group_ ? copy_to_tensor_group(x, group_) : x;
   std::vector<torch::Tensor> qkv = {heads(query(in)), heads(key(in)), heads(value(in))};
   auto y = recompute_scores_ ? checkpoint(attend, qkv, checkpoint_options_) : attend(qkv);
   y = y.transpose(1, 2).contiguous().view({B, T, n_head_ * hd});
-  return output_dropout_(row_parallel(y, output, group_));
+  return output_dropout_(row_parallel_linear(y, output->weight, output->bias, group_));
 }
 
 BertLayerImpl::BertLayerImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group)
@@ -168,7 +158,7 @@ torch::Tensor BertNspHeadImpl::forward(const torch::Tensor& cls_hidden) {
 BertImpl::BertImpl(const BertConfig& config, std::shared_ptr<Communicator> tensor_group)
     : config_(config), tensor_group_(std::move(tensor_group)) {
   config_.validate();
-  if (const int64_t T = group_size(tensor_group_); T > 1) {
+  if (const int64_t T = tensor_group_size(tensor_group_); T > 1) {
     for (const auto& [key, value] : {std::pair{"n_head", config_.n_head}, std::pair{"intermediate", config_.intermediate},
                                      std::pair{"vocab_size", config_.vocab_size}})
       if (value % T != 0)
@@ -228,13 +218,11 @@ void BertImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module) {
 // The whole values were drawn as the unsplit model draws them; each split parameter keeps this
 // rank's slice (set_data: the module's member and its registration stay the same tensor).
 void BertImpl::keep_tensor_slices(torch::nn::Module& module) {
-  torch::NoGradGuard no_grad;
-  const int64_t T = tensor_group_->world_size(), r = tensor_group_->rank();
   const bool head = !mlm.is_empty() && &module == mlm.get();
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
-    int64_t dim = 0;
+    int dim = 0;
     if (name == "word_embeddings.weight" || (head && name == "bias") || ends_with(name, "attention.query.weight") ||
         ends_with(name, "attention.query.bias") || ends_with(name, "attention.key.weight") ||
         ends_with(name, "attention.key.bias") || ends_with(name, "attention.value.weight") ||
@@ -245,9 +233,7 @@ void BertImpl::keep_tensor_slices(torch::nn::Module& module) {
     } else {
       continue;  // replicated: positions, token types, norms, the row-parallel biases, the heads' dense
     }
-    const int64_t n = p.size(dim) / T;
-    p.set_data(p.narrow(dim, n * r, n).contiguous().clone());
-    mark_tensor_split(p, TensorSplit{tensor_group_, int(dim), 1});
+    keep_tensor_slice(p, tensor_group_, dim);
   }
 }
 

@@ -21,20 +21,12 @@ bool ends_with(std::string_view name, std::string_view suffix) {
   return name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
 }
 
-int64_t group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
-
-// This rank's piece `index` of `parts` equal pieces along `dim`.
-torch::Tensor piece(const torch::Tensor& whole, int64_t dim, int64_t parts, int64_t index) {
-  const int64_t n = whole.size(dim) / parts;
-  return whole.narrow(dim, n * index, n);
-}
-
 }  // namespace
 
 // ---- modules --------------------------------------------------------------------------------
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group)
-    : n_head_(config.n_head / group_size(tensor_group)), dropout_(config.dropout), group_(std::move(tensor_group)) {
+    : n_head_(config.n_head / tensor_group_size(tensor_group)), dropout_(config.dropout), group_(std::move(tensor_group)) {
   c_attn = register_module("c_attn", torch::nn::Linear(config.n_embd, 3 * config.n_embd));
   c_proj = register_module("c_proj", torch::nn::Linear(config.n_embd, config.n_embd));
   resid_drop_ = register_module("resid_drop", torch::nn::Dropout(config.dropout));
@@ -51,7 +43,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const tor
   // never materialises the [T,T] mask; is_causal applies the lower-triangular mask. Packed rows
   // pass their block-diagonal causal mask instead (the only case that builds one).
   const double dropout_p = is_training() ? dropout_ : 0.0;
-  auto attend = [dropout_p, allowed, split = group_size(group_) > 1](const std::vector<torch::Tensor>& qkv_heads) {
+  auto attend = [dropout_p, allowed, split = tensor_group_size(group_) > 1](const std::vector<torch::Tensor>& qkv_heads) {
     auto run = [&] {
       if (allowed.defined())
         return at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], allowed, dropout_p,
@@ -65,9 +57,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x, const tor
   std::vector<torch::Tensor> qkv_heads = {heads(qkv[0]), heads(qkv[1]), heads(qkv[2])};
   auto y = recompute_scores_ ? checkpoint(attend, qkv_heads, checkpoint_options_) : attend(qkv_heads);
   y = y.transpose(1, 2).contiguous().view({B, T, C});
-  if (group_)
-    return resid_drop_(reduce_from_tensor_group(torch::nn::functional::linear(y, c_proj->weight), group_) + c_proj->bias);
-  return resid_drop_(c_proj(y));
+  return resid_drop_(row_parallel_linear(y, c_proj->weight, c_proj->bias, group_));
 }
 
 MLPImpl::MLPImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group) : group_(std::move(tensor_group)) {
@@ -102,7 +92,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, const torch::Tensor& al
 GPTImpl::GPTImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_group)
     : config_(config), tensor_group_(std::move(tensor_group)) {
   config_.validate();
-  if (const int64_t T = group_size(tensor_group_); T > 1) {
+  if (const int64_t T = tensor_group_size(tensor_group_); T > 1) {
     if (config_.n_head % T != 0)
       throw ConfigError("GPT: n_head " + std::to_string(config_.n_head) + " is not divisible by the tensor group's " +
                         std::to_string(T) + " ranks; expected a multiple of " + std::to_string(T));
@@ -136,35 +126,23 @@ GPTImpl::GPTImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_g
 
 void GPTImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module, bool is_norm) {
   init_parameters(*module, is_norm);
-  if (group_size(tensor_group_) > 1) keep_tensor_slices(*module, module.get() == wte.get());
+  if (tensor_group_size(tensor_group_) > 1) keep_tensor_slices(*module, module.get() == wte.get());
   mark_block(module);
 }
 
 // The whole values were drawn as the unsplit model draws them; each parameter keeps this rank's
 // slice (set_data: the module's member and its registration stay the same tensor).
 void GPTImpl::keep_tensor_slices(torch::nn::Module& module, bool is_token_embedding) {
-  torch::NoGradGuard no_grad;
-  const int64_t T = tensor_group_->world_size(), r = tensor_group_->rank();
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
-    torch::Tensor mine;
-    TensorSplit split{tensor_group_, 0, 1};
-    if (is_token_embedding || ends_with(name, "c_fc.weight") || ends_with(name, "c_fc.bias")) {
-      mine = piece(p, 0, T, r);  // vocabulary rows; MLP features
-    } else if (ends_with(name, "c_attn.weight") || ends_with(name, "c_attn.bias")) {
-      // q, k and v each keep the rows of this rank's heads.
-      auto parts = p.chunk(3, 0);
-      mine = torch::cat({piece(parts[0], 0, T, r), piece(parts[1], 0, T, r), piece(parts[2], 0, T, r)}, 0);
-      split.parts = 3;
-    } else if (ends_with(name, "c_proj.weight")) {
-      mine = piece(p, 1, T, r);  // the columns of this rank's heads or features
-      split.dim = 1;
-    } else {
-      continue;  // replicated: wpe, layer norms, the projections' biases
-    }
-    p.set_data(mine.contiguous().clone());
-    mark_tensor_split(p, split);
+    if (is_token_embedding || ends_with(name, "c_fc.weight") || ends_with(name, "c_fc.bias"))
+      keep_tensor_slice(p, tensor_group_, 0);  // vocabulary rows; MLP features
+    else if (ends_with(name, "c_attn.weight") || ends_with(name, "c_attn.bias"))
+      keep_tensor_slice(p, tensor_group_, 0, 3);  // q, k and v each keep the rows of this rank's heads
+    else if (ends_with(name, "c_proj.weight"))
+      keep_tensor_slice(p, tensor_group_, 1);  // the columns of this rank's heads or features
+    // The rest is replicated: wpe, layer norms, the projections' biases.
   }
 }
 

@@ -25,16 +25,6 @@ torch::nn::Linear linear(int64_t in, int64_t out, bool bias) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
 }
 
-int64_t group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
-
-// A row-parallel projection: this rank's partial product summed over the group, then the bias
-// (replicated, if any) once.
-torch::Tensor row_parallel(const torch::Tensor& x, torch::nn::Linear& linear, const std::shared_ptr<Communicator>& group) {
-  if (!group) return linear->forward(x);
-  auto y = reduce_from_tensor_group(torch::nn::functional::linear(x, linear->weight), group);
-  return linear->bias.defined() ? y + linear->bias : y;
-}
-
 
 // The inverse frequencies of the rotary embedding after rope_scaling, as transformers computes
 // them (its _compute_default_rope_parameters and the linear and llama3 variants), in fp32.
@@ -79,8 +69,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c, std::shared_ptr<Com
   k_proj = register_module("k_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
   v_proj = register_module("v_proj", linear(c.hidden_size, kv_heads_ * head_dim_, qkv_bias));
   o_proj = register_module("o_proj", linear(heads_ * head_dim_, c.hidden_size, c.attention_bias));
-  heads_ /= group_size(group_);
-  kv_heads_ /= group_size(group_);
+  heads_ /= tensor_group_size(group_);
+  kv_heads_ /= tensor_group_size(group_);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
@@ -100,7 +90,7 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x, const torch::T
                ? at::scaled_dot_product_attention(q, k, v, allowed, /*dropout_p=*/0.0, /*is_causal=*/false, scale)
                : at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
                                                   /*is_causal=*/true, scale);
-  return row_parallel(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}), o_proj, group_);
+  return row_parallel_linear(y.transpose(1, 2).reshape({B, T, heads_ * head_dim_}), o_proj->weight, o_proj->bias, group_);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<Communicator> tensor_group)
@@ -112,7 +102,7 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& c, std::shared_ptr<Communicator> t
 
 torch::Tensor LlamaMLPImpl::forward(const torch::Tensor& x) {
   const torch::Tensor in = group_ ? copy_to_tensor_group(x, group_) : x;
-  return row_parallel(torch::silu(gate_proj(in)) * up_proj(in), down_proj, group_);
+  return row_parallel_linear(torch::silu(gate_proj(in)) * up_proj(in), down_proj->weight, down_proj->bias, group_);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c, std::shared_ptr<Communicator> tensor_group) {
@@ -132,7 +122,7 @@ LlamaImpl::LlamaImpl(const LlamaConfig& config, std::shared_ptr<Communicator> te
     : config_(config), tensor_group_(std::move(tensor_group)) {
   config_.validate();
   const LlamaConfig& c = config_;
-  if (const int64_t T = group_size(tensor_group_); T > 1) {
+  if (const int64_t T = tensor_group_size(tensor_group_); T > 1) {
     for (const auto& [key, value] : {std::pair{"num_attention_heads", c.num_attention_heads},
                                      std::pair{"num_key_value_heads", c.num_key_value_heads},
                                      std::pair{"intermediate_size", c.intermediate_size},
@@ -186,8 +176,6 @@ void LlamaImpl::finish_block(const std::shared_ptr<torch::nn::Module>& module) {
 // The whole values were drawn as the unsplit model draws them; each split parameter keeps this
 // rank's slice (set_data: the module's member and its registration stay the same tensor).
 void LlamaImpl::keep_tensor_slices(torch::nn::Module& module) {
-  torch::NoGradGuard no_grad;
-  const int64_t T = tensor_group_->world_size(), r = tensor_group_->rank();
   auto ends_with = [](const std::string& name, const char* suffix) {
     const std::string s(suffix);
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
@@ -196,7 +184,7 @@ void LlamaImpl::keep_tensor_slices(torch::nn::Module& module) {
   for (auto& item : module.named_parameters(/*recurse=*/true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
-    int64_t dim = 0;
+    int dim = 0;
     if (vocabulary || ends_with(name, "q_proj.weight") || ends_with(name, "q_proj.bias") ||
         ends_with(name, "k_proj.weight") || ends_with(name, "k_proj.bias") || ends_with(name, "v_proj.weight") ||
         ends_with(name, "v_proj.bias") || ends_with(name, "gate_proj.weight") || ends_with(name, "gate_proj.bias") ||
@@ -207,9 +195,7 @@ void LlamaImpl::keep_tensor_slices(torch::nn::Module& module) {
     } else {
       continue;  // replicated: the norms, the row-parallel projections' biases
     }
-    const int64_t n = p.size(dim) / T;
-    p.set_data(p.narrow(dim, n * r, n).contiguous().clone());
-    mark_tensor_split(p, TensorSplit{tensor_group_, int(dim), 1});
+    keep_tensor_slice(p, tensor_group_, dim);
   }
 }
 

@@ -128,6 +128,27 @@ at::Tensor copy_to_tensor_group(const at::Tensor& x, const std::shared_ptr<Commu
   return CopyToGroup::apply(x, group);
 }
 
+int64_t tensor_group_size(const std::shared_ptr<Communicator>& group) { return group ? group->world_size() : 1; }
+
+at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                               const std::shared_ptr<Communicator>& group) {
+  if (!group) return torch::nn::functional::linear(x, weight, bias);
+  at::Tensor y = reduce_from_tensor_group(torch::nn::functional::linear(x, weight), group);
+  return bias.defined() ? y + bias : y;
+}
+
+void keep_tensor_slice(at::Tensor& parameter, const std::shared_ptr<Communicator>& group, int dim, int parts) {
+  at::NoGradGuard no_grad;
+  const int64_t T = group->world_size(), r = group->rank();
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& part : parameter.chunk(parts, dim)) {
+    const int64_t n = part.size(dim) / T;
+    pieces.push_back(part.narrow(dim, n * r, n));
+  }
+  parameter.set_data(torch::cat(pieces, dim).contiguous().clone());
+  mark_tensor_split(parameter, TensorSplit{group, dim, parts});
+}
+
 at::Tensor reduce_from_tensor_group(const at::Tensor& x, const std::shared_ptr<Communicator>& group) {
   group_of(group, "reduce_from_tensor_group");
   return ReduceFromGroup::apply(x, group);
@@ -178,10 +199,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, bool with_
   if (with_bias) bias = register_parameter("bias", b);
 }
 
-at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) {
-  at::Tensor y = reduce_from_tensor_group(torch::nn::functional::linear(x, weight), group_);
-  return bias.defined() ? y + bias : y;
-}
+at::Tensor RowParallelLinearImpl::forward(const at::Tensor& x) { return row_parallel_linear(x, weight, bias, group_); }
 
 void RowParallelLinearImpl::load_whole(const at::Tensor& w, const at::Tensor& b) {
   at::NoGradGuard no_grad;

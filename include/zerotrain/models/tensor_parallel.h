@@ -48,6 +48,18 @@ at::Tensor reduce_from_tensor_group(const at::Tensor& x, const std::shared_ptr<C
 // rank's slice of the gradient.
 at::Tensor gather_from_tensor_group(const at::Tensor& x, const std::shared_ptr<Communicator>& group);
 
+// For models that split their own layers (the reference GPT, BERT and Llama do):
+// - the group's size, 1 for none;
+int64_t tensor_group_size(const std::shared_ptr<Communicator>& group);
+// - a row-parallel projection from weight [out, in / T]: this rank's partial product summed over
+//   the group, then the (replicated, possibly undefined) bias once; with no group, linear(x);
+at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                               const std::shared_ptr<Communicator>& group);
+// - `parameter`, holding the whole value as the unsplit model drew it, keeps this rank's slice:
+//   along `dim`, `parts` equal parts each cut into T, the rank's piece of every part (set_data:
+//   the module's member stays the same tensor), marked with zt::mark_tensor_split.
+void keep_tensor_slice(at::Tensor& parameter, const std::shared_ptr<Communicator>& group, int dim, int parts = 1);
+
 class ColumnParallelLinearImpl : public torch::nn::Module {
  public:
   ColumnParallelLinearImpl(int64_t in_features, int64_t out_features, bool bias,
