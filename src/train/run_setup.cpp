@@ -9,6 +9,7 @@
 #include "checkpoint/hf.h"
 #include "memory/estimate_report.h"
 #include "train/training_run.h"
+#include "zero/start_agreement.h"
 #include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
 #include "zerotrain/comms_logger.h"
@@ -56,6 +57,8 @@ void open_communicator(TrainingRun& run, const TrainConfig& config_in, const Tra
   run.rank = run.comm->rank();
   run.world = run.comm->world_size();
   run.leader = run.rank == 0 && !options.quiet;
+  // Over the whole world before the grid splits it: the engine checks its data-parallel group again.
+  check_ranks_agree(*run.comm, configuration_agreement_lines(config), "configuration");
   run.grid = make_process_grid(run.comm, config.tensor_parallel);
   run.data_rank = run.grid.data->rank();
   run.data_world = run.grid.data->world_size();

@@ -12,6 +12,7 @@
 #include "comm/node_groups.h"
 #include "common/check.h"
 #include "zero/engine_impl.h"
+#include "zero/start_agreement.h"
 #include "zero/step_monitor.h"
 #include "zerotrain/comms_logger.h"
 #include "zerotrain/error.h"
@@ -51,6 +52,9 @@ Engine::Impl::Impl(std::shared_ptr<torch::nn::Module> m, const TrainConfig& c, s
   shard_parameters = c.zero.shard_parameters;
   world = comm->world_size();
   rank = comm->rank();
+  // Before any collective whose shape follows the configuration or the model.
+  check_ranks_agree(*comm, configuration_agreement_lines(c), "configuration");
+  check_ranks_agree(*comm, model_agreement_lines(*model), "model");
   working_dtype = working_dtype_of(c.precision);
   separate_master = working_dtype != torch::kFloat32;
   if (c.zero.shard_optimizer_states) {
