@@ -26,7 +26,9 @@ constexpr int64_t kMiB = 1 << 20;
 // Measured with the CPU build (AMD EPYC, 2 ranks): the first training step of a model with 75k parameters
 // raises a rank's resident set by 18 MiB over its pre-model baseline, whatever the stage,
 // precision or world size (library code and caches first touched; docs/memory.md "runtime").
-constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
+// 1.5 MiB of it, the collectives' code, is now in the baseline: the ranks' agreement on their
+// configuration is the first collective, before the baseline is read.
+constexpr int64_t kCpuRuntimeBytes = 33 * kMiB / 2;
 // What a 16-bit run adds to that on CPU: LibTorch's 16-bit kernels and their caches. Measured as
 // the bf16 peak above the fp32-calibrated estimate, 10.5-13 MiB and constant over micro-batches
 // 4-32, 2-8 layers and widths 128-256 (AMD EPYC with AVX512_BF16; 9-11 MiB on an Intel Xeon
@@ -35,9 +37,12 @@ constexpr int64_t kCpuRuntimeBytes = 18 * kMiB;
 // it is counted only where this CPU has AVX-512; docs/memory.md "runtime".
 constexpr int64_t kCpuSixteenBitRuntimeBytes = 11 * kMiB;
 // CPU ranks sharing a machine exchange collectives through one shared-memory segment of two 1 MiB
-// slots per rank (src/comm/shared_memory.h kSlotBytes), which every rank maps and touches: its
-// resident set holds the node's whole segment (measured: RssShmem 4 MiB per rank with 2 ranks).
-constexpr int64_t kCpuSharedMemoryBytesPerRank = 2 * kMiB;
+// slots per rank (src/comm/shared_memory.h kSlotBytes), used in turn. A slot's pages become
+// resident as far as the largest message written to it, and every rank maps every rank's slots:
+// a rank's resident set holds, per rank of the node, two slots filled up to the run's largest
+// collective (measured with 2 ranks: RssShmem 4 MiB where gradient buckets exceed a slot, 1.5 MiB
+// for a model of 120k fp32 parameters, whose largest message is its 0.46 MiB of gradients).
+constexpr int64_t kCpuSharedMemorySlotBytes = 1 * kMiB;
 bool cpu_has_avx512() {
 #if defined(__x86_64__) || defined(__i386__)
   return __builtin_cpu_supports("avx512f");
@@ -354,6 +359,17 @@ void buffer_terms(EstimateTerms& t, MemoryEstimate& est) {
   t.conversion_chunk = t.plan.host.conversion_scratch;
 }
 
+// What the shared-memory segment of a node's CPU ranks holds in each rank's resident set: two
+// slots per rank filled up to the largest message, the gradient bucket reduced or the shard of
+// parameters published (a tensor group's activation messages: whole slots).
+int64_t shared_memory_bytes(const EstimateTerms& t, const ClusterSpec& cluster) {
+  if (cluster.devices_per_node <= 1) return 0;
+  const int64_t published = std::min(ceil_div(t.psi, t.N), std::max<int64_t>(1, t.zero.allgather_bucket_size));
+  const int64_t largest_message =
+      t.config.tensor_parallel > 1 ? kCpuSharedMemorySlotBytes : std::max(t.largest_bucket, published) * t.e;
+  return 2 * std::min(kCpuSharedMemorySlotBytes, largest_message) * cluster.devices_per_node;
+}
+
 // Stage 3: the gather pool keeps released blocks for reuse within twice the largest block; blocks
 // live at once are the one computing plus those prefetched ahead, which the engine launches while
 // fewer than min(stage3_prefetch_bucket_size, stage3_max_live_parameters minus the elements live)
@@ -586,8 +602,7 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   shape.partition_activations = config.activation_checkpointing.partition_activations;
   const ActivationBytes acts =
       transformer_activation_bytes(shape, config.train_micro_batch_size_per_gpu, t.e, t.recompute);
-  const int64_t shared_memory =
-      t.cpu_device && cluster.devices_per_node > 1 ? kCpuSharedMemoryBytesPerRank * cluster.devices_per_node : 0;
+  const int64_t shared_memory = t.cpu_device ? shared_memory_bytes(t, cluster) : 0;
   const int64_t runtime = options.runtime_bytes >= 0 ? options.runtime_bytes
                           : t.cpu_device ? kCpuRuntimeBytes + (t.mixed && cpu_has_avx512() ? kCpuSixteenBitRuntimeBytes : 0) +
                                                shared_memory
