@@ -171,3 +171,26 @@ TEST(HfTokenizerOracle, ThreadsEncodingAtOnceGetTheSameIds) {
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(mismatches, std::vector<size_t>(4, 0));
 }
+
+// A run of whitespace past PCRE2's first match limit (Llama 3's split pattern takes a step of it
+// per byte of a run), which the matcher retries with a larger limit: the ids are the Rust
+// library's. (A run of 10 million stops the Rust library itself: its Oniguruma gives up.)
+TEST(HfTokenizerOracle, LongWhitespaceRunsMatchTokenizers) {
+  REQUIRE_TOKENIZERS();
+  const std::string dir = oracle_dir("llama3");
+  const std::string text = "start" + std::string(1'100'000, ' ') + "word\t\u3000 \n\n x";
+  const std::string text_file = dir + "/long_whitespace.txt", ids_file = dir + "/long_whitespace_ids.json";
+  std::ofstream(text_file, std::ios::binary) << text;
+  auto run = zt::testing::run_process(
+      {"/usr/bin/env", "python3", std::string(ZT_SOURCE_DIR) + "/tests/support/hf_tokenizer_oracle.py", "encode",
+       dir + "/llama3.json", text_file, ids_file},
+      {{"PYTHONPATH", hf_pythonpath()}, {"PYTHONNOUSERSITE", "1"}, {"HF_HUB_OFFLINE", "1"}, {"RAYON_NUM_THREADS", "2"}},
+      std::chrono::seconds(240));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  std::vector<TokenId> expected;
+  const json runs = read_json(ids_file)["runs"];
+  for (const json& r : runs) expected.insert(expected.end(), r[1].get<size_t>(), r[0].get<TokenId>());
+  const std::vector<TokenId> ids = HfTokenizer::from_file(dir + "/llama3.json").encode(text);
+  EXPECT_EQ(ids.size(), expected.size());
+  EXPECT_TRUE(ids == expected) << "the ids differ from the tokenizers library's";
+}

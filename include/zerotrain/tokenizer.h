@@ -33,10 +33,20 @@ using TokenId = uint32_t;
 
 class HfTokenizer {
  public:
+  // The most bytes a tokenizer.json may have (the largest published ones have about 35 MB).
+  static constexpr size_t kMaxFileBytes = size_t(64) << 20;
+
   // `path` is a tokenizer.json file or a directory that holds one. Throws zt::DataError.
   static HfTokenizer from_file(const std::filesystem::path& path);
-  // The same from the file's text; `source` names it in error messages.
+  // The same from the file's text; `source` names it in error messages. The text may have at
+  // most kMaxFileBytes and nest at most 32 levels deep.
   static HfTokenizer from_json(std::string_view json_text, const std::string& source = "<memory>");
+  // The tokenizer.json that from_file(path) reads: `path`, or path/tokenizer.json for a directory.
+  static std::filesystem::path json_file(const std::filesystem::path& path);
+  // The text of json_file(path), read as from_file reads it: only a regular file (a device such
+  // as /dev/zero or a FIFO is refused without reading it), of at most kMaxFileBytes. Throws
+  // zt::DataError.
+  static std::string read_json_file(const std::filesystem::path& path);
 
   // The model's tokens for `text` (UTF-8), without the post-processor's special tokens, like
   // Python's `encode(text, add_special_tokens=False)`. Special tokens written in the text are

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <queue>
 
+#include "common/printable.h"
 #include "data/hf_utf8.h"
 #include "zerotrain/error.h"
 
@@ -58,7 +59,7 @@ BpeModel::BpeModel(StringMap<TokenId> vocab, const std::vector<std::pair<std::st
   auto lookup = [&](const std::string& token, size_t rank) {
     auto it = vocab_.find(token);
     if (it == vocab_.end())
-      throw DataError(where + ": model.merges[" + std::to_string(rank) + "] needs the token \"" + token +
+      throw DataError(where + ": model.merges[" + std::to_string(rank) + "] needs the token \"" + printable_utf8(token, 80) +
                       "\", which model.vocab does not have");
     return it->second;
   };
@@ -73,7 +74,7 @@ BpeModel::BpeModel(StringMap<TokenId> vocab, const std::vector<std::pair<std::st
   if (options_.unk_token) {
     auto it = vocab_.find(*options_.unk_token);
     if (it == vocab_.end())
-      throw DataError(where + ": model.unk_token \"" + *options_.unk_token + "\" is not in model.vocab");
+      throw DataError(where + ": model.unk_token \"" + printable_utf8(*options_.unk_token, 80) + "\" is not in model.vocab");
     unk_id_ = it->second;
   }
   if (options_.byte_fallback)

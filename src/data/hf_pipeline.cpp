@@ -5,6 +5,7 @@
 #include <string>
 
 #include "data/hf_utf8.h"
+#include "zerotrain/error.h"
 
 namespace zt::hf {
 namespace {
@@ -94,16 +95,32 @@ void split_piece(const Piece& piece, std::vector<Span> spans, SplitBehavior beha
   }
 }
 
-std::string replace_all(const Regex& pattern, std::string_view text, std::string_view content) {
-  std::string out;
+// The text with every match of `pattern` replaced by `content`; false, leaving `out` partial, as
+// soon as it would pass `max_bytes`.
+bool replace_all(const Regex& pattern, std::string_view text, std::string_view content, std::string& out,
+                 size_t max_bytes = std::string::npos) {
+  out.clear();
   size_t previous = 0;
+  bool within = true;
   pattern.for_each_match(text, [&](size_t start, size_t end) {
+    if (!within) return;
+    if (out.size() + (start - previous) + content.size() > max_bytes) {
+      within = false;
+      return;
+    }
     out.append(text.substr(previous, start - previous));
     out.append(content);
     previous = end;
   });
+  if (!within || out.size() + (text.size() - previous) > max_bytes) return false;
   out.append(text.substr(previous));
-  return out;
+  return true;
+}
+
+[[noreturn]] void throw_normalizer_growth(const std::string& where, size_t input, size_t limit) {
+  throw DataError(where + " makes a text of " + std::to_string(input) + " bytes longer than " + std::to_string(limit) +
+                  " bytes; expected at most " + std::to_string(kNormalizedGrowth) + " times the text's length plus " +
+                  std::to_string(kNormalizedSlackBytes) + " bytes");
 }
 
 bool starts_with(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
@@ -211,7 +228,11 @@ std::vector<std::string> apply_decoder(const Decoder& decoder, std::vector<std::
     return {joined};
   }
   if (const auto* replace = std::get_if<ReplaceDecoder>(&decoder)) {
-    for (std::string& token : tokens) token = replace_all(replace->pattern, token, replace->content);
+    std::string replaced;
+    for (std::string& token : tokens) {
+      replace_all(replace->pattern, token, replace->content, replaced);
+      token.swap(replaced);
+    }
     return tokens;
   }
   if (const auto* strip = std::get_if<StripDecoder>(&decoder)) {
@@ -242,45 +263,112 @@ const Regex& gpt2_pattern() {
 
 void AddedTokenMatcher::add(const std::string& content, TokenId id) {
   if (content.empty()) return;  // an empty token can never be matched
-  auto& candidates = by_first_byte_[static_cast<unsigned char>(content[0])];
-  candidates.emplace_back(content, id);
+  uint32_t node = 0;
+  for (const char c : content) {
+    const auto byte = static_cast<unsigned char>(c);
+    uint32_t next = child(node, byte);
+    if (next == 0) {
+      next = uint32_t(nodes_.size());
+      Node added;
+      added.parent = node;
+      added.depth = nodes_[node].depth + 1;
+      added.byte = byte;
+      nodes_.push_back(added);
+      if (node == 0)
+        root_children_[byte] = next;
+      else
+        children_.emplace(uint64_t(node) << 8 | byte, next);
+    }
+    node = next;
+  }
+  if (nodes_[node].token < 0) {
+    nodes_[node].token = int32_t(tokens_.size());
+    tokens_.emplace_back(content, id);
+  }
   ++count_;
-  std::stable_sort(candidates.begin(), candidates.end(),
-                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 }
 
-void AddedTokenMatcher::split(std::string_view text, bool at_origin, std::vector<Piece>& out) const {
-  size_t text_start = 0;
+uint32_t AddedTokenMatcher::child(uint32_t node, unsigned char byte) const {
+  if (node == 0) return root_children_[byte];
+  auto it = children_.find(uint64_t(node) << 8 | byte);
+  return it == children_.end() ? 0 : it->second;
+}
+
+uint32_t AddedTokenMatcher::step(uint32_t node, unsigned char byte, size_t& transitions) const {
+  for (;;) {
+    ++transitions;
+    if (const uint32_t next = child(node, byte)) return next;
+    if (node == 0) return 0;
+    node = nodes_[node].fail;
+  }
+}
+
+void AddedTokenMatcher::build() {
+  // Failure links in order of depth: a node's parent, and the parent's failure, come first.
+  std::vector<uint32_t> order(nodes_.size() - 1);
+  for (size_t i = 0; i < order.size(); ++i) order[i] = uint32_t(i + 1);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return nodes_[a].depth < nodes_[b].depth; });
+  for (const uint32_t index : order) {
+    Node& node = nodes_[index];
+    node.fail = 0;
+    if (node.parent != 0) {
+      uint32_t candidate = nodes_[node.parent].fail;
+      size_t ignored = 0;
+      node.fail = step(candidate, node.byte, ignored);
+    }
+    node.longest = node.token >= 0 ? node.token : nodes_[node.fail].longest;
+  }
+}
+
+size_t AddedTokenMatcher::split(std::string_view text, bool at_origin, std::vector<Piece>& out) const {
+  size_t transitions = 0;
+  size_t text_start = 0;  // where the stretch of plain text not yet emitted starts
   auto emit_text = [&](size_t end) {
     if (end > text_start)
       out.push_back({std::string(text.substr(text_start, end - text_start)), std::nullopt, at_origin && text_start == 0});
   };
-  for (size_t at = 0; at < text.size();) {
-    const std::pair<std::string, TokenId>* match = nullptr;
-    for (const auto& candidate : by_first_byte_[static_cast<unsigned char>(text[at])])
-      if (text.compare(at, candidate.first.size(), candidate.first) == 0) {
-        match = &candidate;
-        break;
+  for (size_t scan = 0; scan < text.size();) {
+    // The leftmost, then longest, match from `scan`: once the automaton's path starts past the
+    // best match's start, no later byte can give one further left or longer.
+    int32_t best = -1;
+    size_t best_start = 0;
+    uint32_t state = 0;
+    for (size_t i = scan; i < text.size(); ++i) {
+      state = step(state, static_cast<unsigned char>(text[i]), transitions);
+      if (best >= 0 && i + 1 - nodes_[state].depth > best_start) break;
+      const int32_t found = nodes_[state].longest;
+      if (found < 0) continue;
+      const size_t start = i + 1 - tokens_[size_t(found)].first.size();
+      if (best < 0 || start < best_start ||
+          (start == best_start && tokens_[size_t(found)].first.size() > tokens_[size_t(best)].first.size())) {
+        best = found;
+        best_start = start;
       }
-    if (!match) {
-      ++at;
-      continue;
     }
-    emit_text(at);
-    out.push_back({match->first, match->second, at_origin && at == 0});
-    at += match->first.size();
-    text_start = at;
+    if (best < 0) break;
+    const auto& [content, id] = tokens_[size_t(best)];
+    emit_text(best_start);
+    out.push_back({content, id, at_origin && best_start == 0});
+    scan = text_start = best_start + content.size();
   }
   emit_text(text.size());
+  return transitions;
 }
 
 void normalize(const std::vector<Normalizer>& normalizers, std::string& text) {
+  const size_t input = text.size();
+  const size_t limit = input * kNormalizedGrowth + kNormalizedSlackBytes;
+  std::string replaced;
   for (const Normalizer& normalizer : normalizers) {
     if (const auto* prepend = std::get_if<PrependNormalizer>(&normalizer)) {
-      if (!text.empty()) text.insert(0, prepend->prefix);
+      if (text.empty()) continue;
+      if (text.size() + prepend->prefix.size() > limit) throw_normalizer_growth(prepend->where, input, limit);
+      text.insert(0, prepend->prefix);
     } else {
       const auto& replace = std::get<ReplaceNormalizer>(normalizer);
-      text = replace_all(replace.pattern, text, replace.content);
+      if (!replace_all(replace.pattern, text, replace.content, replaced, limit))
+        throw_normalizer_growth(replace.where, input, limit);
+      text.swap(replaced);
     }
   }
 }

@@ -22,11 +22,21 @@ namespace zt::hf {
 // normalizers
 struct PrependNormalizer {
   std::string prefix;
+  std::string where;  // the file and field, for messages
 };
 struct ReplaceNormalizer {
   Regex pattern;
   std::string content;
+  std::string where;
 };
+// A normalizer may make a text at most this many times longer, plus kNormalizedSlackBytes: the
+// supported ones grow it threefold at most (Llama 2's " " to "▁"), and a hostile file must not
+// turn a small corpus into gigabytes.
+constexpr size_t kNormalizedGrowth = 8;
+constexpr size_t kNormalizedSlackBytes = 4096;
+// The added tokens' text, in all: the matcher keeps a node per byte. Published files have a few
+// hundred kilobytes at most.
+constexpr size_t kMaxAddedTokenBytes = size_t(4) << 20;
 using Normalizer = std::variant<PrependNormalizer, ReplaceNormalizer>;
 
 // pre-tokenizers
@@ -75,17 +85,38 @@ struct Piece {
   bool at_origin = false;  // starts at offset 0 of the input (Metaspace's "first" scheme)
 };
 
-// Finds added tokens in text: leftmost match first, the longest of those starting there.
+// Finds added tokens in text: leftmost match first, the longest of those starting there (the
+// Rust library's Aho-Corasick with MatchKind::LeftmostLongest). An Aho-Corasick automaton over
+// the tokens' bytes, so that the cost of a text does not grow with the number of tokens that share
+// a prefix: thousands of near misses cost what plain text does.
 class AddedTokenMatcher {
  public:
+  // Adds a token; build() must follow the last add(). Of two tokens with the same content the
+  // first added is matched.
   void add(const std::string& content, TokenId id);
+  void build();
   bool empty() const { return count_ == 0; }
   // Appends `text` to `out` cut into stretches of text and matched tokens (no empty stretch).
-  void split(std::string_view text, bool at_origin, std::vector<Piece>& out) const;
+  // Returns the number of automaton transitions taken (at most a few per byte of text, plus the
+  // bytes scanned again after each match), which tests bound.
+  size_t split(std::string_view text, bool at_origin, std::vector<Piece>& out) const;
 
  private:
-  // Per first byte, the tokens starting with it, longest first.
-  std::array<std::vector<std::pair<std::string, TokenId>>, 256> by_first_byte_;
+  struct Node {
+    uint32_t parent = 0;
+    uint32_t fail = 0;
+    uint32_t depth = 0;
+    int32_t token = -1;    // index into tokens_ of the token ending here, or -1
+    int32_t longest = -1;  // the longest token that is a suffix of this node's bytes, or -1
+    unsigned char byte = 0;
+  };
+  uint32_t child(uint32_t node, unsigned char byte) const;
+  uint32_t step(uint32_t node, unsigned char byte, size_t& transitions) const;
+
+  std::vector<std::pair<std::string, TokenId>> tokens_;
+  std::vector<Node> nodes_ = std::vector<Node>(1);  // the root
+  std::unordered_map<uint64_t, uint32_t> children_;  // (node << 8 | byte) -> child
+  std::array<uint32_t, 256> root_children_{};        // 0: none
   size_t count_ = 0;
 };
 
@@ -94,7 +125,9 @@ struct TemplatePart {
   std::vector<TokenId> ids;   // else a special token's ids
 };
 
-// Applies the stages in order; see the file comment.
+// Applies the stages in order; see the file comment. normalize throws zt::DataError naming the
+// normalizer when its output would pass kNormalizedGrowth times the input plus
+// kNormalizedSlackBytes.
 void normalize(const std::vector<Normalizer>& normalizers, std::string& text);
 // Pre-tokenizes one normalized piece into words for the model. Sets `byte_level` when the words
 // are still raw text that the model must pass through the byte-to-unicode map.
@@ -127,6 +160,8 @@ struct HfTokenizer::Impl {
 }  // namespace zt
 
 namespace zt::hf {
+
+constexpr size_t kMaxTokenizerJsonBytes = HfTokenizer::kMaxFileBytes;
 
 // Reads tokenizer.json (hf_tokenizer_json.cpp). Throws zt::DataError naming `source`, the field,
 // what is supported and what was found.

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <memory>
 
+#include "common/printable.h"
 #include "zerotrain/error.h"
 
 namespace zt::hf {
@@ -33,6 +34,12 @@ struct MatchState {
   MatchState(const MatchState&) = delete;
   MatchState& operator=(const MatchState&) = delete;
 };
+
+// PCRE2's own default is 10,000,000 steps; starting lower lets a pattern that backtracks without
+// end fail sooner, and the retries below give a legitimate long match what it needs.
+constexpr uint64_t kFirstMatchLimit = 1'000'000;
+constexpr uint64_t kRetryBudgetBase = 64'000'000;
+constexpr uint64_t kRetryBudgetPerByte = 8;
 
 size_t next_char_end(std::string_view text, size_t at) {
   size_t end = at + 1;
@@ -91,7 +98,7 @@ Regex::Regex(std::string_view pattern, const std::string& where) : pattern_(patt
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(compiled.data()), compiled.size(),
                                    PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
   if (!code)
-    throw DataError(where + ": the regular expression \"" + std::string(pattern) + "\" does not compile (" +
+    throw DataError(where + ": the regular expression \"" + printable_utf8(pattern, 200) + "\" does not compile (" +
                     pcre2_message(error_code) + " at offset " + std::to_string(error_offset) + ")");
   // Without JIT (a platform PCRE2 lacks it for) the interpreter gives the same matches, slower.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -114,14 +121,31 @@ Regex Regex::literal(std::string_view literal, const std::string& where) {
 
 void Regex::for_each_match(std::string_view text, const std::function<void(size_t, size_t)>& on_match) const {
   thread_local MatchState state;
+  // A match that needs more than the first limit (Llama 3's \s*[\r\n]+ takes a step per byte of
+  // a run of spaces) is tried again with twice the limit, then four times..., each retry charged
+  // to a budget that grows with the text: a long run costs time in proportion to its length, and a
+  // pattern that backtracks without end still stops.
+  uint64_t budget = kRetryBudgetBase + kRetryBudgetPerByte * uint64_t(text.size());
   size_t at = 0;
   while (at <= text.size()) {
-    const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
-                               PCRE2_NO_UTF_CHECK, state.data, state.context);
+    uint64_t limit = kFirstMatchLimit;
+    int rc = 0;
+    for (;;) {
+      pcre2_set_match_limit(state.context, uint32_t(limit));
+      pcre2_set_depth_limit(state.context, uint32_t(limit));
+      rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, PCRE2_NO_UTF_CHECK,
+                       state.data, state.context);
+      if ((rc != PCRE2_ERROR_MATCHLIMIT && rc != PCRE2_ERROR_DEPTHLIMIT) || 2 * limit > budget ||
+          2 * limit > UINT32_MAX)
+        break;
+      limit *= 2;
+      budget -= limit;
+    }
     if (rc == PCRE2_ERROR_NOMATCH) return;
     if (rc < 0)
-      throw DataError(where_ + ": matching the regular expression \"" + pattern_ + "\" failed on a text of " +
-                      std::to_string(text.size()) + " bytes (" + pcre2_message(rc) + ")");
+      throw DataError(where_ + ": matching the regular expression \"" + printable_utf8(pattern_, 200) +
+                      "\" failed at byte " + std::to_string(at) + " of a text of " + std::to_string(text.size()) +
+                      " bytes (" + pcre2_message(rc) + ")");
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     const size_t start = ovector[0], end = ovector[1];
     if (end > start) {

@@ -1,7 +1,13 @@
 // HfTokenizer: encoding and decoding over the stages of data/hf_pipeline.h.
-#include <fstream>
-#include <sstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/printable.h"
 #include "data/hf_pipeline.h"
 #include "data/hf_utf8.h"
 #include "zerotrain/error.h"
@@ -11,18 +17,50 @@ namespace zt {
 
 HfTokenizer::HfTokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
-HfTokenizer HfTokenizer::from_file(const std::filesystem::path& path) {
-  std::filesystem::path file = path;
+std::filesystem::path HfTokenizer::json_file(const std::filesystem::path& path) {
   std::error_code error;
-  if (std::filesystem::is_directory(path, error)) file = path / "tokenizer.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in)
-    throw DataError("tokenizer " + file.string() + ": cannot open the file (expected a tokenizer.json, or a " +
-                    "directory that holds one)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw DataError("tokenizer " + file.string() + ": reading the file failed");
-  return from_json(text.str(), file.string());
+  return std::filesystem::is_directory(path, error) ? path / "tokenizer.json" : path;
+}
+
+std::string HfTokenizer::read_json_file(const std::filesystem::path& path) {
+  const std::filesystem::path file = json_file(path);
+  const std::string label = "tokenizer " + printable_utf8(file.string(), 400);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below like any other
+  // file that is not regular (a device such as /dev/zero would never end).
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0)
+    throw DataError(label + ": cannot open the file: " + std::strerror(errno) +
+                    " (expected a tokenizer.json, or a directory that holds one)");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw DataError(label + ": not a regular file (expected a tokenizer.json, or a directory that holds one)");
+  const auto too_large = [&](const std::string& size) {
+    return DataError(label + ": " + size + " bytes; expected at most " + std::to_string(kMaxFileBytes) +
+                     " for a tokenizer.json");
+  };
+  if (uint64_t(st.st_size) > kMaxFileBytes) throw too_large(std::to_string(st.st_size));
+  // Read at most one byte past the limit: a file growing while it is read is bounded too.
+  std::string text(size_t(st.st_size) + 1, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw DataError(label + ": reading the file failed: " + std::strerror(errno));
+    if (n == 0) break;
+    got += size_t(n);
+    if (got == text.size() && text.size() <= kMaxFileBytes) text.resize(std::min(text.size() * 2, kMaxFileBytes + 1));
+  }
+  if (got > kMaxFileBytes) throw too_large("more than " + std::to_string(kMaxFileBytes));
+  text.resize(got);
+  return text;
+}
+
+HfTokenizer HfTokenizer::from_file(const std::filesystem::path& path) {
+  return from_json(read_json_file(path), json_file(path).string());
 }
 
 HfTokenizer HfTokenizer::from_json(std::string_view json_text, const std::string& source) {
@@ -31,7 +69,7 @@ HfTokenizer HfTokenizer::from_json(std::string_view json_text, const std::string
 
 std::vector<TokenId> HfTokenizer::encode(std::string_view text) const {
   if (auto bad = hf::first_invalid_utf8(text))
-    throw DataError("tokenizer " + impl_->source + ": the text to encode is not valid UTF-8 (byte " +
+    throw DataError("tokenizer " + printable_utf8(impl_->source, 400) + ": the text to encode is not valid UTF-8 (byte " +
                     std::to_string(*bad) + " of " + std::to_string(text.size()) + ")");
   std::vector<hf::Piece> raw_pieces;
   if (impl_->raw_added_tokens.empty())
@@ -92,7 +130,7 @@ std::string HfTokenizer::decode(std::span<const TokenId> ids, bool skip_special_
     } else if (const std::string* model_token = impl_->model->id_to_token(ids[i])) {
       token = *model_token;
     } else {
-      throw DataError("tokenizer " + impl_->source + ": cannot decode id " + std::to_string(ids[i]) + " at position " +
+      throw DataError("tokenizer " + printable_utf8(impl_->source, 400) + ": cannot decode id " + std::to_string(ids[i]) + " at position " +
                       std::to_string(i) + " (the vocabulary has no such id; its ids are below " +
                       std::to_string(impl_->vocab_size) + ")");
     }

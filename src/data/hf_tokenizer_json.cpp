@@ -1,9 +1,13 @@
 // tokenizer.json → HfTokenizer::Impl. Whatever would make our ids differ from the Rust library's
-// is refused here, by name, rather than approximated.
+// is refused here, by name, rather than approximated. The file comes from the internet: its size
+// and nesting are bounded before it is parsed, as for config.json and the checkpoint manifests.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <vector>
 
+#include "checkpoint/json_bounds.h"
+#include "common/printable.h"
 #include "data/hf_pipeline.h"
 #include "data/hf_utf8.h"
 #include "zerotrain/error.h"
@@ -13,81 +17,126 @@ namespace {
 
 using nlohmann::json;
 
-// Reads fields of one file; every error names the file and the field's path.
+// A tokenizer.json nests about 7 levels deep (post_processor.processors[0].special_tokens...ids);
+// a Sequence inside a Sequence adds two. Far deeper is not a tokenizer, and the readers below
+// recurse once per level.
+constexpr int kMaxJsonDepth = 32;
+// The top level has about ten keys (model, normalizer, ...); the vocabulary is one level down.
+constexpr int64_t kMaxTopLevelKeys = 1000;
+
+// Where a value sits in the file: a chain of links on the callers' stacks, one per level, so that
+// reading a nested value copies nothing; the dotted text is built only for a message.
+class FieldPath {
+ public:
+  FieldPath() = default;  // the file's top level
+  FieldPath key(std::string_view name) const { return {this, Kind::Key, name, 0}; }
+  // ["name"]: a key that comes from the file (a token, a special token's name).
+  FieldPath quoted(std::string_view name) const { return {this, Kind::Quoted, name, 0}; }
+  FieldPath index(size_t i) const { return {this, Kind::Index, {}, i}; }
+
+  std::string text() const {
+    std::vector<const FieldPath*> chain;
+    for (const FieldPath* link = this; link->kind_ != Kind::Root; link = link->parent_) chain.push_back(link);
+    std::string out;
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+      const FieldPath& link = **it;
+      if (link.kind_ == Kind::Key) {
+        if (!out.empty()) out += '.';
+        out.append(link.name_);
+      } else if (link.kind_ == Kind::Quoted) {
+        out.append("[\"").append(printable_utf8(link.name_, 80)).append("\"]");
+      } else {
+        out.append("[").append(std::to_string(link.index_)).append("]");
+      }
+    }
+    return out.empty() ? "(top level)" : out;
+  }
+
+ private:
+  enum class Kind { Root, Key, Quoted, Index };
+  FieldPath(const FieldPath* parent, Kind kind, std::string_view name, size_t index)
+      : parent_(parent), kind_(kind), name_(name), index_(index) {}
+  const FieldPath* parent_ = nullptr;
+  Kind kind_ = Kind::Root;
+  std::string_view name_;
+  size_t index_ = 0;
+};
+
+// Reads fields of one file; every error names the file and the field's path, and quotes what it
+// found as one line of valid UTF-8.
 class Reader {
  public:
-  explicit Reader(std::string source) : source_(std::move(source)) {}
+  explicit Reader(const std::string& source) : label_("tokenizer " + printable_utf8(source, 400)) {}
 
-  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
-    throw DataError("tokenizer " + source_ + ": field " + field + " " + problem);
+  [[noreturn]] void fail(const FieldPath& field, const std::string& problem) const {
+    throw DataError(label_ + ": field " + field.text() + " " + problem);
   }
-  [[noreturn]] void unsupported(const std::string& field, const json& found, const std::string& supported) const {
+  [[noreturn]] void unsupported(const FieldPath& field, const json& found, const std::string& supported) const {
     fail(field, "is " + shown(found) + ", which is not supported (supported: " + supported + ")");
   }
   static std::string shown(const json& value) {
-    std::string text = value.dump();
-    return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+    // Strings in a parsed document are valid UTF-8; the cut and any control characters are not
+    // left to chance.
+    return printable_utf8(value.dump(-1, ' ', false, json::error_handler_t::replace), 80);
   }
 
-  const json& required(const json& object, const std::string& key, const std::string& path) const {
+  const json& required(const json& object, const char* key, const FieldPath& path) const {
     auto it = object.find(key);
-    if (it == object.end()) fail(joined(path, key), "is missing");
+    if (it == object.end()) fail(path.key(key), "is missing");
     return *it;
   }
-  std::string string(const json& value, const std::string& field) const {
+  std::string string(const json& value, const FieldPath& field) const {
     if (!value.is_string()) fail(field, "is " + shown(value) + "; expected a string");
     return value.get<std::string>();
   }
-  bool boolean(const json& object, const std::string& key, const std::string& path, bool fallback) const {
+  bool boolean(const json& object, const char* key, const FieldPath& path, bool fallback) const {
     auto it = object.find(key);
     if (it == object.end() || it->is_null()) return fallback;
-    if (!it->is_boolean()) fail(path + "." + key, "is " + shown(*it) + "; expected true or false");
+    if (!it->is_boolean()) fail(path.key(key), "is " + shown(*it) + "; expected true or false");
     return it->get<bool>();
   }
-  uint64_t unsigned_integer(const json& value, const std::string& field, uint64_t limit) const {
+  uint64_t unsigned_integer(const json& value, const FieldPath& field, uint64_t limit) const {
     if (!value.is_number_unsigned() || value.get<uint64_t>() > limit)
       fail(field, "is " + shown(value) + "; expected an integer from 0 to " + std::to_string(limit));
     return value.get<uint64_t>();
   }
-  const json& object_of_type(const json& value, const std::string& field) const {
+  const json& object_of_type(const json& value, const FieldPath& field) const {
     if (!value.is_object()) fail(field, "is " + shown(value) + "; expected an object");
     return value;
   }
-  std::string type_of(const json& value, const std::string& field) const {
+  std::string type_of(const json& value, const FieldPath& field) const {
     object_of_type(value, field);
-    return string(required(value, "type", field), field + ".type");
+    return string(required(value, "type", field), field.key("type"));
   }
-  const json& array(const json& object, const std::string& key, const std::string& path) const {
+  const json& array(const json& object, const char* key, const FieldPath& path) const {
     const json& value = required(object, key, path);
-    if (!value.is_array()) fail(path + "." + key, "is " + shown(value) + "; expected an array");
+    if (!value.is_array()) fail(path.key(key), "is " + shown(value) + "; expected an array");
     return value;
   }
-  const std::string& source() const { return source_; }
-  // The path of `key` inside the object at `path` ("" for the file's top level).
-  static std::string joined(const std::string& path, const std::string& key) {
-    return path.empty() ? key : path + "." + key;
-  }
+  // "tokenizer <file>": how messages from other parts (the model, the regexes) name the file.
+  const std::string& label() const { return label_; }
+  std::string where(const FieldPath& field) const { return label_ + ": field " + field.text(); }
 
  private:
-  std::string source_;
+  std::string label_;
 };
 
 // Far above any vocabulary (Llama 3: 128,256); the id-indexed tables stay small for a bad file.
 constexpr TokenId kMaxTokenId = (1u << 24) - 1;
 
 // {"String": s} or {"Regex": r} of Split, Replace.
-Regex read_pattern(const Reader& reader, const json& owner, const std::string& path) {
-  const json& pattern = reader.object_of_type(reader.required(owner, "pattern", path), path + ".pattern");
-  const std::string where = "tokenizer " + reader.source() + ": field " + path + ".pattern";
+Regex read_pattern(const Reader& reader, const json& owner, const FieldPath& path) {
+  const FieldPath field = path.key("pattern");
+  const json& pattern = reader.object_of_type(reader.required(owner, "pattern", path), field);
   if (auto it = pattern.find("String"); it != pattern.end())
-    return Regex::literal(reader.string(*it, path + ".pattern.String"), where);
+    return Regex::literal(reader.string(*it, field.key("String")), reader.where(field));
   if (auto it = pattern.find("Regex"); it != pattern.end())
-    return Regex(reader.string(*it, path + ".pattern.Regex"), where);
-  reader.unsupported(path + ".pattern", pattern, "{\"String\": ...} or {\"Regex\": ...}");
+    return Regex(reader.string(*it, field.key("Regex")), reader.where(field));
+  reader.unsupported(field, pattern, "{\"String\": ...} or {\"Regex\": ...}");
 }
 
 // One character, as a code point (Metaspace's replacement, Strip's content).
-char32_t read_character(const Reader& reader, const json& value, const std::string& field) {
+char32_t read_character(const Reader& reader, const json& value, const FieldPath& field) {
   const std::string text = reader.string(value, field);
   size_t at = 0;
   if (text.empty() || first_invalid_utf8(text) || (next_code_point(text, at), at != text.size()))
@@ -96,54 +145,56 @@ char32_t read_character(const Reader& reader, const json& value, const std::stri
   return next_code_point(text, at);
 }
 
-PrependScheme read_prepend_scheme(const Reader& reader, const json& object, const std::string& path) {
+PrependScheme read_prepend_scheme(const Reader& reader, const json& object, const FieldPath& path) {
   if (auto it = object.find("prepend_scheme"); it != object.end()) {
-    const std::string scheme = reader.string(*it, path + ".prepend_scheme");
+    const std::string scheme = reader.string(*it, path.key("prepend_scheme"));
     if (scheme == "always") return PrependScheme::Always;
     if (scheme == "never") return PrependScheme::Never;
     if (scheme == "first") return PrependScheme::First;
-    reader.unsupported(path + ".prepend_scheme", *it, "\"always\", \"never\", \"first\"");
+    reader.unsupported(path.key("prepend_scheme"), *it, "\"always\", \"never\", \"first\"");
   }
   // Files from before prepend_scheme existed say add_prefix_space.
   return reader.boolean(object, "add_prefix_space", path, true) ? PrependScheme::Always : PrependScheme::Never;
 }
 
-void read_normalizer(const Reader& reader, const json& value, const std::string& path, std::vector<Normalizer>& out) {
+void read_normalizer(const Reader& reader, const json& value, const FieldPath& path, std::vector<Normalizer>& out) {
   if (value.is_null()) return;
   const std::string type = reader.type_of(value, path);
   if (type == "Sequence") {
     const json& steps = reader.array(value, "normalizers", path);
-    for (size_t i = 0; i < steps.size(); ++i)
-      read_normalizer(reader, steps[i], path + ".normalizers[" + std::to_string(i) + "]", out);
+    const FieldPath steps_path = path.key("normalizers");
+    for (size_t i = 0; i < steps.size(); ++i) read_normalizer(reader, steps[i], steps_path.index(i), out);
   } else if (type == "Prepend") {
-    out.push_back(PrependNormalizer{reader.string(reader.required(value, "prepend", path), path + ".prepend")});
+    out.push_back(PrependNormalizer{reader.string(reader.required(value, "prepend", path), path.key("prepend")),
+                                    reader.where(path)});
   } else if (type == "Replace") {
     out.push_back(ReplaceNormalizer{read_pattern(reader, value, path),
-                                    reader.string(reader.required(value, "content", path), path + ".content")});
+                                    reader.string(reader.required(value, "content", path), path.key("content")),
+                                    reader.where(path)});
   } else {
-    reader.unsupported(path + ".type", type, "\"Prepend\", \"Replace\", \"Sequence\" of them");
+    reader.unsupported(path.key("type"), type, "\"Prepend\", \"Replace\", \"Sequence\" of them");
   }
 }
 
-SplitBehavior read_behavior(const Reader& reader, const json& object, const std::string& path) {
+SplitBehavior read_behavior(const Reader& reader, const json& object, const FieldPath& path) {
   const json& value = reader.required(object, "behavior", path);
-  const std::string behavior = reader.string(value, path + ".behavior");
+  const std::string behavior = reader.string(value, path.key("behavior"));
   if (behavior == "Isolated") return SplitBehavior::Isolated;
   if (behavior == "Removed") return SplitBehavior::Removed;
   if (behavior == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
   if (behavior == "MergedWithNext") return SplitBehavior::MergedWithNext;
   if (behavior == "Contiguous") return SplitBehavior::Contiguous;
-  reader.unsupported(path + ".behavior", value,
+  reader.unsupported(path.key("behavior"), value,
                      "\"Isolated\", \"Removed\", \"MergedWithPrevious\", \"MergedWithNext\", \"Contiguous\"");
 }
 
-void read_pre_tokenizer(const Reader& reader, const json& value, const std::string& path, std::vector<PreTokenizer>& out) {
+void read_pre_tokenizer(const Reader& reader, const json& value, const FieldPath& path, std::vector<PreTokenizer>& out) {
   if (value.is_null()) return;
   const std::string type = reader.type_of(value, path);
   if (type == "Sequence") {
     const json& steps = reader.array(value, "pretokenizers", path);
-    for (size_t i = 0; i < steps.size(); ++i)
-      read_pre_tokenizer(reader, steps[i], path + ".pretokenizers[" + std::to_string(i) + "]", out);
+    const FieldPath steps_path = path.key("pretokenizers");
+    for (size_t i = 0; i < steps.size(); ++i) read_pre_tokenizer(reader, steps[i], steps_path.index(i), out);
   } else if (type == "ByteLevel") {
     out.push_back(ByteLevelPreTokenizer{reader.boolean(value, "add_prefix_space", path, true),
                                         reader.boolean(value, "use_regex", path, true)});
@@ -151,20 +202,26 @@ void read_pre_tokenizer(const Reader& reader, const json& value, const std::stri
     out.push_back(SplitPreTokenizer{read_pattern(reader, value, path), read_behavior(reader, value, path),
                                     reader.boolean(value, "invert", path, false)});
   } else if (type == "Metaspace") {
-    const char32_t replacement = read_character(reader, reader.required(value, "replacement", path), path + ".replacement");
+    const char32_t replacement = read_character(reader, reader.required(value, "replacement", path), path.key("replacement"));
     out.push_back(MetaspacePreTokenizer{utf8_encode(replacement), read_prepend_scheme(reader, value, path),
                                         reader.boolean(value, "split", path, true)});
   } else {
-    reader.unsupported(path + ".type", type, "\"ByteLevel\", \"Split\", \"Metaspace\", \"Sequence\" of them");
+    reader.unsupported(path.key("type"), type, "\"ByteLevel\", \"Split\", \"Metaspace\", \"Sequence\" of them");
   }
 }
 
-void read_decoder(const Reader& reader, const json& value, const std::string& path, std::vector<Decoder>& out) {
+StripDecoder read_strip_decoder(const Reader& reader, const json& value, const FieldPath& path) {
+  return StripDecoder{read_character(reader, reader.required(value, "content", path), path.key("content")),
+                      reader.unsigned_integer(reader.required(value, "start", path), path.key("start"), 1u << 20),
+                      reader.unsigned_integer(reader.required(value, "stop", path), path.key("stop"), 1u << 20)};
+}
+
+void read_decoder(const Reader& reader, const json& value, const FieldPath& path, std::vector<Decoder>& out) {
   const std::string type = reader.type_of(value, path);
   if (type == "Sequence") {
     const json& steps = reader.array(value, "decoders", path);
-    for (size_t i = 0; i < steps.size(); ++i)
-      read_decoder(reader, steps[i], path + ".decoders[" + std::to_string(i) + "]", out);
+    const FieldPath steps_path = path.key("decoders");
+    for (size_t i = 0; i < steps.size(); ++i) read_decoder(reader, steps[i], steps_path.index(i), out);
   } else if (type == "ByteLevel") {
     out.push_back(ByteLevelDecoder{});
   } else if (type == "ByteFallback") {
@@ -173,39 +230,39 @@ void read_decoder(const Reader& reader, const json& value, const std::string& pa
     out.push_back(FuseDecoder{});
   } else if (type == "Replace") {
     out.push_back(ReplaceDecoder{read_pattern(reader, value, path),
-                                 reader.string(reader.required(value, "content", path), path + ".content")});
+                                 reader.string(reader.required(value, "content", path), path.key("content"))});
   } else if (type == "Strip") {
-    out.push_back(StripDecoder{read_character(reader, reader.required(value, "content", path), path + ".content"),
-                               reader.unsigned_integer(reader.required(value, "start", path), path + ".start", 1u << 20),
-                               reader.unsigned_integer(reader.required(value, "stop", path), path + ".stop", 1u << 20)});
+    out.push_back(read_strip_decoder(reader, value, path));
   } else if (type == "Metaspace") {
-    out.push_back(MetaspaceDecoder{read_character(reader, reader.required(value, "replacement", path), path + ".replacement"),
+    out.push_back(MetaspaceDecoder{read_character(reader, reader.required(value, "replacement", path), path.key("replacement")),
                                    read_prepend_scheme(reader, value, path)});
   } else {
-    reader.unsupported(path + ".type", type,
+    reader.unsupported(path.key("type"), type,
                        "\"ByteLevel\", \"ByteFallback\", \"Fuse\", \"Replace\", \"Strip\", \"Metaspace\", \"Sequence\" of them");
   }
 }
 
 // Options that change the ids and that this implementation does not have must be off.
-void require_off(const Reader& reader, const json& object, const std::string& key, const std::string& path,
+void require_off(const Reader& reader, const json& object, const char* key, const FieldPath& path,
                  const std::string& off) {
   auto it = object.find(key);
   if (it == object.end() || it->is_null() || *it == false || (it->is_string() && it->get<std::string>().empty()) ||
       (it->is_number() && it->get<double>() == 0.0))
     return;
-  reader.unsupported(Reader::joined(path, key), *it, off);
+  reader.unsupported(path.key(key), *it, off);
 }
 
-std::vector<std::pair<std::string, std::string>> read_merges(const Reader& reader, const json& model) {
-  const json& merges = reader.array(model, "merges", "model");
+std::vector<std::pair<std::string, std::string>> read_merges(const Reader& reader, const json& model,
+                                                             const FieldPath& model_path) {
+  const json& merges = reader.array(model, "merges", model_path);
+  const FieldPath merges_path = model_path.key("merges");
   std::vector<std::pair<std::string, std::string>> out;
   out.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
-    const std::string field = "model.merges[" + std::to_string(i) + "]";
+    const FieldPath field = merges_path.index(i);
     const json& merge = merges[i];
     if (merge.is_array() && merge.size() == 2) {
-      out.emplace_back(reader.string(merge[0], field + "[0]"), reader.string(merge[1], field + "[1]"));
+      out.emplace_back(reader.string(merge[0], field.index(0)), reader.string(merge[1], field.index(1)));
       continue;
     }
     const std::string line = merge.is_string() ? merge.get<std::string>() : std::string();
@@ -218,38 +275,52 @@ std::vector<std::pair<std::string, std::string>> read_merges(const Reader& reade
   return out;
 }
 
-std::unique_ptr<BpeModel> read_model(const Reader& reader, const json& root) {
-  const json& model = reader.object_of_type(reader.required(root, "model", ""), "model");
+std::unique_ptr<BpeModel> read_model(const Reader& reader, const json& root, const FieldPath& top) {
+  const FieldPath path = top.key("model");
+  const json& model = reader.object_of_type(reader.required(root, "model", top), path);
   auto type = model.find("type");
-  if (type == model.end()) reader.fail("model.type", "is missing (supported: \"BPE\")");
-  if (*type != "BPE") reader.unsupported("model.type", *type, "\"BPE\"");
-  require_off(reader, model, "dropout", "model", "null (BPE dropout is for training)");
-  require_off(reader, model, "continuing_subword_prefix", "model", "null");
-  require_off(reader, model, "end_of_word_suffix", "model", "null");
-  const json& vocab_json = reader.object_of_type(reader.required(model, "vocab", "model"), "model.vocab");
+  if (type == model.end()) reader.fail(path.key("type"), "is missing (supported: \"BPE\")");
+  if (*type != "BPE") reader.unsupported(path.key("type"), *type, "\"BPE\"");
+  require_off(reader, model, "dropout", path, "null (BPE dropout is for training)");
+  require_off(reader, model, "continuing_subword_prefix", path, "null");
+  require_off(reader, model, "end_of_word_suffix", path, "null");
+  const FieldPath vocab_path = path.key("vocab");
+  const json& vocab_json = reader.object_of_type(reader.required(model, "vocab", path), vocab_path);
   StringMap<TokenId> vocab;
   vocab.reserve(vocab_json.size());
   for (const auto& [token, id] : vocab_json.items())
-    vocab.emplace(token, TokenId(reader.unsigned_integer(id, "model.vocab[\"" + token + "\"]", kMaxTokenId)));
+    vocab.emplace(token, TokenId(reader.unsigned_integer(id, vocab_path.quoted(token), kMaxTokenId)));
   BpeOptions options;
   if (auto unk = model.find("unk_token"); unk != model.end() && !unk->is_null())
-    options.unk_token = reader.string(*unk, "model.unk_token");
-  options.fuse_unk = reader.boolean(model, "fuse_unk", "model", false);
-  options.byte_fallback = reader.boolean(model, "byte_fallback", "model", false);
-  options.ignore_merges = reader.boolean(model, "ignore_merges", "model", false);
-  return std::make_unique<BpeModel>(std::move(vocab), read_merges(reader, model), std::move(options),
-                                    "tokenizer " + reader.source());
+    options.unk_token = reader.string(*unk, path.key("unk_token"));
+  options.fuse_unk = reader.boolean(model, "fuse_unk", path, false);
+  options.byte_fallback = reader.boolean(model, "byte_fallback", path, false);
+  options.ignore_merges = reader.boolean(model, "ignore_merges", path, false);
+  return std::make_unique<BpeModel>(std::move(vocab), read_merges(reader, model, path), std::move(options),
+                                    reader.label());
 }
 
-void read_added_tokens(const Reader& reader, const json& root, HfTokenizer::Impl& impl) {
+void read_added_tokens(const Reader& reader, const json& root, const FieldPath& top, HfTokenizer::Impl& impl) {
   auto tokens = root.find("added_tokens");
   if (tokens == root.end() || tokens->is_null()) return;
-  if (!tokens->is_array()) reader.fail("added_tokens", "is " + Reader::shown(*tokens) + "; expected an array");
+  const FieldPath tokens_path = top.key("added_tokens");
+  if (!tokens->is_array()) reader.fail(tokens_path, "is " + Reader::shown(*tokens) + "; expected an array");
+  // The matchers keep a node per byte of the tokens: their text is bounded before any is built.
+  size_t content_bytes = 0;
   for (size_t i = 0; i < tokens->size(); ++i) {
-    const std::string path = "added_tokens[" + std::to_string(i) + "]";
+    const json& token = (*tokens)[i];
+    auto content = token.is_object() ? token.find("content") : token.end();
+    if (content == token.end() || !content->is_string()) continue;  // refused below, by name
+    if ((content_bytes += content->get_ref<const std::string&>().size()) > kMaxAddedTokenBytes)
+      reader.fail(tokens_path.index(i).key("content"), "brings the added tokens' text to " + std::to_string(content_bytes) +
+                                                          " bytes; expected at most " +
+                                                          std::to_string(kMaxAddedTokenBytes) + " in all");
+  }
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const FieldPath path = tokens_path.index(i);
     const json& token = reader.object_of_type((*tokens)[i], path);
-    const auto id = TokenId(reader.unsigned_integer(reader.required(token, "id", path), path + ".id", kMaxTokenId));
-    const std::string content = reader.string(reader.required(token, "content", path), path + ".content");
+    const auto id = TokenId(reader.unsigned_integer(reader.required(token, "id", path), path.key("id"), kMaxTokenId));
+    const std::string content = reader.string(reader.required(token, "content", path), path.key("content"));
     for (const char* option : {"single_word", "lstrip", "rstrip"}) require_off(reader, token, option, path, "false");
     const bool special = reader.boolean(token, "special", path, false);
     // The Rust library's default: special tokens are matched in the raw text.
@@ -258,72 +329,96 @@ void read_added_tokens(const Reader& reader, const json& root, HfTokenizer::Impl
     impl.added_tokens_by_id[id] = content;
     if (special) impl.special_token_contents.insert(content);
   }
+  impl.normalized_added_tokens.build();
+  impl.raw_added_tokens.build();
+}
+
+// One item of TemplateProcessing's single template: $A, or a special token's ids.
+TemplatePart read_template_item(const Reader& reader, const json& item_json, const FieldPath& item_path,
+                                const json& specials, const FieldPath& specials_path) {
+  const json& item = reader.object_of_type(item_json, item_path);
+  if (auto sequence = item.find("Sequence"); sequence != item.end()) {
+    const FieldPath sequence_path = item_path.key("Sequence");
+    const json& id = reader.required(*sequence, "id", sequence_path);
+    if (id != "A") reader.unsupported(sequence_path.key("id"), id, "\"A\" in the single-sequence template");
+    return {true, {}};
+  }
+  const FieldPath special_path = item_path.key("SpecialToken");
+  const json& special = reader.required(item, "SpecialToken", item_path);
+  const std::string name = reader.string(reader.required(special, "id", special_path), special_path.key("id"));
+  auto entry = specials.find(name);
+  if (entry == specials.end())
+    reader.fail(specials_path, "has no entry \"" + printable_utf8(name, 80) + "\", which " + item_path.text() + " names");
+  TemplatePart part;
+  const FieldPath entry_path = specials_path.quoted(name);
+  const FieldPath ids_path = entry_path.key("ids");
+  for (const json& id : reader.array(*entry, "ids", entry_path))
+    part.ids.push_back(TokenId(reader.unsigned_integer(id, ids_path, kMaxTokenId)));
+  return part;
 }
 
 // The single-sequence template of TemplateProcessing, alone or in a Sequence of processors;
 // ByteLevel's post-processor changes offsets only and leaves the ids alone.
-void read_post_processor(const Reader& reader, const json& value, const std::string& path, HfTokenizer::Impl& impl) {
+void read_post_processor(const Reader& reader, const json& value, const FieldPath& path, HfTokenizer::Impl& impl) {
   if (value.is_null()) return;
   const std::string type = reader.type_of(value, path);
   if (type == "ByteLevel") return;
   if (type == "Sequence") {
     const json& steps = reader.array(value, "processors", path);
-    for (size_t i = 0; i < steps.size(); ++i)
-      read_post_processor(reader, steps[i], path + ".processors[" + std::to_string(i) + "]", impl);
+    const FieldPath steps_path = path.key("processors");
+    for (size_t i = 0; i < steps.size(); ++i) read_post_processor(reader, steps[i], steps_path.index(i), impl);
     return;
   }
   if (type != "TemplateProcessing")
-    reader.unsupported(path + ".type", type, "\"TemplateProcessing\", \"ByteLevel\", \"Sequence\" of them");
+    reader.unsupported(path.key("type"), type, "\"TemplateProcessing\", \"ByteLevel\", \"Sequence\" of them");
   if (!impl.single_template.empty()) reader.fail(path, "is a second TemplateProcessing (supported: one)");
-  const json& specials = reader.object_of_type(reader.required(value, "special_tokens", path), path + ".special_tokens");
+  const FieldPath specials_path = path.key("special_tokens");
+  const json& specials = reader.object_of_type(reader.required(value, "special_tokens", path), specials_path);
   const json& single = reader.array(value, "single", path);
-  for (size_t i = 0; i < single.size(); ++i) {
-    const std::string item_path = path + ".single[" + std::to_string(i) + "]";
-    const json& item = reader.object_of_type(single[i], item_path);
-    if (auto sequence = item.find("Sequence"); sequence != item.end()) {
-      const json& id = reader.required(*sequence, "id", item_path + ".Sequence");
-      if (id != "A") reader.unsupported(item_path + ".Sequence.id", id, "\"A\" in the single-sequence template");
-      impl.single_template.push_back({true, {}});
-      continue;
-    }
-    const json& special = reader.required(item, "SpecialToken", item_path);
-    const std::string name = reader.string(reader.required(special, "id", item_path + ".SpecialToken"),
-                                           item_path + ".SpecialToken.id");
-    auto entry = specials.find(name);
-    if (entry == specials.end()) reader.fail(path + ".special_tokens", "has no entry \"" + name + "\", which " + item_path + " names");
-    TemplatePart part;
-    const std::string ids_path = path + ".special_tokens[\"" + name + "\"].ids";
-    for (const json& id : reader.array(*entry, "ids", path + ".special_tokens[\"" + name + "\"]"))
-      part.ids.push_back(TokenId(reader.unsigned_integer(id, ids_path, kMaxTokenId)));
-    impl.single_template.push_back(std::move(part));
+  const FieldPath single_path = path.key("single");
+  for (size_t i = 0; i < single.size(); ++i)
+    impl.single_template.push_back(read_template_item(reader, single[i], single_path.index(i), specials, specials_path));
+}
+
+// The size and nesting of the text, checked before a document is built from it.
+json parse_bounded(std::string_view json_text, const std::string& label) {
+  if (json_text.size() > kMaxTokenizerJsonBytes)
+    throw DataError(label + ": " + std::to_string(json_text.size()) + " bytes; expected at most " +
+                    std::to_string(kMaxTokenizerJsonBytes) + " for a tokenizer.json");
+  if (const std::string problem = json_bounds_problem(json_text, kMaxJsonDepth, kMaxTopLevelKeys); !problem.empty())
+    throw DataError(label + ": the file " + printable_utf8(problem, 300) + " (expected a tokenizer.json, which nests at most " +
+                    std::to_string(kMaxJsonDepth) + " levels and has at most " + std::to_string(kMaxTopLevelKeys) +
+                    " top-level keys)");
+  try {
+    return json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw DataError(label + ": not valid JSON (" + printable_utf8(e.what(), 300) + ")");
   }
 }
 
 }  // namespace
 
 std::shared_ptr<const HfTokenizer::Impl> load_tokenizer_json(std::string_view json_text, const std::string& source) {
-  Reader reader(source);
-  json root;
-  try {
-    root = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    throw DataError("tokenizer " + source + ": not valid JSON (" + e.what() + ")");
-  }
-  if (!root.is_object()) throw DataError("tokenizer " + source + ": expected a JSON object, found " + Reader::shown(root));
-  require_off(reader, root, "truncation", "", "null (truncate the ids yourself)");
-  require_off(reader, root, "padding", "", "null (pad the ids yourself)");
+  const Reader reader(source);
+  const json root = parse_bounded(json_text, reader.label());
+  if (!root.is_object()) throw DataError(reader.label() + ": expected a JSON object, found " + Reader::shown(root));
+  const FieldPath top;
+  require_off(reader, root, "truncation", top, "null (truncate the ids yourself)");
+  require_off(reader, root, "padding", top, "null (pad the ids yourself)");
   auto impl = std::make_shared<HfTokenizer::Impl>();
   impl->source = source;
-  impl->model = read_model(reader, root);
-  read_added_tokens(reader, root, *impl);
-  if (auto it = root.find("normalizer"); it != root.end()) read_normalizer(reader, *it, "normalizer", impl->normalizers);
+  impl->model = read_model(reader, root, top);
+  read_added_tokens(reader, root, top, *impl);
+  if (auto it = root.find("normalizer"); it != root.end())
+    read_normalizer(reader, *it, top.key("normalizer"), impl->normalizers);
   if (auto it = root.find("pre_tokenizer"); it != root.end())
-    read_pre_tokenizer(reader, *it, "pre_tokenizer", impl->pre_tokenizers);
+    read_pre_tokenizer(reader, *it, top.key("pre_tokenizer"), impl->pre_tokenizers);
   if (auto it = root.find("decoder"); it != root.end() && !it->is_null()) {
     impl->has_decoder = true;
-    read_decoder(reader, *it, "decoder", impl->decoders);
+    read_decoder(reader, *it, top.key("decoder"), impl->decoders);
   }
-  if (auto it = root.find("post_processor"); it != root.end()) read_post_processor(reader, *it, "post_processor", *impl);
+  if (auto it = root.find("post_processor"); it != root.end())
+    read_post_processor(reader, *it, top.key("post_processor"), *impl);
   impl->vocab_size = impl->model->id_limit();
   for (const auto& [id, content] : impl->added_tokens_by_id) impl->vocab_size = std::max(impl->vocab_size, size_t(id) + 1);
   return impl;

@@ -15,6 +15,9 @@ downloaded; every tokenizer is trained here on generated text.
   hf_tokenizer_oracle.py text OUT_FILE LINES
       Writes LINES generated texts (the kind the cases use, newlines inside them too) joined by
       newlines: the benchmark's mixed text.
+  hf_tokenizer_oracle.py encode TOKENIZER_JSON TEXT_FILE OUT_JSON
+      Encodes the whole text of TEXT_FILE at once, without special tokens; writes the ids
+      run-length encoded (long texts repeat them): {"runs": [[id, count], ...]}.
   hf_tokenizer_oracle.py bench TOKENIZER_JSON TEXT_FILE REPEATS
       Encodes the lines of TEXT_FILE with encode_batch, REPEATS times, on the threads that
       RAYON_NUM_THREADS allows; prints {"seconds": best, "bytes": ..., "tokens": ...}.
@@ -175,6 +178,20 @@ def write_cases(out_dir, lines, wanted):
             json.dump(cases, f, ensure_ascii=False)
 
 
+def encode(tokenizer_json, text_file, out_json):
+    tok = Tokenizer.from_file(tokenizer_json)
+    with open(text_file, encoding="utf-8", newline="") as f:
+        text = f.read()
+    runs = []
+    for i in tok.encode(text, add_special_tokens=False).ids:
+        if runs and runs[-1][0] == i:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, 1])
+    with open(out_json, "w", encoding="utf-8") as f:
+        json.dump({"runs": runs}, f)
+
+
 def bench(tokenizer_json, text_file, repeats):
     tok = Tokenizer.from_file(tokenizer_json)
     with open(text_file, encoding="utf-8", newline="") as f:  # no newline translation: the same lines as C++
@@ -194,6 +211,8 @@ if __name__ == "__main__":
     elif len(sys.argv) == 4 and sys.argv[1] == "text":
         with open(sys.argv[2], "w", encoding="utf-8", newline="") as f:
             f.write("\n".join(corpus(7, int(sys.argv[3]), [])))
+    elif len(sys.argv) == 5 and sys.argv[1] == "encode":
+        encode(sys.argv[2], sys.argv[3], sys.argv[4])
     elif len(sys.argv) == 5 and sys.argv[1] == "bench":
         bench(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
