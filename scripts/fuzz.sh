@@ -15,7 +15,7 @@ seconds=${ZT_FUZZ_SECONDS:-60}
 jobs=${ZT_JOBS:-$(nproc)}
 build=${ZT_FUZZ_BUILD_DIR:-build-fuzz}
 targets=("$@")
-((${#targets[@]})) || targets=(config_fuzz safetensors_fuzz manifest_fuzz)
+((${#targets[@]})) || targets=(config_fuzz safetensors_fuzz manifest_fuzz tokenizer_fuzz)
 torch_prefix=${ZT_TORCH_PREFIX:-$(scripts/bootstrap.sh | tail -n 1)}
 cxx=${ZT_FUZZ_CXX:-$(command -v clang++ || true)}
 [ -n "$cxx" ] || { echo "fuzz.sh: clang++ not found (scripts/bootstrap.sh installs clang)" >&2; exit 1; }
