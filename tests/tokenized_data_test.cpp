@@ -1,6 +1,6 @@
 // Training data through a tokenizer (include/zerotrain/tokenized_data.h): the token cache (miss,
-// hit, stale, atomic), uint32 ids for large vocabularies, jsonl documents, fine-tuning examples
-// with the loss on the responses only (equal to transformers' loss with labels -100 on the
+// hit, stale, atomic, damaged), uint32 ids for large vocabularies, jsonl documents, fine-tuning
+// examples and their mapped cache (read by example), with the loss on the responses only (equal to transformers' loss with labels -100 on the
 // prompts), packed examples for the GPT and the Llama (the loss of each example alone; the
 // Llama's also against transformers on each example), and the CLI's one-line refusals before
 // launch.
@@ -10,6 +10,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,6 +19,7 @@
 
 #include "checkpoint/hf.h"
 #include "data/hf_bpe.h"
+#include "data/token_cache.h"
 #include "support/process.h"
 #include "support/transformers.h"
 #include "zerotrain/error.h"
@@ -164,6 +167,58 @@ TEST(TokenizedCorpus, CacheMissHitStaleAndPerTokenizer) {
       EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
 }
 
+// A cache whose tokens do not match its checksum is rebuilt, not trusted: truncated (which the
+// token file's reader would refuse) or with an id changed to another id of the vocabulary (which
+// it would use silently).
+TEST(TokenizedCorpus, DamagedCacheIsRebuiltFromTheCorpus) {
+  const fs::path dir = make_temp_dir("tokenized");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  const fs::path corpus = write_file(dir / "corpus.txt", kText);
+  const std::vector<TokenId> expected = zt::HfTokenizer::from_file(tok).encode(kText);
+  const auto first = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, {});
+  ASSERT_TRUE(first.built);
+  const auto size = fs::file_size(first.cache_file);
+
+  fs::resize_file(first.cache_file, size - 3);
+  const auto truncated = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, {});
+  EXPECT_TRUE(truncated.built);
+  EXPECT_EQ(ids_of(truncated.tokens), expected);
+  EXPECT_EQ(fs::file_size(first.cache_file), size);
+
+  {  // the first token becomes 'z' (122): inside the vocabulary, same size, same header
+    std::fstream patch(first.cache_file, std::ios::binary | std::ios::in | std::ios::out);
+    patch.seekp(1024);
+    const uint16_t z = 122;
+    patch.write(reinterpret_cast<const char*>(&z), sizeof z);
+  }
+  ASSERT_EQ(zt::TokenDataset::from_bin_file(first.cache_file)[0], 122u);
+  const auto altered = zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, {});
+  EXPECT_TRUE(altered.built);
+  EXPECT_EQ(ids_of(altered.tokens), expected);
+  EXPECT_FALSE(zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, {}).built);
+}
+
+// An invalid byte in a text corpus encoded in pieces is reported with data.path and its offset in
+// the file (not in the piece), without the raw byte in the message.
+TEST(TokenizedCorpus, InvalidUtf8NamesTheDataPathAndTheOffsetInTheFile) {
+  const fs::path dir = make_temp_dir("tokenized");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += "line " + std::to_string(i) + ".\nNext";
+  const size_t bad_at = text.size() + 3;
+  text += "ok \xff\xfe end.\nLast";
+  const fs::path corpus = write_file(dir / "bad.txt", text);
+  zt::TokenizeOptions options;
+  options.text_piece_bytes = 16;
+  const std::string message =
+      data_error_of([&] { zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tok, options); });
+  EXPECT_NE(message.find("data.path '" + corpus.string() + "'"), std::string::npos) << message;
+  EXPECT_NE(message.find("offset " + std::to_string(bad_at) + " of the file"), std::string::npos) << message;
+  EXPECT_NE(message.find("0xff"), std::string::npos) << message;
+  EXPECT_EQ(message.find('\xff'), std::string::npos) << "the raw byte is escaped";
+  EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 0) << message;
+}
+
 // Cutting a text into pieces after lone newlines gives the ids of the whole text, blank lines,
 // indentation and non-ASCII spaces around newlines included (with a merge of "\n\n", which a cut
 // inside a run of newlines would change).
@@ -301,6 +356,28 @@ TEST(FinetuneExamples, TrainsOnTheResponsesOnly) {
   EXPECT_NE(message.find(file.string() + ":1"), std::string::npos) << message;
 }
 
+// An empty response trains the end token alone when data.eos_token is set (the example teaches
+// the model to stop there, as TRL accepts it); without an end token there is nothing to train and
+// the refusal says what would make it valid.
+TEST(FinetuneExamples, EmptyResponseTrainsTheEndTokenOnlyWithAnEosToken) {
+  const fs::path dir = make_temp_dir("finetune");
+  const auto tokenizer = zt::HfTokenizer::from_file(write_tokenizer(dir / "tok", byte_level_tokenizer()));
+  const fs::path file = write_file(dir / "e.jsonl", "{\"prompt\": \"Q: stop?\", \"response\": \"\"}\n");
+  const auto examples = zt::load_finetune_examples(file, tokenizer, "auto", TokenId{259});
+  ASSERT_EQ(examples.count(), 1);
+  std::vector<uint32_t> expected = tokenizer.encode_with_special_tokens("Q: stop?");
+  expected.push_back(259);
+  EXPECT_EQ(std::vector<uint32_t>(examples.tokens.begin(), examples.tokens.end()), expected);
+  for (size_t k = 0; k < expected.size(); ++k) EXPECT_EQ(examples.trained[k], k + 1 == expected.size() ? 1 : 0) << k;
+  const zt::Batch batch = zt::FinetuneSampler(examples, 16, 1, 1, 0, 0).eval_batch(0);
+  EXPECT_EQ((batch.targets != -100).sum().item<int64_t>(), 1);
+  EXPECT_EQ(batch.targets[0][int64_t(expected.size()) - 2].item<int64_t>(), 259);
+
+  const std::string message = data_error_of([&] { zt::load_finetune_examples(file, tokenizer, "auto", {}); });
+  EXPECT_NE(message.find(file.string() + ":1"), std::string::npos) << message;
+  EXPECT_NE(message.find("data.eos_token"), std::string::npos) << message;
+}
+
 TEST(FinetuneExamples, BadExamplesAndTemplatesAreDataErrors) {
   const fs::path dir = make_temp_dir("finetune");
   const auto tokenizer = zt::HfTokenizer::from_file(write_tokenizer(dir / "tok", byte_level_tokenizer()));
@@ -324,6 +401,168 @@ TEST(FinetuneExamples, BadExamplesAndTemplatesAreDataErrors) {
   const std::string message = data_error_of([&] { zt::load_finetune_examples(chat, bare, "auto", {}); });
   EXPECT_NE(message.find("bare.json"), std::string::npos) << message;
   EXPECT_NE(message.find("data.chat_template"), std::string::npos) << message;
+}
+
+namespace {
+
+// The examples' content as plain vectors, to compare two loads.
+json content_of(const zt::FinetuneExamples& e) {
+  json out = hf_examples_of(e);
+  return {{"examples", out}, {"lines", std::vector<int64_t>(e.lines.begin(), e.lines.end())}};
+}
+
+// Resident bytes of this process's mapping of `file` (/proc/self/smaps), -1 when it is not mapped.
+int64_t mapped_rss(const fs::path& file) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_mapping = false;
+  int64_t total = -1;
+  while (std::getline(smaps, line)) {
+    const bool header = !line.empty() && line.find(':') != std::string::npos && line.find(' ') < line.find(':') &&
+                        std::isxdigit(static_cast<unsigned char>(line[0]));
+    if (header) {
+      in_mapping = line.size() >= file.string().size() &&
+                   line.compare(line.size() - file.string().size(), std::string::npos, file.string()) == 0;
+    } else if (in_mapping && line.rfind("Rss:", 0) == 0) {
+      total = std::max<int64_t>(total, 0) + std::stoll(line.substr(4)) * 1024;
+    }
+  }
+  return total;
+}
+
+std::string pair_lines(int count, int from = 0) {
+  std::string lines;
+  for (int i = from; i < from + count; ++i)
+    lines += json({{"prompt", "Q" + std::to_string(i) + ": the cat " + std::string(size_t(i % 7), '?') + "\nA:"},
+                   {"response", " the hat " + std::to_string(i * 7)}})
+                 .dump() +
+             "\n";
+  return lines;
+}
+
+}  // namespace
+
+// The fine-tuning cache: tokenized once into a file (the same examples as read in memory), then
+// mapped without tokenizing again; a changed data file, another template, a changed id or a
+// truncated cache make it rebuild; no temporary file is left.
+TEST(FinetuneCache, TokenizedOnceMappedAndRebuiltWhenStaleOrDamaged) {
+  const fs::path dir = make_temp_dir("finetune-cache");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  const auto tokenizer = zt::HfTokenizer::from_file(tok);
+  const std::string chat =
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": "
+      "\"then\"}]}\n";
+  const fs::path file = write_file(dir / "ft.jsonl", pair_lines(6) + "\n" + chat);
+  zt::TokenizeOptions options;
+  options.eos_token = "<|endoftext|>";
+  options.cache_dir = dir / "cache";
+  const json expected = content_of(zt::load_finetune_examples(file, tokenizer, "auto", TokenId{259}));
+
+  const auto first = zt::load_finetune_cache(file, tok, "auto", options);
+  EXPECT_TRUE(first.built);
+  EXPECT_EQ(first.cache_file.parent_path(), dir / "cache");
+  EXPECT_EQ(content_of(first.examples), expected);
+  EXPECT_EQ(first.examples.lines[6], 8) << "the chat line, after a blank one";
+  const auto written = fs::last_write_time(first.cache_file);
+  const auto second = zt::load_finetune_cache(file, tok, "auto", options);
+  EXPECT_FALSE(second.built);
+  EXPECT_EQ(content_of(second.examples), expected);
+  EXPECT_EQ(fs::last_write_time(first.cache_file), written) << "a hit does not write the cache";
+
+  {  // the first token becomes 'z' (122): inside the vocabulary, same size, same header
+    std::fstream patch(first.cache_file, std::ios::binary | std::ios::in | std::ios::out);
+    patch.seekp(1024);
+    const uint32_t z = 122;
+    patch.write(reinterpret_cast<const char*>(&z), sizeof z);
+  }
+  const auto altered = zt::load_finetune_cache(file, tok, "auto", options);
+  EXPECT_TRUE(altered.built);
+  EXPECT_EQ(content_of(altered.examples), expected);
+  fs::resize_file(first.cache_file, fs::file_size(first.cache_file) - 5);
+  const auto truncated = zt::load_finetune_cache(file, tok, "auto", options);
+  EXPECT_TRUE(truncated.built);
+  EXPECT_EQ(content_of(truncated.examples), expected);
+
+  EXPECT_TRUE(zt::load_finetune_cache(file, tok, "chatml", options).built) << "another template, another key";
+  write_file(file, pair_lines(7) + "\n" + chat);
+  const auto grown = zt::load_finetune_cache(file, tok, "chatml", options);
+  EXPECT_TRUE(grown.built);
+  EXPECT_EQ(grown.examples.count(), 8);
+  EXPECT_FALSE(zt::load_finetune_cache(file, tok, "chatml", options).built);
+  // A bad line is the in-memory reader's error, naming the file and line; nothing is left behind.
+  write_file(dir / "bad.jsonl", pair_lines(2) + "{\"prompt\": \"a\", \"response\": 3}\n");
+  const std::string message =
+      data_error_of([&] { zt::load_finetune_cache(dir / "bad.jsonl", tok, "auto", options); });
+  EXPECT_NE(message.find((dir / "bad.jsonl").string() + ":3"), std::string::npos) << message;
+  for (const auto& entry : fs::directory_iterator(dir / "cache"))
+    EXPECT_EQ(entry.path().string().find(".tmp-"), std::string::npos) << entry.path();
+}
+
+// A cache whose checksum was made to match a hostile index (an example reaching past the tokens)
+// or a false largest id is rebuilt, never read past its columns.
+TEST(FinetuneCache, HostileIndexWithAMatchingChecksumIsRebuilt) {
+  const fs::path dir = make_temp_dir("finetune-cache-hostile");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  const fs::path file = write_file(dir / "ft.jsonl", pair_lines(4));
+  const auto first = zt::load_finetune_cache(file, tok, "auto", {});
+  const json expected = content_of(first.examples);
+  const int64_t n_tokens = int64_t(first.examples.tokens.size());
+  // Offsets of the layout (src/data/finetune_cache.cpp): header, tokens, flags, zeros to a
+  // multiple of 8, starts.
+  const int64_t starts_at = (1024 + 5 * n_tokens + 7) / 8 * 8;
+  auto rewrite = [&](int64_t at, int64_t value, int64_t max_id) {
+    std::string bytes = zt::data::read_file(first.cache_file, "test");
+    std::memcpy(bytes.data() + at, &value, sizeof value);
+    std::memcpy(bytes.data() + 72, &max_id, sizeof max_id);
+    zt::data::Checksum sum;
+    sum.update(bytes.data() + 1024, bytes.size() - 1024);
+    const uint64_t checksum = sum.value();
+    std::memcpy(bytes.data() + 80, &checksum, sizeof checksum);
+    std::ofstream(first.cache_file, std::ios::binary | std::ios::trunc) << bytes;
+  };
+  int64_t max_id = 0;
+  std::memcpy(&max_id, zt::data::read_file(first.cache_file, "test").data() + 72, sizeof max_id);
+  rewrite(starts_at + 8, int64_t(1) << 40, max_id);  // example 0 ends far past the tokens
+  const auto past = zt::load_finetune_cache(file, tok, "auto", {});
+  EXPECT_TRUE(past.built);
+  EXPECT_EQ(content_of(past.examples), expected);
+  rewrite(starts_at + 8, first.examples.starts[1], 100);  // a largest id below the true one
+  const auto lying = zt::load_finetune_cache(file, tok, "auto", {});
+  EXPECT_TRUE(lying.built);
+  EXPECT_EQ(content_of(lying.examples), expected);
+}
+
+// A rank reads the cache's index and the examples it samples, not the rest: the resident part of
+// its mapping stays near the index while the tokens are many times larger.
+TEST(FinetuneCache, RankReadsTheIndexAndTheExamplesItSamplesOnly) {
+  const fs::path dir = make_temp_dir("finetune-cache-rss");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  std::string lines;
+  const std::string filler(400, 'x');
+  for (int i = 0; i < 20000; ++i)
+    lines += json({{"prompt", "Q" + std::to_string(i) + ": " + filler + "\nA:"}, {"response", " the hat"}}).dump() + "\n";
+  const fs::path file = write_file(dir / "big.jsonl", lines);
+  zt::TokenizeOptions options;
+  options.eos_token = "<|endoftext|>";
+  ASSERT_TRUE(zt::load_finetune_cache(file, tok, "auto", options).built);
+
+  const zt::FinetuneCache cache = zt::load_finetune_cache(file, tok, "auto", options);
+  ASSERT_FALSE(cache.built);
+  const auto [train, val] = cache.examples.split(0.1);
+  train.validate(262);
+  const int64_t micro = 2, steps = 3;
+  const zt::FinetuneSampler sampler(train, 512, micro, 2, 1, 7);
+  for (int64_t step = 0; step < steps; ++step) sampler.batch(step, 0);
+  const int64_t file_size = int64_t(fs::file_size(cache.cache_file));
+  const int64_t resident = mapped_rss(cache.cache_file);
+  ASSERT_GE(resident, 0) << "the cache is mapped";
+  // The index (header, starts, lines, first targets), and per example read its tokens and its
+  // flags, each with what the kernel maps around a fault (a large folio of the page cache: up to a
+  // few hundred KiB, allowed 512 KiB here).
+  const int64_t bound = cache.examples.setup_bytes() + (micro * steps * 2 + 2) * (512 << 10);
+  EXPECT_EQ(cache.examples.setup_bytes(), 1024 + 8 * (20000 + 1) + 2 * 8 * 20000);
+  EXPECT_LE(resident, bound) << "of a " << file_size << "-byte cache";
+  EXPECT_LT(resident, file_size / 4);
 }
 
 // The response-only loss of zerotrain's GPT on a fine-tuning batch equals transformers'
@@ -756,3 +995,4 @@ TEST(TokenizedDataCli, BadDataIsOneLineBeforeLaunchAndFinetuningTrains) {
   EXPECT_NE(r.output.find("step 2/2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("fine-tuning examples (loss on the response tokens)"), std::string::npos) << r.output;
 }
+

@@ -1,7 +1,8 @@
 // Training data through a Hugging Face tokenizer (zerotrain/tokenizer.h): text and jsonl corpora
 // tokenized at load time and cached as llm.c token files, and fine-tuning examples (prompt/response
-// pairs, chat messages) with the loss on the response tokens only (docs/tokenizers.md "Tokenizing
-// the training data", docs/finetuning.md).
+// pairs, chat messages) with the loss on the response tokens only, cached and mapped too
+// (docs/tokenizers.md "Tokenizing the training data", docs/finetuning.md). Every cache carries a
+// checksum of its content: a damaged one is rebuilt, not trusted.
 //
 // All failures on input data throw zt::DataError naming the file (and line), what was expected and
 // what was found. FinetuneExamples and FinetuneSampler are immutable after construction and safe
@@ -10,7 +11,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,8 +54,9 @@ struct TokenizedCorpus {
 // options.cache_dir (else beside the corpus): an llm.c token file (version 1, uint16 ids, when the
 // vocabulary has at most 65,536 ids; version 2, uint32, otherwise) whose spare header ints hold
 // the key it was made under: the tokenizer file's content hash, the corpus's size and
-// modification time, the format and the end-of-document token. A cache with another key is stale
-// and rebuilt; a new cache is written to a temporary file and renamed into place, so a reader
+// modification time, the format and the end-of-document token, then a checksum of its tokens. A
+// cache with another key, a size its header does not give, or tokens that do not match the
+// checksum (truncated, altered) is stale and rebuilt; a new cache is written to a temporary file and renamed into place, so a reader
 // never sees a partial one. The tokenizer is loaded only when the cache must be built (so a cache
 // hit neither parses it nor checks options.eos_token against it). Throws zt::DataError for an
 // eos_token the tokenizer does not have.
@@ -71,20 +75,40 @@ ChatTemplate resolve_chat_template(const std::string& name, const HfTokenizer& t
 
 // Fine-tuning examples back to back: example i is tokens [starts[i], starts[i+1]); trained[k] is 1
 // where token k is a response (assistant) token that the loss predicts, 0 for prompt tokens.
+// The columns are read-only views of storage that copies and split() share: vectors that add()
+// fills, or the memory map of a fine-tuning cache (load_finetune_cache), whose pages are read only
+// where an example is used. add() first copies shared or mapped storage.
 struct FinetuneExamples {
-  std::vector<uint32_t> tokens;
-  std::vector<uint8_t> trained;
-  std::vector<int64_t> starts{0};  // starts.back() == tokens.size()
-  std::vector<int64_t> lines;      // the input line of each example (1-based), for messages
+  std::span<const uint32_t> tokens;
+  std::span<const uint8_t> trained;
+  std::span<const int64_t> starts;  // count() + 1 offsets into tokens, ascending
+  std::span<const int64_t> lines;   // the input line of each example (1-based), for messages
+  // The first position k >= 1 of example i whose token is trained (the first target a batch
+  // predicts), or the example's length when there is none: the sampler's check reads only these.
+  std::span<const int64_t> first_targets;
+  uint32_t max_id = 0;  // no id of the storage is larger (validate() reads the tokens only past it)
   std::string source = "<memory>";
 
+  FinetuneExamples();
   int64_t count() const { return int64_t(starts.size()) - 1; }
   // Appends one example; `trained` as tokens.
   void add(const std::vector<uint32_t>& example_tokens, const std::vector<uint8_t>& example_trained, int64_t line);
   // {train, val}: val holds the last round(count·val_fraction) examples. val_fraction in [0, 1).
+  // Views of the same storage.
   std::pair<FinetuneExamples, FinetuneExamples> split(double val_fraction) const;
   // Throws zt::DataError naming the source, the example's line and the id when an id >= vocab_size.
   void validate(int64_t vocab_size) const;
+  // Bytes of the storage a rank reads before its first step (the sampler's check, validate()):
+  // the mapped cache's header and index, or the vectors' whole size in memory.
+  int64_t setup_bytes() const;
+
+  struct Storage;  // data/finetune_storage.h
+
+ private:
+  friend struct FinetuneStorageAccess;
+  void refresh();
+  void own();
+  std::shared_ptr<Storage> storage_;
 };
 
 // Reads a jsonl file of fine-tuning examples, one per line (blank lines skipped), each either
@@ -101,6 +125,22 @@ TokenId require_token(const HfTokenizer& tokenizer, const std::string& token, co
 
 FinetuneExamples load_finetune_examples(const std::filesystem::path& path, const HfTokenizer& tokenizer,
                                         const std::string& chat_template, std::optional<TokenId> eos);
+
+// The fine-tuning examples of the jsonl file `path` (as load_finetune_examples reads it) through
+// the tokenizer.json at `tokenizer_path`, tokenized once into a cache file and then mapped: the
+// cache is `<data file name>.<tokenizer hash>.examples.bin` in options.cache_dir (else beside the
+// data file), keyed as load_tokenized_corpus's (the tokenizer's content, the data file's size and
+// modification time, options.eos_token, the chat template) and carrying a checksum of its content;
+// a cache with another key, another size or another checksum is rebuilt. The file is read a line
+// at a time (progress lines with options.progress), so building holds one line and the examples'
+// index, not the file nor its tokens; a hit reads the index and the examples used, not the rest.
+struct FinetuneCache {
+  FinetuneExamples examples;
+  std::filesystem::path cache_file;
+  bool built = false;  // true: tokenized now (missing or stale cache); false: mapped from the cache
+};
+FinetuneCache load_finetune_cache(const std::filesystem::path& path, const std::filesystem::path& tokenizer_path,
+                                  const std::string& chat_template, const TokenizeOptions& options);
 
 // Batches of fine-tuning examples: one example per row, its first seq_len + 1 tokens (a longer
 // example is cut), padded with id 0 after its end. targets[b][t] is the token after inputs[b][t]
