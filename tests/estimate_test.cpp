@@ -464,6 +464,46 @@ zt::GPTConfig gpt_shape(int64_t vocab, int64_t context, int64_t layers, int64_t 
   return gpt;
 }
 
+// The training data (ModelFigures::data_bytes) is host memory held from set-up on: under both
+// moments on a CPU device, in each rank's share of the host on a GPU, and in the check before
+// launch.
+TEST(EstimateData, DataBytesCountInHostMemoryUnderBothMoments) {
+  const zt::TrainConfig config = config_for(2, {"model.preset=tiny", "zero_optimization.stage=2"});
+  zt::ModelFigures figures = zt::gpt_model_figures(zt::gpt_config_of(config), 64, 0);
+  zt::ClusterSpec cpu = cluster_of(1, 2);
+  cpu.device = zt::DeviceKind::Cpu;
+  const zt::MemoryEstimate without = zt::estimate_memory(figures, cpu, config);
+  EXPECT_EQ(without.per_device.data, 0);
+  const int64_t data = 48 << 20;
+  figures.data_bytes = data;
+  const zt::MemoryEstimate with = zt::estimate_memory(figures, cpu, config);
+  EXPECT_EQ(with.per_device.data, data);
+  EXPECT_EQ(with.per_device.total() - without.per_device.total(), data);
+  EXPECT_EQ(with.step_peak - without.step_peak, data);
+  EXPECT_EQ(with.construction_peak - without.construction_peak, data);
+  EXPECT_EQ(with.per_host.total() - without.per_host.total(), 2 * data);
+
+  zt::ClusterSpec gpu = cluster_of(1, 2);
+  gpu.device = zt::DeviceKind::Cuda;
+  figures.data_bytes = 0;
+  const zt::MemoryEstimate gpu_without = zt::estimate_memory(figures, gpu, config);
+  figures.data_bytes = data;
+  const zt::MemoryEstimate gpu_with = zt::estimate_memory(figures, gpu, config);
+  EXPECT_EQ(gpu_with.per_device.total(), gpu_without.per_device.total()) << "not on the GPU";
+  EXPECT_EQ(gpu_with.per_host.data, 2 * data);
+  EXPECT_EQ(gpu_with.per_host.total() - gpu_without.per_host.total(), 2 * data);
+
+  // A machine where the run fits without its data and not with it.
+  zt::ClusterSpec tight = cpu;
+  tight.headroom = 0;
+  tight.host_memory = without.per_host.total() + data;
+  EXPECT_TRUE(zt::estimate_memory(figures, tight, config).fits_host == false);
+  figures.data_bytes = 0;
+  EXPECT_TRUE(zt::estimate_memory(figures, tight, config).fits_host);
+  figures.data_bytes = -1;
+  EXPECT_THROW(zt::estimate_memory(figures, cpu, config), zt::ConfigError);
+}
+
 TEST(EstimateFormula, GptFiguresMatchTheModel) {
   const zt::GPTConfig gpt = gpt_shape(300, 40, 3, 64);
   torch::manual_seed(0);

@@ -996,3 +996,29 @@ TEST(TokenizedDataCli, BadDataIsOneLineBeforeLaunchAndFinetuningTrains) {
   EXPECT_NE(r.output.find("fine-tuning examples (loss on the response tokens)"), std::string::npos) << r.output;
 }
 
+// Fine-tuning through the CLI with data.cache_dir: the launcher's check tokenizes the file once
+// into the cache, the ranks map it, and the memory estimate counts what a rank holds of it (the
+// cache's header and index).
+TEST(TokenizedDataCli, FinetuningCachesTheExamplesAndTheEstimateCountsTheirIndex) {
+  const fs::path dir = make_temp_dir("finetune-cache-cli");
+  const std::string tok = write_tokenizer(dir / "tok", byte_level_tokenizer());
+  write_file(dir / "ft.jsonl", pair_lines(10));
+  const std::string config = write_file(dir / "config.json", R"({
+    "train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+    "model": {"preset": "tiny", "vocab_size": 262},
+    "data": {"source": "finetune", "path": ")" + (dir / "ft.jsonl").string() + R"(", "tokenizer": ")" + tok +
+                                                   R"(", "eos_token": "<|endoftext|>", "sequence_length": 32,
+             "cache_dir": ")" + (dir / "cache").string() + R"("},
+    "train": {"steps": 2, "threads": 1, "log_dir": ")" + (dir / "runs").string() + R"("}})");
+  const std::string summary = (dir / "summary.json").string();
+  auto r = run_process({cli_path(), "train", config, "--nproc", "2", "--summary", summary}, {},
+                       std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<fs::path> caches;
+  for (const auto& entry : fs::directory_iterator(dir / "cache")) caches.push_back(entry.path());
+  ASSERT_EQ(caches.size(), 1u);
+  EXPECT_TRUE(caches[0].string().ends_with(".examples.bin")) << caches[0];
+  std::ifstream in(summary);
+  const json s = json::parse(in);
+  EXPECT_EQ(s["memory"]["estimate"]["per_device"]["data"].get<int64_t>(), 1024 + 8 * 11 + 2 * 8 * 10) << s["memory"];
+}

@@ -79,6 +79,9 @@ struct ModelFigures {
   // activation_checkpointing.partition_activations: full recomputation keeps 1/tensor_parallel of
   // each block input per rank (estimate_memory sets it from the configuration).
   bool partition_activations = false;
+  // Bytes the training data holds in each rank from set-up on (the trainer's figure:
+  // zerotrain/train.h training_data_bytes): host memory, under both moments. 0: none counted.
+  int64_t data_bytes = 0;
   bool has_shape() const { return layers > 0 && hidden > 0 && sequence_length > 0 && vocabulary > 0; }
 };
 
@@ -167,10 +170,11 @@ struct RoleBytes {
   int64_t buffers = 0;           // communication buckets, conversion chunk, gathered blocks
   int64_t gathered_blocks = 0;   // the stage-3 part of `buffers`
   int64_t runtime = 0;           // the framework itself (code, caches, device context)
+  int64_t data = 0;              // the training data (ModelFigures::data_bytes); host memory only
   int64_t construction = 0;      // what building the model needs beyond the step's peak (0 if less)
   int64_t optimizer_states() const { return master_weights + optimizer_moments; }
   int64_t step_peak() const {
-    return parameters + gradients + optimizer_states() + activations + buffers + runtime;
+    return parameters + gradients + optimizer_states() + activations + buffers + runtime + data;
   }
   int64_t total() const { return step_peak() + construction; }  // the peak
 };

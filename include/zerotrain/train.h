@@ -2,6 +2,7 @@
 // on the configured data, driven by zt::Engine. Used by the CLI; a library user writes their
 // own loop instead (see engine.h and examples/).
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace zt {
@@ -37,6 +38,13 @@ int run_training_rank(const TrainConfig& config, const TrainRunOptions& options)
 // plausible size; comms_logger.prof_ops names operations), so bad input fails fast with exit
 // code 2. Throws DataError or ConfigError naming the key.
 void check_training_inputs(const TrainConfig& config);
+
+// Bytes the training data holds in each rank from set-up on, for the memory estimate's data term
+// (ModelFigures::data_bytes): a mapped token file read through by validation, the index of
+// mapped fine-tuning examples, or bytes as uint16 ids in memory. Builds a missing token cache
+// (check_training_inputs has built it before launch). 0 for the BERT, which the estimate does not
+// model. Throws what loading the data throws.
+int64_t training_data_bytes(const TrainConfig& config);
 
 // Peak resident set size of this process in bytes (VmHWM).
 long long peak_rss_bytes();

@@ -78,6 +78,7 @@ std::optional<NodeEstimateInputs> node_estimate_inputs(const zt::TrainConfig& co
   in.cluster.devices_per_node = nproc;
   in.cluster.nodes = nnodes;
   in.model = zt::model_figures_of(config);
+  in.model.data_bytes = zt::training_data_bytes(config);
   return in;
 }
 

@@ -463,9 +463,6 @@ void validate_data(const TrainConfig& c) {
   if (c.data.pack && c.model.type == "bert")
     throw ConfigError("data.pack: applies to the decoders (model.type \"gpt\" and \"llama\"), found model.type "
                       "\"bert\"");
-  if (c.data.source == "finetune" && given(c, "data.cache_dir"))
-    throw ConfigError("data.cache_dir: fine-tuning examples are tokenized in memory at each load, not cached (remove "
-                      "the key)");
   if (c.model.type == "bert" && !c.data.tokenizer.empty())
     throw ConfigError("data.tokenizer: applies to model.type \"gpt\" and \"llama\"; the BERT reads bytes or its own "
                       "uint16 token files");

@@ -574,6 +574,7 @@ void node_totals(const ClusterSpec& cluster, bool cpu_device, const RoleBytes& h
     s.buffers = dpn * r.buffers;
     s.gathered_blocks = dpn * r.gathered_blocks;
     s.runtime = dpn * r.runtime;
+    s.data = dpn * r.data;
     s.construction = dpn * r.construction;
     return s;
   };
@@ -633,6 +634,16 @@ MemoryEstimate estimate_memory(const ModelFigures& model, const ClusterSpec& clu
   }
   policy_notes(t, est);
   construction_terms(t, device, host_per_rank, est);
+  // The data is loaded before the model and held to the end: under both moments, in host memory.
+  if (model.data_bytes < 0)
+    throw ConfigError(fmt::format("data_bytes: expected >= 0, found {}", model.data_bytes));
+  if (t.cpu_device) {
+    device.data = model.data_bytes;
+    est.step_peak += model.data_bytes;
+    est.construction_peak += model.data_bytes;
+  } else {
+    host_per_rank.data = model.data_bytes;
+  }
   est.per_device = device;
   node_totals(cluster, t.cpu_device, host_per_rank, est);
   return est;

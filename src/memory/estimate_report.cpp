@@ -15,6 +15,7 @@ nlohmann::json roles_to_json(const RoleBytes& r) {
           {"buffers", r.buffers},
           {"gathered_blocks", r.gathered_blocks},
           {"runtime", r.runtime},
+          {"data", r.data},
           {"construction", r.construction},
           {"step_peak", r.step_peak()},
           {"total", r.total()}};
@@ -158,6 +159,7 @@ std::string format_estimate(const MemoryEstimate& e, const ClusterSpec& cluster)
   row("buffers", d.buffers, h.buffers);
   row("  of which gathered stage-3 blocks", d.gathered_blocks, h.gathered_blocks);
   row("runtime", d.runtime, h.runtime);
+  if (d.data > 0 || h.data > 0) row("training data", d.data, h.data);
   row("construction beyond the step", d.construction, h.construction);
   row("total (peak)", d.total(), h.total());
   if (e.nvme_per_node > 0) {

@@ -41,12 +41,13 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
     cluster.host_memory = physical_memory_bytes();
   }
   const int64_t threshold = run.config.zero.stage3_param_persistence_threshold;
-  if (run.is_gpt())
-    m.estimate = estimate_memory(gpt_model_figures(run.gpt_config, run.seq_len, threshold, run.grid.tensor_size),
-                                 cluster, run.config);
-  else if (run.is_llama)
-    m.estimate = estimate_memory(llama_model_figures(run.llama_config, run.seq_len, threshold, run.grid.tensor_size),
-                                 cluster, run.config);
+  if (!run.is_bert) {
+    ModelFigures figures = run.is_llama
+                               ? llama_model_figures(run.llama_config, run.seq_len, threshold, run.grid.tensor_size)
+                               : gpt_model_figures(run.gpt_config, run.seq_len, threshold, run.grid.tensor_size);
+    figures.data_bytes = run.data.bytes;
+    m.estimate = estimate_memory(figures, cluster, run.config);
+  }
   for (const auto& s : m.stats) {
     m.measured_peak = std::max(m.measured_peak, s.peak_rss - s.baseline_rss);
     if (s.setup_peak_rss >= 0) m.measured_setup = std::max(m.measured_setup, s.setup_peak_rss - s.baseline_rss);

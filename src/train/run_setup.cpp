@@ -110,6 +110,9 @@ void read_model_and_data(TrainingRun& run) {
     run.n_params = gpt_parameter_count(run.gpt_config);
   }
   run.seq_len = check_sequence_length(config.data.sequence_length, context);
+  // The baseline the memory estimate is compared above: before the data, which the estimate
+  // counts (training_data_bytes).
+  run.baseline_rss = current_rss_bytes();
   run.data = load_data(config, vocab);
 }
 
@@ -133,9 +136,9 @@ std::string choose_recomputation(TrainingRun& run) {
     machine.device_memory = device.total_memory / std::max(1, per_gpu);
     machine.host_memory = physical_memory_bytes();
   }
-  const ModelFigures figures =
-      gpt_model_figures(run.gpt_config, run.seq_len, config.zero.stage3_param_persistence_threshold,
-                        config.tensor_parallel);
+  ModelFigures figures = gpt_model_figures(run.gpt_config, run.seq_len, config.zero.stage3_param_persistence_threshold,
+                                          config.tensor_parallel);
+  figures.data_bytes = run.data.bytes;
   Recompute chosen = Recompute::Full;
   int64_t need = 0;
   for (Recompute r : {Recompute::None, Recompute::Selective, Recompute::Full}) {
@@ -307,9 +310,6 @@ std::unique_ptr<TrainingRun> set_up_run(const TrainConfig& config, const TrainRu
   read_model_and_data(*run);
   const std::string policy_note = choose_recomputation(*run);
   if (run->leader) fmt::print("resolved configuration:\n{}", describe(run->config));
-  // What the process holds before the model exists (LibTorch, communicator, data): the memory
-  // estimate (zerotrain/estimate.h) is compared with the peak above it.
-  run->baseline_rss = current_rss_bytes();
   build_model(*run, policy_note);
   run->engine = std::make_unique<Engine>(run->module, run->config, run->grid.data);
   // This trainer prints its own progress line, CSV log and analytic flops profile.

@@ -53,50 +53,77 @@ std::string read_text_file(const std::string& path) {
 
 }  // namespace
 
+namespace {
+
+// Fine-tuning examples, tokenized once into their cache (by the launcher's check), then mapped: a
+// rank reads the index and the examples it samples, never the jsonl.
+Splits load_finetune_data(const TrainConfig& config, int64_t vocab_size, bool progress) {
+  const auto& d = config.data;
+  TokenizeOptions options;
+  options.cache_dir = d.cache_dir;
+  options.eos_token = d.eos_token;
+  options.progress = progress;
+  const FinetuneExamples examples = load_finetune_cache(d.path, d.tokenizer, d.chat_template, options).examples;
+  if (vocab_size > 0) examples.validate(vocab_size);
+  auto [train, val] = examples.split(d.val_fraction);
+  Splits s;
+  s.finetune_train = std::make_shared<const FinetuneExamples>(std::move(train));
+  s.finetune_val = std::make_shared<const FinetuneExamples>(std::move(val));
+  s.bytes = examples.setup_bytes();
+  return s;
+}
+
+}  // namespace
+
+int64_t file_bytes(const std::string& path) {
+  std::error_code error;
+  const auto size = std::filesystem::file_size(path, error);
+  return error ? 0 : int64_t(size);
+}
+
 Splits load_data(const TrainConfig& config, int64_t vocab_size, bool progress) {
   const auto& d = config.data;
+  if (d.source == "finetune") return load_finetune_data(config, vocab_size, progress);
   ByteTokenizer tokenizer;
   std::optional<TokenDataset> all;
-  if (d.source == "finetune") {
-    const HfTokenizer hf = HfTokenizer::from_file(d.tokenizer);
-    std::optional<TokenId> eos;
-    if (!d.eos_token.empty()) eos = require_token(hf, d.eos_token, "data.eos_token");
-    const FinetuneExamples examples = load_finetune_examples(d.path, hf, d.chat_template, eos);
-    examples.validate(vocab_size);
-    auto [train, val] = examples.split(d.val_fraction);
-    Splits s;
-    s.finetune_train = std::make_shared<const FinetuneExamples>(std::move(train));
-    s.finetune_val = std::make_shared<const FinetuneExamples>(std::move(val));
-    return s;
-  }
+  // What the data holds from here on: a token file is mapped and validate() reads all of it; bytes
+  // become uint16 ids in memory (beside the embedded corpus's text, which stays).
+  int64_t bytes = 0;
   if (!d.tokenizer.empty()) {
     TokenizeOptions options;
     options.cache_dir = d.cache_dir;
     options.eos_token = d.eos_token;
     options.progress = progress;
-    all = load_tokenized_corpus(d.path, d.source == "jsonl" ? CorpusFormat::Jsonl : CorpusFormat::Text, d.tokenizer,
-                                options)
-              .tokens;
+    const TokenizedCorpus corpus = load_tokenized_corpus(
+        d.path, d.source == "jsonl" ? CorpusFormat::Jsonl : CorpusFormat::Text, d.tokenizer, options);
+    all = corpus.tokens;
+    bytes = file_bytes(corpus.cache_file.string());
   } else if (d.source == "embedded") {
     all = TokenDataset::from_text(embedded_corpus(), tokenizer);
+    bytes = 3 * int64_t(embedded_corpus().size());
   } else if (d.source == "text") {
     all = TokenDataset::from_text(read_text_file(d.path), tokenizer);
+    bytes = 2 * all->size();
   } else if (d.source == "bin") {
     auto train = TokenDataset::from_bin_file(d.path);
     if (!d.val_path.empty()) {
       Splits s{std::move(train), TokenDataset::from_bin_file(d.val_path), nullptr, nullptr};
-      s.train.validate(vocab_size);
-      s.val.validate(vocab_size);
+      if (vocab_size > 0) s.train.validate(vocab_size);
+      if (vocab_size > 0) s.val.validate(vocab_size);
+      s.bytes = file_bytes(d.path) + file_bytes(d.val_path);
       return s;
     }
     all = std::move(train);
+    bytes = file_bytes(d.path);
   } else {
     throw ConfigError(fmt::format(
         "data.source: expected \"embedded\", \"text\", \"jsonl\", \"finetune\" or \"bin\", found \"{}\"", d.source));
   }
-  all->validate(vocab_size);
+  if (vocab_size > 0) all->validate(vocab_size);
   auto [train, val] = all->split(d.val_fraction);
-  return Splits{std::move(train), std::move(val), nullptr, nullptr};
+  Splits s{std::move(train), std::move(val), nullptr, nullptr};
+  s.bytes = bytes;
+  return s;
 }
 
 std::string human_duration(double seconds) {
@@ -292,6 +319,15 @@ void check_training_inputs(const TrainConfig& config) {
     if (llama) HfModelReader(config.model.init_from, *llama);
     else HfModelReader(config.model.init_from, gpt_config_of(config));
   }
+}
+
+int64_t training_data_bytes(const TrainConfig& config) {
+  const auto& d = config.data;
+  if (config.model.type == "bert") return 0;  // the estimate does not model the BERT
+  // What load_data counts, without reading the bytes where their size says it.
+  if (d.tokenizer.empty() && d.source == "text") return 2 * training::file_bytes(d.path);
+  if (d.source == "bin") return training::file_bytes(d.path) + (d.val_path.empty() ? 0 : training::file_bytes(d.val_path));
+  return training::load_data(config, /*vocab_size=*/0).bytes;
 }
 
 int run_training_rank(const TrainConfig& config, const TrainRunOptions& options) {

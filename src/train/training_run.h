@@ -88,6 +88,7 @@ std::string human_rate(double per_second);
 struct Splits {
   TokenDataset train, val;
   std::shared_ptr<const FinetuneExamples> finetune_train, finetune_val;
+  int64_t bytes = 0;  // what the data holds in this rank from set-up on (training_data_bytes)
   bool finetune() const { return finetune_train != nullptr; }
 };
 
@@ -159,9 +160,12 @@ void report_run(TrainingRun& run, const TrainRunOptions& options, const StepLog&
 
 // data.sequence_length (0: the model's context) against the model's context; the length used.
 int64_t check_sequence_length(int64_t configured, int64_t context);
-// The configured data, validated against the model's vocabulary. `progress`: print progress lines
-// while tokenizing a large corpus (the launcher's check, which builds the token caches).
+// The configured data, validated against the model's vocabulary (not when vocab_size <= 0).
+// `progress`: print progress lines while tokenizing a large corpus (the launcher's check, which
+// builds the token caches).
 Splits load_data(const TrainConfig& config, int64_t vocab_size, bool progress = false);
+// The size of the file at `path`, 0 when it has none.
+int64_t file_bytes(const std::string& path);
 
 }  // namespace training
 }  // namespace zt
