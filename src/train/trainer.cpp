@@ -51,10 +51,6 @@ std::string read_text_file(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-}  // namespace
-
-namespace {
-
 // Fine-tuning examples, tokenized once into their cache (by the launcher's check), then mapped: a
 // rank reads the index and the examples it samples, never the jsonl.
 Splits load_finetune_data(const TrainConfig& config, int64_t vocab_size, bool progress) {
