@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "support/process.h"
 #include "zerotrain/config.h"
@@ -265,4 +267,77 @@ TEST(LlamaConfigOf, KeysThatWouldBeIgnoredAreRefused) {
     const std::string e = config_error(text);
     EXPECT_NE(e.find(message), std::string::npos) << e;
   }
+}
+
+// Every size read from a config.json is bounded as the model.* key that sets it is, before the
+// parameter count or the estimate multiplies it: 2^40 layers would make the estimate and the
+// launcher grow without bound, a vocabulary of 2^62 + 1 overflows the count to nonsense.
+TEST(LlamaHfConfig, ShapesAreBoundedAsTheModelKeysAre) {
+  const int64_t huge = (int64_t(1) << 62) + 1;
+  const std::tuple<const char*, int64_t, int64_t> fields[] = {
+      {"vocab_size", int64_t(1) << 24, huge},
+      {"hidden_size", int64_t(1) << 20, (int64_t(1) << 20) + 4},
+      {"intermediate_size", int64_t(1) << 22, int64_t(1) << 40},
+      {"num_hidden_layers", int64_t(1) << 16, int64_t(1) << 40},
+      {"num_attention_heads", int64_t(1) << 16, (int64_t(1) << 16) + 2},
+      {"num_key_value_heads", int64_t(1) << 16, huge},
+      {"max_position_embeddings", int64_t(1) << 24, huge},
+  };
+  for (const auto& [key, bound, found] : fields) {
+    SCOPED_TRACE(key);
+    const std::string e = error_of(edited(kLlamaV5, key, found));
+    EXPECT_NE(e.find("model.init_from 'd': config.json"), std::string::npos) << e;
+    EXPECT_NE(e.find(std::string(key) + ": expected at most " + std::to_string(bound)), std::string::npos) << e;
+    EXPECT_NE(e.find("found " + std::to_string(found)), std::string::npos) << e;
+  }
+  // The attention's width, heads x head_dim, is bounded as model.n_embd is.
+  const std::string head_dim = error_of(edited(kLlamaV5, "head_dim", (int64_t(1) << 18) + 2));
+  EXPECT_NE(head_dim.find("head_dim: expected at most 262144"), std::string::npos) << head_dim;
+  // The bounds themselves are accepted.
+  json at_bounds = json::parse(kLlamaV5);
+  at_bounds["vocab_size"] = int64_t(1) << 24;
+  at_bounds["num_hidden_layers"] = int64_t(1) << 16;
+  at_bounds["intermediate_size"] = int64_t(1) << 22;
+  at_bounds["max_position_embeddings"] = int64_t(1) << 24;
+  at_bounds["head_dim"] = int64_t(1) << 18;
+  const zt::LlamaConfig c = zt::llama_config_from_hf_json(at_bounds.dump(), "d");
+  EXPECT_EQ(c.num_hidden_layers, int64_t(1) << 16);
+  EXPECT_GT(zt::llama_parameter_count(c), 0);
+  // They are the configuration's bounds of the model.* keys.
+  const std::pair<const char*, int64_t> keys[] = {
+      {"n_layer", zt::kMaxLlamaLayers},   {"n_head", zt::kMaxLlamaHeads},
+      {"n_kv_head", zt::kMaxLlamaHeads},  {"n_embd", zt::kMaxLlamaWidth},
+      {"vocab_size", zt::kMaxLlamaVocab}, {"intermediate_size", zt::kMaxLlamaIntermediate},
+      {"context_length", zt::kMaxLlamaPositions}};
+  for (const auto& [key, bound] : keys) {
+    SCOPED_TRACE(key);
+    auto range_error = [&](int64_t v) -> std::string {
+      try {
+        zt::parse_config(json{{"model", {{"type", "llama"}, {key, v}}}}.dump(), {}, 1);
+      } catch (const zt::ConfigError& e) {
+        // The key's own range says "model.KEY: expected ..."; the shape's other checks name it otherwise.
+        const std::string what = e.what();
+        if (what.rfind("model." + std::string(key) + ": ", 0) == 0) return what;
+      }
+      return "";
+    };
+    EXPECT_NE(range_error(bound + 1), "");
+    EXPECT_EQ(range_error(bound), "");
+  }
+}
+
+// `zerotrain estimate` of a configuration whose config.json holds an overflowing vocabulary stops
+// in one line naming the file and the key, instead of estimating 0 parameters.
+TEST(LlamaHfConfig, EstimateRefusesAnOverflowingConfigJson) {
+  const std::string dir = zt::testing::make_temp_dir("llama-config-bounds");
+  std::ofstream(dir + "/config.json") << edited(kLlamaV5, "vocab_size", (int64_t(1) << 62) + 1);
+  std::ofstream(dir + "/train.json") << R"({"train_micro_batch_size_per_gpu": 1,
+      "model": {"type": "llama", "config_from": ")" + dir + R"("}, "data": {"sequence_length": 16}})";
+  const auto r = zt::testing::run_process({zt::testing::cli_path(), "estimate", dir + "/train.json"});
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  std::string text = r.output;
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  EXPECT_EQ(text.find('\n'), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("config.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("vocab_size: expected at most 16777216"), std::string::npos) << r.output;
 }

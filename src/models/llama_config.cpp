@@ -46,6 +46,25 @@ void LlamaConfig::validate() const {
   positive("num_attention_heads", num_attention_heads);
   positive("num_key_value_heads", num_key_value_heads);
   positive("max_position_embeddings", max_position_embeddings);
+  // The bounds of the model.* keys (src/config/schema_zerotrain.cpp), for every source of a shape:
+  // a config.json or a checkpoint's saved keys are untrusted, and within these the parameter count
+  // and the estimate's byte arithmetic stay inside 64 bits. Checked before anything multiplies.
+  const auto at_most = [](const char* field, int64_t v, int64_t bound, const char* ours) {
+    require(v <= bound, field, "at most " + std::to_string(bound) + " (the bound of " + ours + ")", std::to_string(v));
+  };
+  at_most("vocab_size", vocab_size, kMaxLlamaVocab, "model.vocab_size");
+  at_most("hidden_size", hidden_size, kMaxLlamaWidth, "model.n_embd");
+  at_most("intermediate_size", intermediate_size, kMaxLlamaIntermediate, "model.intermediate_size");
+  at_most("num_hidden_layers", num_hidden_layers, kMaxLlamaLayers, "model.n_layer");
+  at_most("num_attention_heads", num_attention_heads, kMaxLlamaHeads, "model.n_head");
+  at_most("num_key_value_heads", num_key_value_heads, kMaxLlamaHeads, "model.n_kv_head");
+  at_most("max_position_embeddings", max_position_embeddings, kMaxLlamaPositions, "model.context_length");
+  // An explicit head_dim makes the attention's width heads x head_dim, which the model.* keys keep
+  // at n_embd: the same bound.
+  require(head_dim <= kMaxLlamaWidth / num_attention_heads, "head_dim",
+          "at most " + std::to_string(kMaxLlamaWidth / num_attention_heads) + " (num_attention_heads x head_dim at most " +
+              std::to_string(kMaxLlamaWidth) + ", the bound of model.n_embd)",
+          std::to_string(head_dim));
   require(head_dim >= 0, "head_dim", "0 (hidden_size / num_attention_heads) or a positive integer",
           std::to_string(head_dim));
   require(head_dim > 0 || hidden_size % num_attention_heads == 0, "hidden_size",

@@ -19,6 +19,12 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// Upper bounds of a shape, the configuration's for the model.* keys: far beyond any model this
+// library can build, low enough that the size arithmetic cannot overflow 64 bits.
+inline constexpr int64_t kMaxLlamaVocab = int64_t(1) << 24, kMaxLlamaWidth = int64_t(1) << 20,
+                         kMaxLlamaIntermediate = int64_t(1) << 22, kMaxLlamaLayers = int64_t(1) << 16,
+                         kMaxLlamaHeads = int64_t(1) << 16, kMaxLlamaPositions = int64_t(1) << 24;
+
 struct LlamaConfig {
   int64_t vocab_size = 256;
   int64_t hidden_size = 64;
@@ -38,7 +44,8 @@ struct LlamaConfig {
   double initializer_range = 0.02;
 
   int64_t resolved_head_dim() const { return head_dim > 0 ? head_dim : hidden_size / num_attention_heads; }
-  // Throws zt::ConfigError naming the field for a value out of range, heads not divisible by
+  // Throws zt::ConfigError naming the field for a value out of range (each size at most its
+  // kMaxLlama* bound, num_attention_heads x head_dim at most kMaxLlamaWidth), heads not divisible by
   // the kv heads, an odd head dimension (RoPE rotates pairs), or an unknown rope_scaling type.
   void validate() const;
 };
