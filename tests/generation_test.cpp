@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -117,6 +118,45 @@ TEST(Generation, BadRequestsAreConfigErrors) {
   options.temperature = 1;
   options.top_p = 0;
   EXPECT_THROW(zt::generate(*llama, {1}, options), zt::ConfigError);
+  options.top_p = 1;
+  options.vocab_limit = 257;
+  EXPECT_THROW(zt::generate(*llama, {1}, options), zt::ConfigError);
+}
+
+// A positive temperature below the smallest normal fp32 is refused before any token (the logits are
+// divided by it in fp32, where it is 0 or a subnormal: inf and NaN, then a failure in sampling); the
+// smallest one accepted samples the most probable token, as greedy does.
+TEST(Generation, ATemperatureThatVanishesInFp32IsRefused) {
+  torch::manual_seed(6);
+  zt::Llama llama(gqa_llama(false));
+  zt::GenerationOptions options;
+  options.max_new_tokens = 8;
+  const auto greedy = zt::generate(*llama, {1, 2, 3}, options);
+  for (double t : {1e-39, 1e-46, 1e-300, std::numeric_limits<double>::infinity()}) {
+    options.temperature = t;
+    EXPECT_THROW(zt::generate(*llama, {1, 2, 3}, options), zt::ConfigError) << t;
+    EXPECT_THROW(zt::check_generation_options(options), zt::ConfigError) << t;
+  }
+  options.temperature = zt::kMinTemperature;
+  EXPECT_EQ(zt::generate(*llama, {1, 2, 3}, options), greedy);
+}
+
+// vocab_limit: ids at or above it are never chosen, greedy or sampled; below it the choice is the
+// one over the whole vocabulary restricted to those ids.
+TEST(Generation, AVocabularyLimitKeepsEveryChoiceBelowIt) {
+  torch::manual_seed(7);
+  zt::Llama llama(gqa_llama(true));
+  const std::vector<int64_t> prompt = {4, 8, 15};
+  zt::GenerationOptions options;
+  options.max_new_tokens = 1;
+  options.vocab_limit = 100;
+  torch::NoGradGuard no_grad;
+  llama->eval();
+  const auto logits = llama->forward(torch::tensor(prompt, torch::kLong).unsqueeze(0))[0][-1];
+  EXPECT_EQ(zt::generate(*llama, prompt, options).front(), logits.narrow(0, 0, 100).argmax().item<int64_t>());
+  options.max_new_tokens = 64;
+  options.temperature = 2.0;
+  for (int64_t id : zt::generate(*llama, prompt, options)) EXPECT_LT(id, 100);
 }
 
 nlohmann::json read_json(const std::string& path) {

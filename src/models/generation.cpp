@@ -5,6 +5,7 @@
 #include "zerotrain/models/generation.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -45,9 +46,12 @@ class TokenChooser {
 
   // logits: [vocab] of the last position.
   int64_t choose(const torch::Tensor& logits) {
-    const torch::Tensor scores = logits.to(torch::kCPU, torch::kFloat);
+    torch::Tensor scores = logits.to(torch::kCPU, torch::kFloat);
+    if (options_.vocab_limit > 0) scores = scores.narrow(0, 0, std::min(options_.vocab_limit, scores.size(0)));
     if (options_.temperature == 0.0) return scores.argmax().item<int64_t>();
-    torch::Tensor probs = torch::softmax(scores / options_.temperature, 0);
+    // The largest score is subtracted before the division: every shifted score is <= 0, so a small
+    // temperature sends the others to -inf (probability 0) instead of overflowing to inf - inf.
+    torch::Tensor probs = torch::softmax((scores - scores.max()) / options_.temperature, 0);
     torch::Tensor ids;
     if (options_.top_p < 1.0) {
       auto [sorted, order] = probs.sort(0, /*descending=*/true);
@@ -66,6 +70,7 @@ class TokenChooser {
 };
 
 void check_request(const std::vector<int64_t>& prompt, const GenerationOptions& o, int64_t vocab, int64_t context) {
+  check_generation_options(o);
   auto fail = [](const std::string& what) { throw ConfigError("generate: " + what); };
   if (prompt.empty()) fail("the prompt has no tokens");
   for (int64_t id : prompt)
@@ -74,9 +79,9 @@ void check_request(const std::vector<int64_t>& prompt, const GenerationOptions& 
   if (int64_t(prompt.size()) >= context)
     fail("the prompt's " + std::to_string(prompt.size()) + " tokens fill the model's context of " +
          std::to_string(context) + " positions: nothing can follow");
-  if (o.max_new_tokens < 0) fail("max_new_tokens must be >= 0, found " + std::to_string(o.max_new_tokens));
-  if (!(o.temperature >= 0.0)) fail("temperature must be >= 0, found " + std::to_string(o.temperature));
-  if (!(o.top_p > 0.0 && o.top_p <= 1.0)) fail("top_p must be in (0, 1], found " + std::to_string(o.top_p));
+  if (o.vocab_limit < 0 || o.vocab_limit > vocab)
+    fail("vocab_limit: expected 0 (every id) or at most the model's vocabulary of " + std::to_string(vocab) +
+         ", found " + std::to_string(o.vocab_limit));
 }
 
 // The loop both models share: `step(ids, past)` runs the positions [past, past + ids) and returns
@@ -113,6 +118,16 @@ std::vector<int64_t> run(torch::nn::Module& model, const std::vector<int64_t>& p
 }
 
 }  // namespace
+
+void check_generation_options(const GenerationOptions& o) {
+  auto fail = [](const std::string& what) { throw ConfigError("generate: " + what); };
+  if (o.max_new_tokens < 0) fail("max_new_tokens must be >= 0, found " + std::to_string(o.max_new_tokens));
+  if (!(o.temperature >= 0.0) || !std::isfinite(o.temperature) || (o.temperature > 0.0 && o.temperature < kMinTemperature))
+    fail(fmt::format("temperature: expected 0 (greedy) or a finite number of at least {:g} (the smallest normal fp32, "
+                     "in which the logits are divided by it), found {:g}",
+                     kMinTemperature, o.temperature));
+  if (!(o.top_p > 0.0 && o.top_p <= 1.0)) fail("top_p must be in (0, 1], found " + std::to_string(o.top_p));
+}
 
 std::vector<int64_t> generate(GPTImpl& model, const std::vector<int64_t>& prompt, const GenerationOptions& options,
                               const TokenCallback& on_token) {
