@@ -126,7 +126,8 @@ class HfModelReader : public WeightReader {
   HfModelReader(const std::filesystem::path& dir, const GPTConfig& config);
   // A LlamaForCausalLM or Qwen2ForCausalLM directory: `config` is its shape (llama_config_of
   // reads it from DIR/config.json); every tensor of the decoder must be there with its shape.
-  HfModelReader(const std::filesystem::path& dir, const LlamaConfig& config);
+  // `key` names what gave the directory in errors ("model.init_from", or "generate" for its SOURCE).
+  HfModelReader(const std::filesystem::path& dir, const LlamaConfig& config, const std::string& key = "model.init_from");
   ~HfModelReader() override;
   void read(const std::string& name, const std::vector<int64_t>& shape, int64_t begin, int64_t count,
             float* out) override;

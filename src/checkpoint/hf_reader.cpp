@@ -140,6 +140,7 @@ struct HfModelReader::State {
   fs::path dir;
   std::string family;  // "GPT-2", "Llama": names the directory in errors
   std::string model;   // the model such a directory fills
+  std::string where;   // "model.init_from 'DIR'": what gave the directory, and the directory
   std::function<std::string(const std::string&)> hf_name;  // "" for a tensor of no such model
   std::function<bool(const std::string&)> transposed;
   std::vector<std::unique_ptr<ForeignFile>> files;
@@ -151,15 +152,15 @@ struct HfModelReader::State {
   std::pair<const ForeignFile*, const ForeignEntry*> find(const std::string& name, const std::vector<int64_t>& shape) {
     const std::string hf = hf_name(name);
     if (hf.empty())
-      throw DataError("model.init_from '" + dir.string() + "': '" + name + "' is not a " + family + " tensor (a Hugging "
-                      "Face " + family + " directory fills " + model + " only)");
+      throw DataError(where + ": '" + name + "' is not a " + family + " tensor (a Hugging Face " + family +
+                      " directory fills " + model + " only)");
     // Files saved from GPT2Model (and the original GPT-2 uploads) name tensors without "transformer.".
     auto it = located.find(hf);
     if (it == located.end() && hf.rfind("transformer.", 0) == 0)
       it = located.find(hf.substr(std::string("transformer.").size()));
     if (it == located.end())
-      throw DataError("model.init_from '" + dir.string() + "': no tensor '" + hf + "'" +
-                      (hf == name ? std::string() : " (our '" + name + "')") + " in its files");
+      throw DataError(where + ": no tensor '" + hf + "'" +
+                      (hf == name ? std::string() : " (our '" + name + "')") + " in its files (" + files_text() + ")");
     const ForeignFile* file = files[it->second.first].get();
     const ForeignEntry& e = file->entries.at(it->second.second);
     std::vector<int64_t> expected = shape;
@@ -171,6 +172,12 @@ struct HfModelReader::State {
       throw DataError("'" + file->path.string() + "': tensor '" + it->second.second +
                       "' is not F32, F16, BF16 or F64");
     return {file, &e};
+  }
+
+  // The weight files searched, for errors: "model.safetensors", or the shards the index names.
+  std::string files_text() const {
+    if (files.size() == 1) return files.front()->path.filename().string();
+    return std::to_string(files.size()) + " shards of " + kIndexFile;
   }
 
   // `bytes` of the file at `offset` into the read buffer (grown as needed, at most a piece).
@@ -197,7 +204,8 @@ HfModelReader::HfModelReader(const fs::path& dir, const GPTConfig& config) : sta
   s.model = "the reference GPT";
   s.hf_name = hf_gpt2_name;
   s.transposed = hf_gpt2_transposed;
-  const std::string where = "model.init_from '" + dir.string() + "'";
+  s.where = "model.init_from '" + dir.string() + "'";
+  const std::string& where = s.where;
   if (!fs::is_directory(dir)) throw ConfigError(where + ": not a directory (expected a Hugging Face GPT-2 model directory)");
   const json cfg = parse_json_file(dir / kConfigFile, "config.json", 8);
   if (!cfg.is_object()) throw DataError("'" + (dir / kConfigFile).string() + "' is not a JSON object");
@@ -242,16 +250,17 @@ HfModelReader::HfModelReader(const fs::path& dir, const GPTConfig& config) : sta
   for (const CheckpointParameter& p : gpt_tensors(config)) s.find(p.name, p.shape);
 }
 
-HfModelReader::HfModelReader(const fs::path& dir, const LlamaConfig& config) : state_(std::make_unique<State>()) {
+HfModelReader::HfModelReader(const fs::path& dir, const LlamaConfig& config, const std::string& key)
+    : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.dir = dir;
   s.family = "Llama";
   s.model = "the Llama-family decoder";
   s.hf_name = [](const std::string& name) { return name; };
   s.transposed = [](const std::string&) { return false; };
-  const std::string where = "model.init_from '" + dir.string() + "'";
-  if (!fs::is_directory(dir)) throw ConfigError(where + ": not a directory (expected a Hugging Face model directory)");
-  open_weight_files(s, where);
+  s.where = key + " '" + dir.string() + "'";
+  if (!fs::is_directory(dir)) throw ConfigError(s.where + ": not a directory (expected a Hugging Face model directory)");
+  open_weight_files(s, s.where);
   for (const CheckpointParameter& p : llama_tensors(config)) s.find(p.name, p.shape);
 }
 
@@ -310,7 +319,7 @@ void HfModelReader::read(const std::string& name, const std::vector<int64_t>& sh
   int64_t numel = 1;
   for (int64_t d : shape) numel *= d;
   if (begin < 0 || count < 0 || begin + count > numel)
-    throw Error("model.init_from: elements [" + std::to_string(begin) + ", " + std::to_string(begin + count) + ") of '" +
+    throw Error(s.where + ": elements [" + std::to_string(begin) + ", " + std::to_string(begin + count) + ") of '" +
                 name + "' asked for, which has " + std::to_string(numel));
   const int64_t element = int64_t(c10::elementSize(entry->dtype));
   auto convert = [&](const void* raw, int64_t n, float* to) {

@@ -2,6 +2,8 @@
 // (zerotrain/models/generation.h), on this process alone, the text streamed to stdout as it comes.
 #include "cli/cli.h"
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,7 @@
 #include <optional>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/file_system.h"
 #include "checkpoint/hf.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/generation.h"
@@ -34,9 +37,15 @@ using json = nlohmann::json;
 struct LoadedModel {
   std::shared_ptr<GPTImpl> gpt;
   std::shared_ptr<LlamaImpl> llama;
-  std::string tokenizer_dir;  // "": none known (bytes)
+  std::string tokenizer;        // its tokenizer.json or a directory holding one; "": none known (bytes)
+  std::string tokenizer_named;  // "of DIR", "that checkpoint X names as its KEY 'P'": for errors
+  std::string stop_ids_dir;     // where generation_config.json / config.json give the eos ids; "": none
   std::string description;
+
+  int64_t vocab_size() const { return llama ? llama->config().vocab_size : gpt->config().vocab_size; }
 };
+
+bool holds_tokenizer(const std::string& dir) { return fs::exists(fs::path(dir) / "tokenizer.json"); }
 
 void copy_parameters(torch::nn::Module& model, const std::function<torch::Tensor(const std::string&)>& value_of) {
   torch::NoGradGuard no_grad;
@@ -53,14 +62,18 @@ void copy_parameters(torch::nn::Module& model, const std::function<torch::Tensor
 LoadedModel load_hf_directory(const std::string& dir) {
   const LlamaConfig config = read_llama_hf_config(dir, "generate SOURCE");
   LoadedModel loaded;
+  // Opened (every tensor there with its shape) before the model is built.
+  HfModelReader reader(dir, config, "generate SOURCE");
   loaded.llama = Llama(config).ptr();
-  HfModelReader reader(dir, config);
   copy_parameters(*loaded.llama, [&](const std::string& name) {
     torch::Tensor values = torch::empty(loaded.llama->named_parameters()[name].sizes(), torch::kFloat32);
     reader.read(name, values.sizes().vec(), 0, values.numel(), values.data_ptr<float>());
     return values;
   });
-  loaded.tokenizer_dir = dir;
+  // A directory without tokenizer.json (an export of a run on bytes) generates bytes.
+  if (holds_tokenizer(dir)) loaded.tokenizer = dir;
+  loaded.tokenizer_named = fmt::format("of the model directory '{}'", dir);
+  loaded.stop_ids_dir = dir;
   loaded.description = fmt::format("{} from '{}'", llama_hf_architecture(config), dir);
   return loaded;
 }
@@ -74,6 +87,25 @@ std::string saved_string(const std::map<std::string, std::string>& resolved, con
   } catch (const json::exception&) {
     return "";
   }
+}
+
+// The tokenizer a checkpoint names: the one the run read its data with (data.tokenizer), else the
+// one beside the weights it started from (the Llama's model.init_from or model.config_from). Once
+// named it must be found: moved away, the text would silently become bytes. A directory that is
+// there without a tokenizer.json is a byte model's (an export of a run on bytes).
+void set_checkpoint_tokenizer(LoadedModel& loaded, const std::map<std::string, std::string>& resolved,
+                              const std::string& source_dir, const std::string& where) {
+  if (const std::string data_tokenizer = saved_string(resolved, "data.tokenizer"); !data_tokenizer.empty()) {
+    loaded.tokenizer = data_tokenizer;
+    loaded.tokenizer_named = fmt::format("that checkpoint {} names as its data.tokenizer '{}'", where, data_tokenizer);
+    if (fs::is_directory(data_tokenizer)) loaded.stop_ids_dir = data_tokenizer;
+    return;
+  }
+  if (source_dir.empty()) return;
+  const char* key = saved_string(resolved, "model.init_from").empty() ? "model.config_from" : "model.init_from";
+  loaded.tokenizer_named = fmt::format("that checkpoint {} names as its {} '{}'", where, key, source_dir);
+  if (!fs::is_directory(source_dir) || holds_tokenizer(source_dir)) loaded.tokenizer = source_dir;
+  if (fs::is_directory(source_dir)) loaded.stop_ids_dir = source_dir;
 }
 
 // A zerotrain checkpoint of a GPT or a Llama (its weights gathered whole from the rank files).
@@ -95,9 +127,7 @@ LoadedModel load_checkpoint(const std::string& dir, const std::string& tag) {
   }
   torch::nn::Module& model = loaded.llama ? static_cast<torch::nn::Module&>(*loaded.llama) : *loaded.gpt;
   copy_parameters(model, [&](const std::string& name) { return checkpoint.read(name); });
-  // The tokenizer the run read its data with, else the one beside the weights it started from.
-  loaded.tokenizer_dir = saved_string(resolved, "data.tokenizer");
-  if (loaded.tokenizer_dir.empty() && !source_dir.empty()) loaded.tokenizer_dir = source_dir;
+  set_checkpoint_tokenizer(loaded, resolved, source_dir, checkpoint.where());
   loaded.description = fmt::format("{} checkpoint {}", type, checkpoint.root());
   return loaded;
 }
@@ -126,9 +156,8 @@ std::vector<int64_t> stop_ids_of(const std::string& dir) {
 // model was trained on bytes and no tokenizer is known.
 class TextCodec {
  public:
-  explicit TextCodec(const std::string& dir) {
-    if (!dir.empty()) tokenizer_ = HfTokenizer::from_file(dir);
-  }
+  TextCodec() = default;
+  explicit TextCodec(HfTokenizer tokenizer) : tokenizer_(std::move(tokenizer)) {}
   std::vector<int64_t> encode(const std::string& text) const {
     if (!tokenizer_) {
       std::vector<int64_t> bytes;
@@ -148,6 +177,10 @@ class TextCodec {
     return tokenizer_->decode(narrow, /*skip_special_tokens=*/true);
   }
   std::string name() const { return tokenizer_ ? "its tokenizer" : "bytes"; }
+  bool is_bytes() const { return !tokenizer_; }
+  // The ids it can decode: its vocabulary, or the 256 byte values.
+  int64_t vocab_size() const { return tokenizer_ ? int64_t(tokenizer_->vocab_size()) : 256; }
+  std::string source() const { return tokenizer_ ? "'" + tokenizer_->source() + "'" : "bytes"; }
 
  private:
   std::optional<HfTokenizer> tokenizer_;
@@ -185,30 +218,112 @@ class TextStream {
   std::string prompt_text_, printed_;
 };
 
+// The text's codec: --tokenizer; else the tokenizer the model names, which must then be found;
+// else bytes.
+TextCodec open_codec(const GenerateArgs& args, const LoadedModel& model) {
+  if (!args.tokenizer.empty()) return TextCodec(HfTokenizer::from_file(args.tokenizer));
+  if (model.tokenizer.empty()) return TextCodec();
+  try {
+    return TextCodec(HfTokenizer::from_file(model.tokenizer));
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("generate: cannot read the tokenizer {} ({}); give the one the model was trained "
+                                "with as --tokenizer PATH",
+                                model.tokenizer_named, one_line(e.what())));
+  }
+}
+
+// The ids generation may choose. A model's vocabulary may be padded beyond its tokenizer's (to a
+// multiple of 64, or by the export of a bytes run): the ids past the tokenizer's are never chosen,
+// since they decode to nothing. A tokenizer larger than the model's vocabulary is the wrong one: it
+// would give the model ids it has no embedding for. (Bytes are checked id by id in the prompt: a
+// model trained on ASCII may have fewer than 256 ids.)
+int64_t vocabulary_limit(const LoadedModel& model, const TextCodec& codec) {
+  const int64_t model_vocab = model.vocab_size(), codec_vocab = codec.vocab_size();
+  if (!codec.is_bytes() && codec_vocab > model_vocab)
+    throw ConfigError(fmt::format("generate: the tokenizer {} has {} ids, the model's vocabulary {}: expected a "
+                                  "tokenizer of at most the model's vocabulary (give the one it was trained with "
+                                  "as --tokenizer PATH)",
+                                  codec.source(), codec_vocab, model_vocab));
+  if (codec_vocab >= model_vocab) return 0;
+  std::cerr << fmt::format("zerotrain: note: the model's vocabulary has {} ids, {} {}: ids {} and above are never "
+                           "chosen\n",
+                           model_vocab, codec.is_bytes() ? "the text is bytes with" : "its tokenizer", codec_vocab,
+                           codec_vocab);
+  return codec_vocab;
+}
+
+// --summary is checked before the model is read: a path that cannot be written fails now, not
+// after the run. It is replaced by a rename, so it must be a regular file when it exists (a rename
+// over a device such as /dev/null would replace the device).
+void check_summary_path(const std::string& path) {
+  check_output_file(path, "--summary", /*creates_parents=*/true);
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    throw ConfigError(fmt::format("--summary: expected a regular file (it is replaced whole), found '{}', which is "
+                                  "something else",
+                                  path));
+}
+
+bool is_valid_utf8(const std::string& text) {
+  try {
+    (void)json(text).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+// `text` into `path` whole or not at all: written beside it under a temporary name, flushed, then
+// renamed over it, so that a failure leaves an earlier file as it was.
+void write_atomically(const fs::path& path, const std::string& text) {
+  FileSystem& files = FileSystem::real();
+  const fs::path parent = path.parent_path().empty() ? fs::path(".") : path.parent_path();
+  files.create_directories(parent);
+  const fs::path temporary = parent / fmt::format(".{}.tmp-{}", path.filename().string(), ::getpid());
+  try {
+    const auto out = files.create(temporary);
+    out->write_at(text.data(), int64_t(text.size()), 0);
+    out->sync();
+    out->close();
+    files.rename(temporary, path);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(temporary, ec);
+    throw;
+  }
+}
+
+// The summary: the ids, the text and the time. JSON strings are UTF-8: new bytes that are not (a
+// byte-level model may stop inside a character) are kept whole in text_bytes, text then holding
+// U+FFFD in place of each invalid sequence.
+void write_summary(const std::string& path, const std::vector<int64_t>& prompt, const std::vector<int64_t>& generated,
+                   const std::string& text, double seconds) {
+  json summary = {{"prompt_ids", prompt}, {"new_ids", generated}, {"text", text}, {"seconds", seconds}};
+  if (!is_valid_utf8(text)) summary["text_bytes"] = std::vector<uint8_t>(text.begin(), text.end());
+  write_atomically(path, summary.dump(1, ' ', false, json::error_handler_t::replace) + "\n");
+}
+
 }  // namespace
 
 int run_generate(const GenerateArgs& args) {
-  const bool hf_dir = fs::exists(fs::path(args.source) / "config.json");
   if (!fs::is_directory(args.source))
     throw ConfigError(fmt::format("generate: expected a zerotrain checkpoint directory or a Hugging Face model "
                                   "directory, found no directory '{}'",
                                   args.source));
-  torch::manual_seed(args.seed);  // the model's construction before its weights are copied in
-  LoadedModel model = hf_dir ? load_hf_directory(args.source) : load_checkpoint(args.source, args.tag);
-  // A tokenizer given must be there (HfTokenizer::from_file says what is missing); one found
-  // beside the model is used when it holds a tokenizer.json, else the text is bytes.
-  std::string tokenizer = args.tokenizer;
-  if (tokenizer.empty() && !model.tokenizer_dir.empty() &&
-      (fs::is_regular_file(model.tokenizer_dir) || fs::exists(fs::path(model.tokenizer_dir) / "tokenizer.json")))
-    tokenizer = model.tokenizer_dir;
-  const TextCodec codec(tokenizer);
-
   GenerationOptions options;
   options.max_new_tokens = args.max_new_tokens;
   options.temperature = args.temperature;
   options.top_p = args.top_p;
   options.seed = args.seed;
-  options.stop_ids = stop_ids_of(hf_dir ? args.source : fs::is_directory(model.tokenizer_dir) ? model.tokenizer_dir : "");
+  // What can be refused without the model is refused before it is read.
+  check_generation_options(options);
+  if (!args.summary.empty()) check_summary_path(args.summary);
+  const bool hf_dir = fs::exists(fs::path(args.source) / "config.json");
+  torch::manual_seed(args.seed);  // the model's construction before its weights are copied in
+  LoadedModel model = hf_dir ? load_hf_directory(args.source) : load_checkpoint(args.source, args.tag);
+  const TextCodec codec = open_codec(args, model);
+  options.vocab_limit = vocabulary_limit(model, codec);
+  options.stop_ids = stop_ids_of(model.stop_ids_dir);
   const std::vector<int64_t> prompt = codec.encode(args.prompt);
   std::cerr << fmt::format("zerotrain: generating with the {}, text through {}, {}\n", model.description,
                            codec.name(),
@@ -224,11 +339,7 @@ int run_generate(const GenerateArgs& args) {
   stream.finish();
   std::cerr << fmt::format("zerotrain: {} tokens after a prompt of {} in {:.2f} s ({:.1f} tokens/s)\n",
                            generated.size(), prompt.size(), seconds, double(generated.size()) / std::max(seconds, 1e-9));
-  if (!args.summary.empty()) {
-    const json summary = {{"prompt_ids", prompt}, {"new_ids", generated}, {"text", stream.text()},
-                          {"seconds", seconds}};
-    std::ofstream(args.summary) << summary.dump(1) << "\n";
-  }
+  if (!args.summary.empty()) write_summary(args.summary, prompt, generated, stream.text(), seconds);
   return 0;
 }
 
