@@ -1,8 +1,8 @@
 // `zerotrain generate` facing bad or awkward input: a tokenizer the checkpoint names that has moved,
 // a model vocabulary padded past its tokenizer's or smaller than it, a temperature that is 0 in
 // fp32, a --summary path that cannot be written, new bytes that are not UTF-8, a tensor missing
-// from a model directory. The models are the tiny Llama's random weights, written by our own
-// `export --init` (no transformers needed).
+// from a model directory, a checkpoint's saved shape beyond the bounds. The models are the tiny
+// Llama's random weights, written by our own `export --init` (no transformers needed).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf.h"
 #include "data/hf_bpe.h"
 #include "support/process.h"
+#include "zerotrain/error.h"
 
 namespace {
 
@@ -215,6 +217,37 @@ TEST(GenerateCli, AMissingTensorNamesTheDirectoryAndTheFile) {
   const auto r = generate(dir + "/hf", {});
   expect_one_line_error(r, {"generate SOURCE '" + dir + "/hf'", "no tensor 'model.layers.2.", "model.safetensors"});
   EXPECT_EQ(r.output.find("model.init_from"), std::string::npos) << r.output;
+}
+
+// The shape a checkpoint saved (its resolved model.* keys) is untrusted: a GPT's or a Llama's
+// beyond the bounds of the configuration's keys is refused before generate or export builds a model
+// of it.
+TEST(GenerateCheckpoint, ASavedShapeBeyondTheBoundsIsRefused) {
+  std::map<std::string, std::string> gpt = {{"model.preset", "\"tiny\""}, {"model.n_layer", "1099511627776"}};
+  try {
+    zt::gpt_config_from_resolved(gpt, "'ckpt'");
+    ADD_FAILURE() << "2^40 layers accepted";
+  } catch (const zt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_layer: expected at most 65536, found 1099511627776"), std::string::npos)
+        << e.what();
+  }
+  gpt["model.n_layer"] = "65536";
+  gpt["model.vocab_size"] = "4611686018427387905";
+  EXPECT_THROW(zt::gpt_config_from_resolved(gpt, "'ckpt'"), zt::DataError);
+  gpt["model.vocab_size"] = "300";
+  EXPECT_EQ(zt::gpt_config_from_resolved(gpt, "'ckpt'").n_layer, 65536);
+
+  std::map<std::string, std::string> llama = {
+      {"model.init_from", "\"\""}, {"model.config_from", "\"\""}, {"model.preset", "\"llama-tiny\""},
+      {"model.n_layer", "1099511627776"}, {"model.n_head", "0"}, {"model.n_kv_head", "0"}, {"model.n_embd", "0"},
+      {"model.intermediate_size", "0"}, {"model.vocab_size", "0"}, {"model.context_length", "0"}};
+  std::string source_dir;
+  try {
+    zt::llama_config_from_resolved(llama, "'ckpt'", source_dir);
+    ADD_FAILURE() << "2^40 layers accepted";
+  } catch (const zt::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_layer (num_hidden_layers): expected at most 65536"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -77,16 +77,21 @@ GPTConfig gpt_config_from_resolved(const std::map<std::string, std::string>& res
   };
   try {
     GPTConfig gpt = gpt_preset(value("model.preset").get<std::string>());
-    auto override_int = [&](const std::string& key, int64_t& field) {
+    // A saved value is bounded as the configuration bounds the key (src/config/schema_zerotrain.cpp)
+    // before the model is built from it: a damaged or hostile checkpoint cannot ask for 2^40 layers.
+    auto override_int = [&](const std::string& key, int64_t& field, int64_t bound) {
       if (resolved.count(key) == 0) return;
       const int64_t v = value(key).get<int64_t>();
+      if (v > bound)
+        throw DataError(where + ": the saved configuration's " + key + ": expected at most " + std::to_string(bound) +
+                        ", found " + std::to_string(v));
       if (v > 0) field = v;
     };
-    override_int("model.n_layer", gpt.n_layer);
-    override_int("model.n_head", gpt.n_head);
-    override_int("model.n_embd", gpt.n_embd);
-    override_int("model.vocab_size", gpt.vocab_size);
-    override_int("model.context_length", gpt.context_length);
+    override_int("model.n_layer", gpt.n_layer, int64_t(1) << 16);
+    override_int("model.n_head", gpt.n_head, int64_t(1) << 16);
+    override_int("model.n_embd", gpt.n_embd, int64_t(1) << 20);
+    override_int("model.vocab_size", gpt.vocab_size, int64_t(1) << 24);
+    override_int("model.context_length", gpt.context_length, int64_t(1) << 24);
     if (resolved.count("model.dropout") && value("model.dropout").get<double>() >= 0)
       gpt.dropout = value("model.dropout").get<double>();
     gpt.validate();
