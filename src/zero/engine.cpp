@@ -80,11 +80,11 @@ void Engine::Impl::install_hooks(std::vector<torch::Tensor>& trainable) {
     auto accumulator = torch::autograd::impl::grad_accumulator(param);
     // The accumulators outlive the engine in any graph built before it was destroyed; a backward
     // through such a graph then accumulates as plain autograd does (stage 3: the gatherer
-    // refuses it).
-    if (reducer->sharded())
-      accumulator->add_pre_hook(std::make_unique<PreHook>([engine = liveness, i] {
-        if (Impl* self = engine->impl.load()) self->reducer->before_gradient(i);
-      }));
+    // refuses it). The pre-hook also keeps another loss's backward (a second engine's, whose
+    // graph runs through this model) out of this engine's gradients.
+    accumulator->add_pre_hook(std::make_unique<PreHook>([engine = liveness, i] {
+      if (Impl* self = engine->impl.load()) self->reducer->before_gradient(i);
+    }));
     accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
         [engine = liveness, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
           if (Impl* self = engine->impl.load()) self->after_gradient(i);
@@ -94,10 +94,26 @@ void Engine::Impl::install_hooks(std::vector<torch::Tensor>& trainable) {
   }
 }
 
-bool Engine::Impl::boundary_next() const { return micro_step + 1 == config.gradient_accumulation_steps; }
+bool Engine::Impl::boundary_next() const { return micro_step + 1 >= config.gradient_accumulation_steps; }
+
+// A backward after the window's last one and before step(): DeepSpeed counts a window by step()
+// calls, so this backward ends the window again. What it does with the gradients already there
+// follows DeepSpeed's stages: stage 0 (and 3) adds to them, stage 1 keeps this backward's only,
+// stage 2 cannot (its gradient partition is full) and is refused here.
+void Engine::Impl::reopen_window() {
+  const ZeroConfig& z = config.zero;
+  if (z.shard_gradients && !z.shard_parameters)
+    throw Error("backward() called again before step(): at ZeRO stage 2 a window of gradient_accumulation_steps " +
+                std::to_string(config.gradient_accumulation_steps) + " backward() calls ends with step() (DeepSpeed " +
+                "refuses a second backward too: its gradient partition is full); call step() after the window's " +
+                "last backward(), or add both losses and call backward() once");
+  reducer->reopen_window(/*keep=*/!(z.shard_optimizer_states && !z.shard_gradients));
+  micro_step = config.gradient_accumulation_steps - 1;
+}
 
 void Engine::Impl::backward(const torch::Tensor& loss) {
   ZT_CHECK_STATE(!in_backward, "backward() re-entered");
+  if (micro_step >= config.gradient_accumulation_steps) reopen_window();
   reducer->begin_backward(boundary_next());
   if (gatherer) gatherer->begin_backward();
   in_backward = true;

@@ -196,6 +196,7 @@ struct Engine::Impl {
 
   void install_hooks(std::vector<torch::Tensor>& trainable);
   bool boundary_next() const;
+  void reopen_window();
   void backward(const torch::Tensor& loss);
   void after_gradient(int i);
   StepResult step();

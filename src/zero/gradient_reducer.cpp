@@ -89,7 +89,28 @@ void GradientReducer::attach(int placement, const at::Tensor& param) {
       slot.bucket_grad_view[k] = buffers_[k].data.narrow(0, in_bucket, p.numel).view(shape);
     slot.param.mutable_grad() = torch::Tensor();
   } else {
-    slot.param.mutable_grad() = flat_grads_.narrow(0, p.offset, p.numel).view(shape);
+    slot.grad_view = flat_grads_.narrow(0, p.offset, p.numel).view(shape);
+    slot.param.mutable_grad() = slot.grad_view;
+  }
+}
+
+// Not sharded, before a backward and before the step reads the arena: each .grad is its arena
+// view again. The script may have replaced it: torch's zero_grad() sets it to None (the gradient
+// is then zero), or it assigned a tensor of its own (that is the gradient, as autograd would have
+// added to it). A gradient another backward left there (before_gradient diverted it) is dropped.
+void GradientReducer::reattach_gradients() {
+  at::NoGradGuard no_grad;
+  for (Slot& slot : slots_) {
+    if (!slot.param.defined()) continue;
+    const at::Tensor& grad = slot.param.grad();
+    if (grad.is_same(slot.grad_view)) {
+      slot.diverted = false;
+      continue;
+    }
+    if (!grad.defined()) slot.grad_view.zero_();
+    else if (!slot.diverted) slot.grad_view.copy_(grad.reshape(slot.grad_view.sizes()));
+    slot.param.mutable_grad() = slot.grad_view;
+    slot.diverted = false;
   }
 }
 
@@ -99,6 +120,7 @@ void GradientReducer::begin_backward(bool boundary) {
   // gradients are reduced from the gradient hooks while backward runs with overlap_comm, else
   // once backward has returned (as DeepSpeed's stages 0 and 1 without overlap_comm).
   boundary_ = boundary;
+  if (!sharded()) reattach_gradients();
   reduce_whole_ = !sharded() && boundary && options_.world > 1;
   reducing_ = sharded() || (reduce_whole_ && options_.overlap_comm);
   if (sharded() || reduce_whole_)
@@ -125,8 +147,19 @@ void GradientReducer::end_backward() {
 
 // Sharded: the gradient of slot i is about to be accumulated; its .grad must be the right place
 // in a zeroed bucket buffer.
+//
+// Not sharded, outside this engine's backward (another engine's loss reaching this model): the
+// gradient goes to a tensor of its own instead of the arena, which holds this engine's window.
 void GradientReducer::before_gradient(int i) {
-  if (!in_backward_ || !sharded()) return;
+  if (!sharded()) {
+    Slot& slot = slots_[i];
+    if (!in_backward_ && slot.param.grad().is_same(slot.grad_view)) {
+      slot.param.mutable_grad() = at::Tensor();
+      slot.diverted = true;
+    }
+    return;
+  }
+  if (!in_backward_) return;
   Slot& slot = slots_[i];
   BucketProgress& b = progress_[slot.bucket];
   if (b.state != BucketState::Filling) acquire_buffer(slot.bucket);
@@ -342,19 +375,31 @@ double GradientReducer::square_sum(const at::Tensor& t) {
   return sum;
 }
 
+// Not sharded: the window's reductions, launched from the hooks or after backward, complete.
+void GradientReducer::wait_whole_reductions() {
+  if (!reducing_) return;
+  // Buckets whose parameters received no gradient this step (unused in forward) are still
+  // reduced, in bucket order, so every rank issues the same collectives.
+  for (int b = 0; b < int(progress_.size()); ++b)
+    if (progress_[b].state != BucketState::InFlight) launch(b);
+  for (int b = 0; b < int(progress_.size()); ++b) progress_[b].handle->wait();
+  reducing_ = false;
+}
+
+void GradientReducer::reopen_window(bool keep) {
+  if (sharded()) return;
+  wait_whole_reductions();
+  reattach_gradients();
+  if (!keep) flat_grads_.zero_();
+  else if (post_divisor() != 1.0) flat_grads_.div_(post_divisor());
+}
+
 void GradientReducer::finish_window() {
-  if (reducing_ && !sharded()) {
-    // Buckets whose parameters received no gradient this step (unused in forward) are still
-    // reduced, in bucket order, so every rank issues the same collectives.
-    for (int b = 0; b < int(progress_.size()); ++b)
-      if (progress_[b].state != BucketState::InFlight) launch(b);
-    for (int b = 0; b < int(progress_.size()); ++b) {
-      progress_[b].handle->wait();
-      if (on_final_) {
-        final_sent_[size_t(b)] = 1;
-        on_final_(b);
-      }
-    }
+  if (!sharded()) {
+    wait_whole_reductions();
+    // After the reductions: a .grad the script replaced since its backward replaces the result.
+    // Every bucket then reaches on_final_ below.
+    reattach_gradients();
   }
   reducing_ = false;
   if (sharded() && !on_disk_)

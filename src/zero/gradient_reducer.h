@@ -74,11 +74,17 @@ class GradientReducer {
   void begin_backward(bool boundary);
   void abort_backward();
   void end_backward();
+  // Called before placement i's gradient is accumulated, in this engine's backward or another's.
   void before_gradient(int placement);
   // True when the gradient counts towards its bucket (the engine then counts it for its block).
   bool after_gradient(int placement);
   // Boundary micro-step: every reduction of the window has completed into the owned region.
   void finish_window();
+  // A backward after the window's boundary one, before the step (Engine::Impl::reopen_window):
+  // the window's reductions complete, then with `keep` what they hold stays, as the mean over
+  // ranks, so that the next boundary reduction adds to it; without, it is dropped. Sharded
+  // gradients need neither: the next reduction adds into the owned partition.
+  void reopen_window(bool keep);
   // Called with a bucket as soon as its owned slice holds the window's final sum (during the
   // boundary backward with sharded gradients, at finish_window() otherwise; again should a late
   // gradient refill the bucket), and for every bucket by the end of finish_window(). Memory
@@ -118,6 +124,8 @@ class GradientReducer {
     at::Tensor param;
     int bucket = 0;
     at::Tensor bucket_grad_view[2];  // sharded: the gradient's place in each bucket buffer
+    at::Tensor grad_view;            // not sharded: the gradient's place in the flat arena
+    bool diverted = false;           // not sharded: another backward's gradient is in .grad
   };
   struct BucketBuffer {
     at::Tensor data;     // largest bucket, working dtype
@@ -139,6 +147,8 @@ class GradientReducer {
   };
 
   SquareSums square_sums(int bucket, const at::Tensor& owned) const;
+  void reattach_gradients();
+  void wait_whole_reductions();
   void acquire_buffer(int bucket);
   void launch(int bucket);
   void complete(int buffer);
