@@ -201,6 +201,11 @@ class ZeroEngine:
             raise TypeError("zerotrain.initialize: a client lr_scheduler is not supported: the engine applies the "
                             "configuration's \"scheduler\" block (DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR, "
                             "OneCycle, LRRangeTest)")
+        for name, p in model.named_parameters():
+            if _registry.engine_of(p) is not None:
+                raise ValueError(f"zerotrain.initialize: the model's parameter {name!r} is held by another engine that is "
+                                 "still alive (it would train nothing once this one took the parameters); call "
+                                 "destroy() on that engine first to hand the module over")
         for p in model.parameters():
             if p.device.type != "cpu":
                 raise ValueError(f"zerotrain.initialize: the model has a parameter on {p.device}; the Python front end "

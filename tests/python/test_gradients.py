@@ -138,3 +138,22 @@ def test_two_backwards_before_one_step_on_two_ranks(tmp_path):
         assert out[key]["change"] == pytest.approx([-0.1, -0.1], abs=1e-6), key
     assert "at ZeRO stage 2" in out["2"]["error"]
 
+
+def test_initialize_refuses_a_module_that_a_live_engine_holds():
+    model = mlp(0)
+    first, _, _, _ = zerotrain.initialize(model=model, config=config(0))
+    with pytest.raises(ValueError, match="held by another engine that is still alive"):
+        zerotrain.initialize(model=model, config=config(0))
+    # The first engine still trains the module.
+    before = [p.detach().clone() for p in model.parameters()]
+    (x, y), = batches(1)
+    first.backward(torch.nn.functional.mse_loss(first(x), y))
+    first.step()
+    assert first.get_global_grad_norm() > 0
+    assert all(not torch.equal(p.detach(), b) for p, b in zip(model.parameters(), before))
+    # Handed over: destroyed, the module goes to a new engine, which trains it.
+    first.destroy()
+    second, _, _, _ = zerotrain.initialize(model=model, config=config(0))
+    second.backward(torch.nn.functional.mse_loss(second(x), y))
+    second.step()
+    assert second.get_global_grad_norm() > 0
