@@ -16,6 +16,7 @@ import torch  # noqa: F401  (loads libtorch before the extension that links it)
 
 from . import _C
 from ._errors import CommError, ConfigError, DataError, EngineError  # noqa: F401
+from ._released import ReleasedParameterError  # noqa: F401
 from . import checkpointing, comm, models, ops, utils, zero  # noqa: F401
 from .comm import init_distributed
 from .engine import DeepSpeedEngine, ZeroEngine  # noqa: F401
@@ -78,5 +79,5 @@ def install_as_deepspeed():
 
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "install_as_deepspeed", "ZeroEngine",
-           "DeepSpeedEngine", "ConfigError", "DataError", "CommError", "EngineError", "comm", "ops", "utils",
-           "checkpointing", "zero"]
+           "DeepSpeedEngine", "ConfigError", "DataError", "CommError", "EngineError", "ReleasedParameterError", "comm",
+           "ops", "utils", "checkpointing", "zero"]

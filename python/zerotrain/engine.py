@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from . import _C, _registry, _units, comm
+from . import _C, _registry, _released, _units, comm
 from . import zero as _zero
 from .ops._client import EngineOptimizer
 
@@ -206,6 +206,9 @@ class ZeroEngine:
                 raise ValueError(f"zerotrain.initialize: the model's parameter {name!r} is held by another engine that is "
                                  "still alive (it would train nothing once this one took the parameters); call "
                                  "destroy() on that engine first to hand the module over")
+            if _released.is_released(p) and "_zt_shard" not in p.__dict__:
+                raise ValueError(f"zerotrain.initialize: the model's parameter {name!r} has no values: "
+                                 f"{_released.why(p)}")
         for p in model.parameters():
             if p.device.type != "cpu":
                 raise ValueError(f"zerotrain.initialize: the model has a parameter on {p.device}; the Python front end "
@@ -243,6 +246,12 @@ class ZeroEngine:
         modules = dict(model.named_modules())
         built_sharded = {path: _zero.pending_unit_shell(m) for path, m in modules.items()
                          if _zero.pending_unit_shell(m) is not None and _zero.pending_is_current(m)}
+        # Built sharded, but their unit is gone (replaced, as a resize replaces an embedding): made
+        # whole here, and trained as any parameter is.
+        orphans = _zero.orphans([p for _, p in self._named_parameters])
+        if orphans:
+            _zero.gather_orphans(orphans, self._communicator)
+            _zero.adopted(orphans)
         self._unit_forwards = None
         self._unit_members = {}
         choice = None
@@ -260,6 +269,7 @@ class ZeroEngine:
                 # Built sharded as a unit of its own; its leaf is its unit now, sharded by the engine
                 # from whole values: this unit is whole on every rank until then.
                 _C.gather_pending(built_sharded.pop(path), self._communicator)
+                _zero.adopted(_zero.pending_parameters(modules[path]))
                 _zero.forget_pending(modules[path])
         self._shell = cpp_module if cpp_module is not None else _C.make_module_shell(self._named_parameters, buffers,
                                                                                        built_sharded)
@@ -278,6 +288,7 @@ class ZeroEngine:
             raise
         _C.heap_setup_done()
         for path in built_sharded:  # adopted: the engine holds them now
+            _zero.adopted(_zero.pending_parameters(modules[path]))
             _zero.forget_pending(modules[path])
         resolved = self._engine.config_json
         if choice is not None:
@@ -532,6 +543,9 @@ class ZeroEngine:
             # At stage 3 the units' forwards stay wrapped: their parameters went with the engine, and
             # running one now raises an error that says so instead of reading memory that is gone.
             self._engine = None
+            for _, p in self._named_parameters:
+                if p.numel() > 0 and p.untyped_storage().nbytes() == 0:
+                    _released.release(p, _released.WHY_DESTROYED)
 
     def _live(self):
         if self._engine is None:

@@ -21,7 +21,7 @@ import weakref
 
 import torch
 
-from . import _C, _registry, comm
+from . import _C, _registry, _released, comm
 
 DEFAULT_PERSISTENCE_THRESHOLD = 100000  # DeepSpeed's stage3_param_persistence_threshold
 
@@ -38,6 +38,10 @@ _gathered_depth = {}
 
 def pending_unit_shell(module):
     return _pending.get(module)
+
+
+def pending_parameters(module):
+    return list(_pending_params.get(module, []))
 
 
 def forget_pending(module):
@@ -235,11 +239,66 @@ class Init:
         _C.mark_block(shell)
         _pending[module] = shell
         _pending_params[module] = [p for _, p in named]
+        # Each parameter keeps the block's shard and where it lies in it: a parameter that outlives
+        # its module (replaced by a resize, say) is still gathered from it.
+        shard, total, rank, world = _C.pending_shard(shell)
+        offset = 0
+        for _, p in named:
+            p.__dict__["_zt_shard"] = (shard, offset, total, rank, world)
+            offset += p.numel()
+            _released.release(p, _released.WHY_INIT)
 
 
 def _is_released_parameter_error(error):
-    """torch's error for a parameter whose storage a sharded unit has released."""
-    return "data is not allocated" in str(error)
+    """The error for a parameter whose storage a sharded unit has released (ours, or torch's)."""
+    return isinstance(error, _released.ReleasedParameterError) or "data is not allocated" in str(error)
+
+
+def adopted(params):
+    """The engine holds these parameters now: they are ordinary parameters again."""
+    for p in params:
+        p.__dict__.pop("_zt_shard", None)
+        _released.restore(p)
+
+
+def orphans(params):
+    """Parameters built sharded whose module's shards are gone (the module was replaced and
+    collected): each still holds its shard, gathered by gather_orphans."""
+    live = {id(q) for held in _pending_params.values() for q in held}
+    return [p for p in params if _released.is_released(p) and "_zt_shard" in p.__dict__ and id(p) not in live]
+
+
+def gather_orphans(params, communicator):
+    """Gives each parameter its storage back, filled from every rank's shard (a collective, in the
+    order given, the same on every rank)."""
+    with torch.no_grad():
+        for p in params:
+            shard, offset, total, rank, world = p.__dict__["_zt_shard"]
+            if world != communicator.world_size or rank != communicator.rank:
+                raise RuntimeError(f"GatheredParameters: a parameter was sharded as rank {rank} of {world}, this process is "
+                                   f"rank {communicator.rank} of {communicator.world_size}")
+            if world > 1:
+                parts = [torch.empty_like(shard) for _ in range(world)]
+                torch.distributed.all_gather(parts, shard)
+                whole = torch.cat(parts)
+            else:
+                whole = shard
+            p.untyped_storage().resize_(p.numel() * p.element_size())
+            _released.restore(p)
+            p.view(-1).copy_(whole[offset:offset + p.numel()])
+
+
+def reshard_orphans(params):
+    """Keeps this rank's part of what each gathered orphan holds now and frees its storage again."""
+    with torch.no_grad():
+        for p in params:
+            shard, offset, total, rank, world = p.__dict__["_zt_shard"]
+            size = shard.numel()
+            lo, hi = max(rank * size, offset), min((rank + 1) * size, offset + p.numel(), total)
+            if lo < hi:
+                shard[lo - rank * size:hi - rank * size].copy_(p.detach().view(-1)[lo - offset:hi - offset])
+            p.untyped_storage().resize_(0)
+            _released.release(p, _released.WHY_INIT)
 
 
 class _SubclassHook:
@@ -283,12 +342,21 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
         with engine._gathered(params, modifier_rank):
             yield
         return
-    # Before an engine: units built sharded under Init.
+    # Before an engine: units built sharded under Init, and parameters that outlived their unit.
     wanted = {id(p) for p in params}
     shells = [(shell, _pending_params.get(module, [])) for module, shell in list(_pending.items())
-              if any(id(q) in wanted for q in _direct_parameters(module))]
-    with _gathered_pending(shells, modifier_rank, params):
-        yield
+              if any(id(q) in wanted for q in _pending_params.get(module, []))]
+    alone = orphans(params)
+    c = comm.communicator() if alone else None
+    gathered = []
+    try:
+        for p in alone:
+            gather_orphans([p], c)
+            gathered.append(p)
+        with _gathered_pending(shells, modifier_rank, params):
+            yield
+    finally:
+        reshard_orphans(gathered)
 
 
 @contextlib.contextmanager
@@ -296,6 +364,7 @@ def _gathered_pending(shells, modifier_rank, params=None):
     """Units built sharded, whole for the body: [(shell, its parameters)]. With modifier_rank, what
     that rank holds on leaving (in those parameters and in `params`) is broadcast and kept."""
     params = list(params or [])
+    held_by = {id(shell): held for shell, held in shells}
     for _, held in shells:
         params += [p for p in held if not any(p is q for q in params)]
     c = comm.communicator() if (shells or modifier_rank is not None) else None
@@ -304,6 +373,8 @@ def _gathered_pending(shells, modifier_rank, params=None):
         for shell, _ in shells:
             if _gathered_depth.get(id(shell), 0) == 0:
                 _C.gather_pending(shell, c)
+                for p in held_by[id(shell)]:
+                    _released.restore(p)
             _gathered_depth[id(shell)] = _gathered_depth.get(id(shell), 0) + 1
             entered.append(shell)
         yield
@@ -316,6 +387,8 @@ def _gathered_pending(shells, modifier_rank, params=None):
             if _gathered_depth[id(shell)] == 0:
                 del _gathered_depth[id(shell)]
                 _C.reshard_pending(shell)
+                for p in held_by[id(shell)]:
+                    _released.release(p, _released.WHY_INIT)
 
 
 def register_external_parameter(module, parameter):

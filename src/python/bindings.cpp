@@ -300,6 +300,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     py::gil_scoped_release release;
     zt::gather_pending_block(*module, comm);
   }, py::arg("module"), py::arg("communicator"));
+  // A block built sharded: (this rank's shard, the elements of all its parameters, rank, world), or
+  // None once adopted. The shard is the block's own tensor: writes to it are the block's.
+  m.def("pending_shard", [](const std::shared_ptr<torch::nn::Module>& module) -> py::object {
+    std::optional<zt::ShardedBlock> block = zt::pending_sharded_block(*module);
+    if (!block) return py::none();
+    return py::make_tuple(block->shard, block->total_numel, block->rank, block->world_size);
+  }, py::arg("module"));
   m.def("reshard_pending", [](const std::shared_ptr<torch::nn::Module>& module) { zt::reshard_pending_block(*module); },
         py::arg("module"));
   py::class_<zt::ShardedConstruction, std::unique_ptr<zt::ShardedConstruction>>(m, "ShardedConstruction")

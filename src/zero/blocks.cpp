@@ -251,6 +251,13 @@ void reshard_pending_block(const torch::nn::Module& module) {
   for (const auto& p : block.parameters) at::native::resize_bytes_cpu(p.storage().unsafeGetStorageImpl(), 0);
 }
 
+std::optional<ShardedBlock> pending_sharded_block(const torch::nn::Module& module) {
+  std::lock_guard lock(registry_mutex);
+  for (const auto& entry : pending)
+    if (auto m = entry.module.lock(); m.get() == &module) return entry.block;
+  return std::nullopt;
+}
+
 std::optional<ShardedBlock> take_sharded_block(const torch::nn::Module& module) {
   std::lock_guard lock(registry_mutex);
   for (auto it = pending.begin(); it != pending.end(); ++it)

@@ -33,5 +33,9 @@ void reshard_pending_block(const torch::nn::Module& module);
 
 // Removes and returns the sharded state of `module` (nullopt when it was not built sharded).
 std::optional<ShardedBlock> take_sharded_block(const torch::nn::Module& module);
+// The sharded state of `module`, left in place and sharing its tensors (nullopt when it was not
+// built sharded, or was adopted): the Python package keeps each parameter's shard with the
+// parameter, so that a parameter outliving its module can still be gathered.
+std::optional<ShardedBlock> pending_sharded_block(const torch::nn::Module& module);
 
 }  // namespace zt
