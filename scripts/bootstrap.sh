@@ -6,7 +6,8 @@
 #     wheels its libraries find through their $ORIGIN/../../nvidia/*/lib RPATH and that a CUDA
 #     toolkit does not provide: cudart and cupti (libtorch_cpu.so needs them even on a CPU-only
 #     machine) and cuSPARSELt, NVSHMEM, cuFile (libtorch_cuda.so, for the -DZT_CUDA=ON build).
-#     Pins are the ones torch's own metadata gives.
+#     Pins are the ones torch's own metadata gives. torch's pure-Python dependencies (typing-extensions,
+#     sympy, ...) go into the same directory, so that it imports with a python3 that lacks them.
 #   - Python's safetensors package and pytest (pinned below) into $ZT_DEPS_DIR/python-tools, for
 #     the tests (pytest runs the Python package's tests, tests/python/).
 # Prints the torch CMake prefix path on its last line of stdout.
@@ -61,6 +62,20 @@ install_wheels() {
   echo "$*" > "$dir/.complete"
 }
 install_wheels "$torch_dir" "torch==$torch_version (LibTorch) and its runtime wheels" "${wheels[@]}"
+# torch's pure-Python dependencies (its Requires-Dist without the CUDA and triton wheels), pinned,
+# installed into the same directory: PYTHONPATH=<that directory> then imports torch with any
+# python3 3.11, Debian's /usr/bin/python3 included, which has none of them (docs/python.md).
+torch_python_deps=("typing-extensions==4.16.0" "filelock==4.3.1" "sympy==1.14.0" "mpmath==1.3.0" "networkx==3.5"
+  "jinja2==3.1.6" "markupsafe==3.0.2" "fsspec==2026.9.0")
+if [ "$(cat "$torch_dir/.complete-python-deps" 2>/dev/null)" != "${torch_python_deps[*]}" ]; then
+  log "installing torch's Python dependencies into $torch_dir"
+  rm -rf "$torch_dir.python-deps"
+  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
+    --no-deps --no-compile --target "$torch_dir.python-deps" "${torch_python_deps[@]}" >&2
+  cp -a "$torch_dir.python-deps/." "$torch_dir/"
+  rm -rf "$torch_dir.python-deps"
+  echo "${torch_python_deps[*]}" > "$torch_dir/.complete-python-deps"
+fi
 # Python's own safetensors reader, with which the tests check that our files open in other tools
 # (it imports torch from the wheel above through PYTHONPATH; see tests/CMakeLists.txt).
 install_wheels "$deps_dir/python-tools" "Python's safetensors reader and pytest (tests)" "safetensors==0.7.0" "packaging==24.2" \
