@@ -17,6 +17,8 @@
 #include <functional>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include "checkpoint/hf.h"
 #include "data/hf_bpe.h"
 #include "data/token_cache.h"
@@ -217,6 +219,27 @@ TEST(TokenizedCorpus, InvalidUtf8NamesTheDataPathAndTheOffsetInTheFile) {
   EXPECT_NE(message.find("0xff"), std::string::npos) << message;
   EXPECT_EQ(message.find('\xff'), std::string::npos) << "the raw byte is escaped";
   EXPECT_EQ(std::count(message.begin(), message.end(), '\n'), 0) << message;
+}
+
+// data.tokenizer is read as a tokenizer.json is everywhere: a FIFO (which would wait for a writer
+// forever) or a device (/dev/zero, endless) is refused unread, for text corpora and fine-tuning
+// examples alike.
+TEST(TokenizedCorpus, TokenizerThatIsNotARegularFileIsRefusedUnread) {
+  const fs::path dir = make_temp_dir("tokenized");
+  const fs::path corpus = write_file(dir / "corpus.txt", kText);
+  const fs::path examples = write_file(dir / "chat.jsonl", R"({"prompt": "a", "response": "b"})" "\n");
+  const fs::path fifo = dir / "tokenizer.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const fs::path& tokenizer : {fifo, fs::path("/dev/zero")}) {
+    SCOPED_TRACE(tokenizer.string());
+    const std::string text_error =
+        data_error_of([&] { zt::load_tokenized_corpus(corpus, zt::CorpusFormat::Text, tokenizer, {}); });
+    EXPECT_NE(text_error.find("data.tokenizer"), std::string::npos) << text_error;
+    EXPECT_NE(text_error.find("not a regular file"), std::string::npos) << text_error;
+    const std::string finetune_error =
+        data_error_of([&] { zt::load_finetune_cache(examples, tokenizer, "chatml", {}); });
+    EXPECT_NE(finetune_error.find("not a regular file"), std::string::npos) << finetune_error;
+  }
 }
 
 // Cutting a text into pieces after lone newlines gives the ids of the whole text, blank lines,

@@ -247,7 +247,7 @@ void build_cache(const fs::path& path, const fs::path& cache, const HfTokenizer&
 FinetuneCache load_finetune_cache(const fs::path& path, const fs::path& tokenizer_path,
                                   const std::string& chat_template, const TokenizeOptions& options) {
   const fs::path tokenizer_json = data::tokenizer_file(tokenizer_path);
-  const std::string tokenizer_text = data::read_file(tokenizer_json, "data.tokenizer");
+  const std::string tokenizer_text = data::read_tokenizer_text(tokenizer_path);
   const data::CacheKey key =
       data::key_of(path, format_of(chat_template), data::content_hash(tokenizer_text), options.eos_token);
   const fs::path dir = options.cache_dir.empty() ? path.parent_path() : options.cache_dir;

@@ -19,6 +19,7 @@
 
 #include "data/mix64.h"
 #include "zerotrain/error.h"
+#include "zerotrain/tokenizer.h"
 
 namespace zt::data {
 
@@ -68,6 +69,14 @@ std::string read_file(const std::filesystem::path& path, const std::string& what
   text << in.rdbuf();
   if (in.bad()) throw DataError(fmt::format("{} '{}': reading the file failed", what, path.string()));
   return text.str();
+}
+
+std::string read_tokenizer_text(const std::filesystem::path& tokenizer_path) {
+  try {
+    return HfTokenizer::read_json_file(tokenizer_path);
+  } catch (const DataError& e) {
+    throw DataError(std::string("data.tokenizer: ") + e.what());
+  }
 }
 
 std::filesystem::path tokenizer_file(const std::filesystem::path& path) {

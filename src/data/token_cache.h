@@ -38,6 +38,10 @@ uint64_t content_hash(std::string_view bytes);
 
 // The whole file; a DataError naming `what` and the path when it cannot be read.
 std::string read_file(const std::filesystem::path& path, const std::string& what);
+// The text of data.tokenizer's tokenizer.json, read as HfTokenizer::from_file reads it (a regular
+// file of bounded size; a FIFO or a device such as /dev/zero is refused unread), errors prefixed
+// with "data.tokenizer".
+std::string read_tokenizer_text(const std::filesystem::path& tokenizer_path);
 
 // `path`, or path/tokenizer.json when it is a directory.
 std::filesystem::path tokenizer_file(const std::filesystem::path& path);

@@ -140,7 +140,7 @@ void write_cache(const fs::path& cache, const std::vector<TokenId>& ids, bool wi
 TokenizedCorpus load_tokenized_corpus(const fs::path& corpus, CorpusFormat format, const fs::path& tokenizer_path,
                                       const TokenizeOptions& options) {
   const fs::path tokenizer_json = data::tokenizer_file(tokenizer_path);
-  const std::string tokenizer_text = data::read_file(tokenizer_json, "data.tokenizer");
+  const std::string tokenizer_text = data::read_tokenizer_text(tokenizer_path);
   const CacheKey key = data::key_of(corpus, int32_t(format), data::content_hash(tokenizer_text), options.eos_token);
   const fs::path dir = options.cache_dir.empty() ? corpus.parent_path() : options.cache_dir;
   const fs::path cache =
