@@ -17,12 +17,26 @@ import torch  # noqa: F401  (loads libtorch before the extension that links it)
 from . import _C
 from ._errors import CommError, ConfigError, DataError, EngineError  # noqa: F401
 from ._released import ReleasedParameterError  # noqa: F401
-from . import checkpointing, comm, models, ops, utils, zero  # noqa: F401
+from ._unsupported import NotSupportedError  # noqa: F401
+from . import _unsupported, accelerator, checkpointing, comm, compression, lr_schedules, models, moe, ops  # noqa: F401
+from . import partition_parameters, runtime, utils, zero  # noqa: F401
+from .accelerator import get_accelerator  # noqa: F401
 from .comm import init_distributed
-from .engine import DeepSpeedEngine, ZeroEngine  # noqa: F401
+from .engine import DeepSpeedEngine, DeepSpeedOptimizer, ZeroEngine  # noqa: F401
+from .engine import DeepSpeedOptimizerCallable, DeepSpeedSchedulerCallable  # noqa: F401
 from .ops import adam, lamb  # noqa: F401
+from .utils import OnDevice, log_dist, logger  # noqa: F401
 
 __version__ = "0.1.0"
+# DeepSpeed's version names: this package's own version (DeepSpeed's git fields say "unknown" when
+# it is not built from a checkout, as here).
+version = __version__
+__version_major__, __version_minor__, __version_patch__ = (int(x) for x in __version__.split("."))
+git_hash = git_branch = "unknown"
+
+TORCH_DISTRIBUTED_DEFAULT_PORT = 29500  # DeepSpeed's default MASTER_PORT
+MUON_OPTIMIZER = "muon"  # DeepSpeed's optimizer type name; the engine does not run it (a ConfigError)
+DeepSpeedConfigError = ConfigError  # what a bad configuration raises
 
 
 def initialize(args=None, model=None, optimizer=None, model_parameters=None, training_data=None, lr_scheduler=None,
@@ -32,8 +46,10 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
     The configuration (config=, config_params= or args.deepspeed_config; a path or a dict) goes
     through the same checks as the command line's. A client optimizer (zerotrain.ops or
-    torch.optim's Adam, AdamW, SGD) replaces the configuration's "optimizer" block; the engine
-    runs it with its fused kernels."""
+    torch.optim's Adam, AdamW, SGD, or a callable making one from the parameters) replaces the
+    configuration's "optimizer" block; the engine runs it with its fused kernels. A client
+    lr_scheduler (a torch scheduler, or a callable making one from the optimizer) is stepped by
+    engine.step() at each optimizer step, as DeepSpeed steps it (docs/python.md)."""
     from .engine import _load_config
 
     if model is None:
@@ -46,8 +62,8 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
         raise ValueError("zerotrain.initialize: dist_init_required=False, but no process group is initialised")
     init_distributed()
     cfg = _load_config(config if config is not None else config_params, args)
-    engine = ZeroEngine(model, cfg, optimizer=optimizer, model_parameters=model_parameters, lr_scheduler=None
-                        if lr_scheduler is None else lr_scheduler)
+    engine = ZeroEngine(model, cfg, optimizer=optimizer, model_parameters=model_parameters, lr_scheduler=lr_scheduler,
+                        args=args)
     loader = None
     if training_data is not None:
         sampler = torch.utils.data.DistributedSampler(training_data, num_replicas=comm.get_world_size(),
@@ -58,26 +74,53 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
 
 
 def add_config_arguments(parser):
-    """DeepSpeed's command-line arguments: --deepspeed, --deepspeed_config."""
-    group = parser.add_argument_group("zerotrain", "zerotrain configurations")
-    group.add_argument("--deepspeed", default=False, action="store_true", help="enable the engine (kept for DeepSpeed scripts)")
-    group.add_argument("--deepspeed_config", default=None, type=str, help="the DeepSpeed JSON configuration file")
-    group.add_argument("--local_rank", type=int, default=-1, help="set by launchers; read from LOCAL_RANK otherwise")
+    """DeepSpeed's command-line arguments, exactly those of DeepSpeed 0.19: --deepspeed,
+    --deepspeed_config and their deprecated spellings --deepscale, --deepscale_config. No
+    --local_rank: scripts that take one define it themselves (the launchers set LOCAL_RANK too)."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument("--deepspeed", default=False, action="store_true",
+                       help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)")
+    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
+    group.add_argument("--deepscale", default=False, action="store_true",
+                       help="Deprecated enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)")
+    group.add_argument("--deepscale_config", default=None, type=str, help="Deprecated DeepSpeed json configuration file.")
     return parser
 
 
 def install_as_deepspeed():
-    """Makes `import deepspeed` (and deepspeed.comm, .ops.adam, .ops.lamb, .utils, .checkpointing)
-    resolve to zerotrain in this process, for scripts and libraries that import DeepSpeed by name."""
-    import importlib
+    """Makes `import deepspeed` and every DeepSpeed module scripts and libraries import by name
+    (deepspeed.comm, .zero, .runtime.zero.partition_parameters, .accelerator, .utils.logging, ...:
+    the table in _deepspeed_names.py) resolve to zerotrain in this process."""
+    from . import _deepspeed_names
 
     package = sys.modules[__name__]
-    sys.modules["deepspeed"] = package
-    for sub in ("comm", "ops", "ops.adam", "ops.lamb", "utils", "checkpointing", "zero"):
-        sys.modules["deepspeed." + sub] = importlib.import_module(__name__ + "." + sub)
+    _deepspeed_names.register(package)
     return package
 
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "install_as_deepspeed", "ZeroEngine",
-           "DeepSpeedEngine", "ConfigError", "DataError", "CommError", "EngineError", "ReleasedParameterError", "comm",
-           "ops", "utils", "checkpointing", "zero"]
+# DeepSpeed's top-level names for what zerotrain does not do: each raises NotSupportedError when used.
+init_inference = _unsupported.function("deepspeed.init_inference", "zerotrain trains; it has no inference engine")
+default_inference_config = _unsupported.function("deepspeed.default_inference_config",
+                                                 "zerotrain trains; it has no inference engine")
+tp_model_init = _unsupported.function("deepspeed.tp_model_init", "zerotrain trains data-parallel only")
+set_autotp_mode = _unsupported.function("deepspeed.set_autotp_mode", "zerotrain trains data-parallel only")
+replace_transformer_layer = _unsupported.function("deepspeed.replace_transformer_layer",
+                                                  "zerotrain has no kernel injection")
+DeepSpeedConfig = _unsupported.cls("deepspeed.DeepSpeedConfig", "initialize reads the configuration itself")
+DeepSpeedDataLoader = _unsupported.cls("deepspeed.DeepSpeedDataLoader",
+                                       "initialize(training_data=...) returns a torch DataLoader over this rank's share")
+PipelineModule = _unsupported.cls("deepspeed.PipelineModule", "zerotrain has no pipeline parallelism")
+PipelineEngine = _unsupported.cls("deepspeed.PipelineEngine", "zerotrain has no pipeline parallelism")
+DeepSpeedHybridEngine = _unsupported.cls("deepspeed.DeepSpeedHybridEngine", "zerotrain has no inference engine")
+InferenceEngine = _unsupported.cls("deepspeed.InferenceEngine", "zerotrain has no inference engine")
+DeepSpeedInferenceConfig = _unsupported.cls("deepspeed.DeepSpeedInferenceConfig", "zerotrain has no inference engine")
+DeepSpeedTransformerLayer = _unsupported.cls("deepspeed.DeepSpeedTransformerLayer",
+                                             "zerotrain has no fused transformer kernels")
+DeepSpeedTransformerConfig = _unsupported.cls("deepspeed.DeepSpeedTransformerConfig",
+                                              "zerotrain has no fused transformer kernels")
+
+
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "install_as_deepspeed", "get_accelerator",
+           "ZeroEngine", "DeepSpeedEngine", "ConfigError", "DataError", "CommError", "EngineError",
+           "ReleasedParameterError", "NotSupportedError", "comm", "ops", "utils", "checkpointing", "zero", "accelerator",
+           "lr_schedules", "moe", "compression", "runtime", "logger", "log_dist"]

@@ -9,12 +9,32 @@ import contextlib
 import json
 import os
 import sys
+from typing import Callable, Dict, Iterable, Union
 
 import torch
 
-from . import _C, _registry, _released, _units, comm
+from . import _C, _lr_client, _registry, _released, _units, comm
 from . import zero as _zero
+from ._engine_surface import EngineConfigQueries
+from .accelerator import get_accelerator
 from .ops._client import EngineOptimizer
+from .ops.adam import FusedAdam
+from .ops.lamb import FusedLamb
+
+# The device types whose parameters the Python front end hands to the engine; the accelerator
+# (zerotrain.accelerator) reports the device zerotrain trains on from this list.
+TRAINING_DEVICE_TYPES = ("cpu",)
+
+# DeepSpeed's types for initialize's callables: an optimizer made from the parameters, a scheduler
+# made from the optimizer.
+DeepSpeedOptimizerCallable = Callable[[Union[Iterable[torch.nn.Parameter], Dict[str, Iterable]]], torch.optim.Optimizer]
+DeepSpeedSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+class DeepSpeedOptimizer:
+    """DeepSpeed's base of the optimizers its engine returns from initialize: an isinstance check
+    on what zerotrain.initialize returns as the optimizer finds it."""
+
 
 # torch.optim classes the engine has a kernel for: the configuration's optimizer type and params.
 def _torch_optimizer_config(opt):
@@ -54,9 +74,6 @@ def _optimizer_from_client(optimizer):
             raise TypeError(f"zerotrain.initialize: optimizer {type(optimizer).__module__}.{type(optimizer).__name__} is not "
                             f"implemented by the engine; it runs {_SUPPORTED}, or the configuration's \"optimizer\" block")
         opt_type, params = mapped
-    elif callable(optimizer):
-        raise TypeError("zerotrain.initialize: an optimizer factory (callable) is not supported: pass an optimizer object "
-                        f"({_SUPPORTED}) or use the configuration's \"optimizer\" block")
     else:
         raise TypeError(f"zerotrain.initialize: expected a torch.optim.Optimizer for optimizer=, found {type(optimizer).__name__}")
     groups = optimizer.param_groups
@@ -118,6 +135,36 @@ def _parameter_groups(model, model_parameters, optimizer):
     return named, [g for g in groups if g[0]]
 
 
+def _basic_optimizer_from_config(resolved, named, groups):
+    """The optimizer object DeepSpeed builds from the configuration's "optimizer" block (its
+    basic_optimizer), for a scheduler callable to be handed: the model's trainable parameters in
+    the engine's groups, with the configuration's hyperparameters. The engine runs the step."""
+    kind = json.loads(resolved.get("optimizer.type", "null"))
+    if not kind:
+        return None
+    value = {k[len("optimizer.params."):]: json.loads(v) for k, v in resolved.items() if k.startswith("optimizer.params.")}
+    grouped = {n for names, _, _ in groups for n in names}
+    param_groups = [{"params": [p for n, p in named if p.requires_grad and n not in grouped]}]
+    for names, lr, weight_decay in groups:
+        by_name = dict(named)
+        group = {"params": [by_name[n] for n in names]}
+        if lr is not None:
+            group["lr"] = lr
+        if weight_decay is not None:
+            group["weight_decay"] = weight_decay
+        param_groups.append(group)
+    common = dict(lr=value["lr"], betas=tuple(value["betas"]), eps=value["eps"], weight_decay=value["weight_decay"],
+                  bias_correction=value["bias_correction"])
+    if kind in ("Adam", "AdamW"):
+        # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false; "AdamW" always is.
+        return FusedAdam(param_groups, adam_w_mode=kind == "AdamW" or value["adam_w_mode"], **common)
+    if kind == "Lamb":
+        return FusedLamb(param_groups, max_grad_norm=value["max_grad_norm"], max_coeff=value["max_coeff"],
+                         min_coeff=value["min_coeff"], **common)
+    return EngineOptimizer(param_groups, dict(lr=value["lr"], momentum=value["momentum"], dampening=value["dampening"],
+                                              nesterov=value["nesterov"], weight_decay=value["weight_decay"]))
+
+
 _NOTED = set()
 
 
@@ -150,8 +197,10 @@ def _load_config(config, args):
     raise TypeError(f"zerotrain.initialize: expected config to be a path or a dict, found {type(config).__name__}")
 
 
-class EngineOptimizerView:
-    """What initialize returns as the optimizer: the engine runs the step, so this only reports."""
+class EngineOptimizerView(DeepSpeedOptimizer):
+    """What initialize returns as the optimizer: the engine runs the step, so this only reports.
+    Its param_groups are the basic optimizer's (the client's, or the one made from the
+    configuration), whose "lr" a client scheduler sets and the engine's schedule updates."""
 
     def __init__(self, engine, basic):
         self._engine = engine
@@ -159,6 +208,8 @@ class EngineOptimizerView:
 
     @property
     def param_groups(self):
+        if self.basic is not None:
+            return self.basic.param_groups
         return [{"params": [p for _, p in self._engine._named_parameters if p.requires_grad],
                  "lr": self._engine.get_lr()[0]}]
 
@@ -190,17 +241,20 @@ class EngineLRScheduler:
         raise RuntimeError("the learning-rate schedule runs inside zerotrain's engine (it steps with engine.step())")
 
 
-class ZeroEngine:
-    """DeepSpeed's engine interface: engine(*inputs), backward(loss), step(). Not thread-safe; every
-    rank calls backward/step/save/load the same number of times in the same order (collectives)."""
+class ZeroEngine(EngineConfigQueries, torch.nn.Module):
+    """DeepSpeed's engine interface: engine(*inputs), backward(loss), step(). Like DeepSpeed's
+    engine it is a torch.nn.Module wrapping the model as `module` (engine.parameters(),
+    named_parameters() with the "module." prefix, state_dict(), train()/eval()), and an attribute
+    it does not have is looked up on the model. Not thread-safe; every rank calls
+    backward/step/save/load the same number of times in the same order (collectives)."""
 
-    def __init__(self, model, config, optimizer=None, model_parameters=None, lr_scheduler=None):
+    def __init__(self, model, config, optimizer=None, model_parameters=None, lr_scheduler=None, args=None):
+        torch.nn.Module.__init__(self)
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"zerotrain.initialize: expected model to be a torch.nn.Module, found {type(model).__name__}")
-        if lr_scheduler is not None:
-            raise TypeError("zerotrain.initialize: a client lr_scheduler is not supported: the engine applies the "
-                            "configuration's \"scheduler\" block (DeepSpeed's WarmupLR, WarmupDecayLR, WarmupCosineLR, "
-                            "OneCycle, LRRangeTest)")
+        if optimizer is not None and callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
+            # DeepSpeed's optimizer callable: made from the parameters handed over (all of them when none).
+            optimizer = optimizer(list(model.parameters()) if model_parameters is None else list(model_parameters))
         for name, p in model.named_parameters():
             if _registry.engine_of(p) is not None:
                 raise ValueError(f"zerotrain.initialize: the model's parameter {name!r} is held by another engine that is "
@@ -210,7 +264,7 @@ class ZeroEngine:
                 raise ValueError(f"zerotrain.initialize: the model's parameter {name!r} has no values: "
                                  f"{_released.why(p)}")
         for p in model.parameters():
-            if p.device.type != "cpu":
+            if p.device.type not in TRAINING_DEVICE_TYPES:
                 raise ValueError(f"zerotrain.initialize: the model has a parameter on {p.device}; the Python front end "
                                  "trains on the CPU for now")
         config = dict(config)
@@ -233,9 +287,37 @@ class ZeroEngine:
             _note_once("reporting", f"{', '.join(reporting)}: DeepSpeed reports zerotrain does not produce; ignored")
         self._named_parameters, groups = _parameter_groups(model, model_parameters, optimizer)
         self.module = model
-        self.basic_optimizer = basic
+        self.client_optimizer = optimizer
         self._communicator = comm.communicator()
         checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
+        if basic is None:
+            basic = _basic_optimizer_from_config(checked, self._named_parameters, groups)
+        self.basic_optimizer = basic
+        scheduler = _lr_client.resolve(lr_scheduler, basic)
+        self._client_scheduler = None
+        if _lr_client.runs_in_engine(scheduler):  # one of DeepSpeed's schedules: the engine runs it
+            if "scheduler" in config:
+                _note_once("client-schedule", "the client lr_scheduler replaces the configuration's \"scheduler\" "
+                                              "block, as in DeepSpeed")
+            config["scheduler"] = scheduler.config_block()
+        elif scheduler is not None:
+            if "scheduler" in config:
+                _note_once("client-scheduler", "the client lr_scheduler is used instead of the configuration's "
+                                               "\"scheduler\" block, as in DeepSpeed")
+                del config["scheduler"]
+            if basic is None:
+                raise ValueError("zerotrain.initialize: a client lr_scheduler needs an optimizer to set the rates of: "
+                                 "give optimizer= or the configuration's \"optimizer\" block")
+            self._client_scheduler = scheduler
+            # The rates the scheduler has set by now are the engine's from its first step (the C++
+            # configuration refuses a rate of 0, a warm-up's first: step() then says it differs).
+            if basic.param_groups[0]["lr"] > 0:
+                config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = float(basic.param_groups[0]["lr"])
+            self._named_parameters, groups = _parameter_groups(model, None, basic)
+        checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
+        # The engine's rate for each of basic's groups: group 0 follows the engine's schedule, the
+        # others keep the rate they were given (None: the configuration's).
+        self._group_lrs = [None] + [lr for _, lr, _ in groups]
         # The command line's heap policy (train.retain_freed_memory, default "bounded"): freed tensor
         # blocks kept for reuse instead of page-faulted in again every step.
         _C.apply_heap_policy(json.loads(checked.get("train.retain_freed_memory", '"bounded"')),
@@ -304,8 +386,17 @@ class ZeroEngine:
                 _note_once("stage3-units", f"stage 3: {len(units)} units sharded ({sharded} of {total} trainable "
                                            "parameters); the rest are kept whole on every rank")
         self.optimizer = EngineOptimizerView(self, basic)
-        self.lr_scheduler = EngineLRScheduler(self, resolved.get("scheduler.type", "")) \
-            if resolved.get("scheduler.type", "").strip('"') else None
+        if self._client_scheduler is not None:
+            self.lr_scheduler = self._client_scheduler
+        elif _lr_client.runs_in_engine(scheduler):
+            scheduler._engine = self
+            self.lr_scheduler = scheduler
+        else:
+            self.lr_scheduler = EngineLRScheduler(self, resolved.get("scheduler.type", "")) \
+                if resolved.get("scheduler.type", "").strip('"') else None
+        if self._client_scheduler is None and self.lr_scheduler is not None and basic is not None:
+            for group in basic.param_groups:  # the schedule's first rate, in every group as DeepSpeed's
+                group["lr"] = self._engine.learning_rate
         self._fp16 = resolved.get("fp16.enabled", "false") == "true"
         self._betas = (json.loads(resolved.get("optimizer.params.betas", "[0.9, 0.999]"))
                        if resolved.get("optimizer.type", "").strip('"') != "SGD" else None)
@@ -314,13 +405,23 @@ class ZeroEngine:
         # here to be printed through sys.stdout.
         self._report_lines = self._engine.collect_report_lines()
         self._last = None
+        self._step_applied = False
+        self._boundary_override = None  # set_gradient_accumulation_boundary's value
+        # DeepSpeed's engine attributes: the launcher's local rank (written back to args.local_rank
+        # as DeepSpeed does) and the device it trains on.
+        self.local_rank = comm.get_local_rank()
+        if args is not None and hasattr(args, "local_rank"):
+            args.local_rank = self.local_rank
+        self.device = torch.device(get_accelerator().device_name(self.local_rank))
         self._backward_since_step = False
+        self._window_ended = False  # a backward since the last step() ended the accumulation window
         self._micro_step = 0  # backward() calls into the current accumulation window
         self._inside_no_sync = False
         _registry.register(self, self._named_parameters)
 
     # ------------------------------------------------------------------ the loop
-    def __call__(self, *inputs, **kwargs):
+    def forward(self, *inputs, **kwargs):
+        """The module's forward (engine(*inputs) calls it through torch.nn.Module's __call__)."""
         engine = self._live()._engine
         engine.note_forward_start()
         try:
@@ -328,44 +429,107 @@ class ZeroEngine:
         finally:
             engine.note_forward_end()
 
-    forward = __call__
+    def __getattr__(self, name):
+        """As DeepSpeedEngine: what the engine does not have, the wrapped model may (model.config, a
+        method of the model's own)."""
+        try:
+            return torch.nn.Module.__getattr__(self, name)
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is not None:
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def backward(self, loss, retain_graph=False, scale_wrt_gas=True):
-        if not scale_wrt_gas:
-            raise ValueError("engine.backward(scale_wrt_gas=False): the engine always divides the loss by "
-                             "gradient_accumulation_steps")
+        """DeepSpeed's backward: the gradient of loss / gradient_accumulation_steps, or of the loss as
+        it is with scale_wrt_gas=False (for a script, the Hugging Face Trainer among them, that
+        divides it itself). Returns the loss so divided, as DeepSpeed does."""
         if retain_graph:
             raise ValueError("engine.backward(retain_graph=True) is not supported")
         if not torch.is_tensor(loss) or loss.numel() != 1:
             raise ValueError("engine.backward: expected a scalar loss tensor")
-        if self._inside_no_sync and self._live()._engine.next_backward_is_boundary:
+        engine = self._live()._engine
+        accumulation = engine.gradient_accumulation_steps
+        if self._inside_no_sync and engine.next_backward_is_boundary:
             raise _C.EngineError(
                 "engine.backward() inside engine.no_sync() on the last micro-step of an accumulation window "
-                f"(gradient_accumulation_steps {self._engine.gradient_accumulation_steps}): the optimizer step that "
+                f"(gradient_accumulation_steps {accumulation}): the optimizer step that "
                 "follows needs this window's gradients reduced over the ranks; run the window's last backward "
                 "outside no_sync")
+        self._check_boundary(engine)
+        # The C++ engine divides every loss by gradient_accumulation_steps; without scale_wrt_gas the
+        # loss is multiplied by it first (exact when the count is a power of two, else within an ulp).
+        handed = loss if scale_wrt_gas or accumulation == 1 else loss * accumulation
+        ends_window = engine.next_backward_is_boundary
         try:
-            self._live()._engine.backward(loss)
+            engine.backward(handed)
         finally:
             self._print_reports()
         self._backward_since_step = True
-        self._micro_step = (self._micro_step + 1) % self._engine.gradient_accumulation_steps
-        return loss
+        self._window_ended = self._window_ended or ends_window
+        self._micro_step = (self._micro_step + 1) % accumulation
+        return loss / accumulation if scale_wrt_gas else loss
+
+    def _check_boundary(self, engine):
+        """set_gradient_accumulation_boundary's value is honoured where the engine's window ends:
+        the engine ends a window every gradient_accumulation_steps backward() calls (reducing and
+        stepping there), so a boundary given elsewhere is refused before the backward runs."""
+        wanted = self._boundary_override
+        if wanted is None or bool(wanted) == engine.next_backward_is_boundary:
+            return
+        n = engine.gradient_accumulation_steps
+        where = "ends" if engine.next_backward_is_boundary else "does not end"
+        raise _C.EngineError(
+            f"engine.backward() after set_gradient_accumulation_boundary({bool(wanted)}), but this backward {where} "
+            f"the engine's accumulation window: zerotrain ends a window every gradient_accumulation_steps ({n}) "
+            "backward() calls and cannot move the boundary, so set it True on every n-th micro-step only")
+
+    def set_gradient_accumulation_boundary(self, is_boundary):
+        """DeepSpeed's: whether the next backward() ends the accumulation window (Accelerate calls it
+        before every backward, with its sync_gradients). Checked by backward() against the engine's
+        window (see _check_boundary); is_gradient_accumulation_boundary() reports it."""
+        self._boundary_override = is_boundary
 
     def step(self, lr_kwargs=None):
-        if lr_kwargs:
-            raise ValueError("engine.step(lr_kwargs=...) is not supported: the schedule comes from the configuration")
+        """Applies the optimizer on the window's last micro-step (a no-op on the others), then steps a
+        client lr_scheduler (with lr_kwargs) when the step was applied, as DeepSpeed does."""
+        if lr_kwargs and self._client_scheduler is None:
+            raise ValueError("engine.step(lr_kwargs=...) is for a client lr_scheduler; the configuration's schedule "
+                             "follows the engine's step count")
         if self._inside_no_sync:
             raise _C.EngineError("engine.step() inside engine.no_sync(): call it after the with block, as DeepSpeed "
                                  "requires")
         if not self._backward_since_step:
             raise _C.EngineError("engine.step() called without a backward() since the last step")
+        engine = self._live()._engine
+        if self._client_scheduler is not None and self._window_ended:  # this step applies the optimizer
+            _lr_client.check_rates(self, [g["lr"] for g in self.basic_optimizer.param_groups])
         try:
-            self._last = self._live()._engine.step()
+            self._last = engine.step()
         finally:
             self._print_reports()
         self._backward_since_step = False
+        self._window_ended = False
+        self._step_applied = self._last.stepped
+        if self._step_applied:
+            if self._client_scheduler is not None:
+                # The optimizer stepped (inside the engine): torch's scheduler checks for that.
+                self.basic_optimizer._opt_called = True
+                self._client_scheduler.step(**(lr_kwargs or {}))
+            elif self.basic_optimizer is not None and self.lr_scheduler is not None:
+                # The engine's schedule sets every group's rate for the next step, as DeepSpeed's do.
+                for group in self.basic_optimizer.param_groups:
+                    group["lr"] = engine.learning_rate
         return None
+
+    def was_step_applied(self):
+        """Whether the last step() updated the parameters (False between boundaries and for a step
+        skipped for an fp16 overflow)."""
+        return self._step_applied
 
     def _print_reports(self):
         for line in self._report_lines.take():
@@ -403,14 +567,6 @@ class ZeroEngine:
             raise _C.EngineError("engine.zero_grad() inside an accumulation window would drop its gradients; the engine "
                                  "zeroes them itself after each optimizer step")
 
-    def train(self, mode=True):
-        self.module.train(mode)
-        return self
-
-    def eval(self):
-        self.module.eval()
-        return self
-
     # ------------------------------------------------------------------ what the loop asks
     @property
     def global_steps(self):
@@ -421,6 +577,10 @@ class ZeroEngine:
         return self._live()._engine.skipped_steps
 
     def get_lr(self):
+        """The learning rate of the next step: each parameter group's as a client scheduler set it,
+        else the engine's."""
+        if self._client_scheduler is not None:
+            return [g["lr"] for g in self.basic_optimizer.param_groups]
         return [self._live()._engine.learning_rate]
 
     def _momentum(self):
@@ -433,6 +593,10 @@ class ZeroEngine:
         return self._last.grad_norm if self._last is not None and self._last.stepped else None
 
     def is_gradient_accumulation_boundary(self):
+        """Whether the next backward() ends the accumulation window: set_gradient_accumulation_boundary's
+        value when one was given (DeepSpeed's), else the engine's count."""
+        if self._boundary_override is not None:
+            return self._boundary_override
         return self._live()._engine.next_backward_is_boundary
 
     def gradient_accumulation_steps(self):
@@ -462,7 +626,8 @@ class ZeroEngine:
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True, exclude_frozen_parameters=False):
         """Writes save_dir/tag (default global_step<N>) in the command line's format and points
-        save_dir/latest at it. client_state: a dict of JSON values, returned by load_checkpoint."""
+        save_dir/latest at it. client_state: a dict of JSON values, returned by load_checkpoint. A
+        client lr_scheduler's state_dict() is saved with it."""
         if not save_latest:
             raise ValueError("engine.save_checkpoint(save_latest=False) is not supported: a checkpoint is published by "
                              "pointing save_dir/latest at it")
@@ -477,14 +642,20 @@ class ZeroEngine:
             except TypeError:
                 raise TypeError(f"engine.save_checkpoint: client_state[{key!r}] is a {type(value).__name__}; expected "
                                 "JSON values (numbers, strings, lists, dicts)") from None
+        if _lr_client.STATE_KEY in state:
+            raise ValueError(f"engine.save_checkpoint: client_state key {_lr_client.STATE_KEY!r} is zerotrain's own")
+        if self._client_scheduler is not None:
+            state[_lr_client.STATE_KEY] = json.dumps(_lr_client.save_state(self._client_scheduler))
         self._live()._engine.save_checkpoint(os.fspath(save_dir), tag, state)
         return True
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):
         """Reads load_dir/tag (default: load_dir/latest), saved at any world size and stage; returns
-        (path, client_state), or (None, None) when load_dir holds no checkpoint (as DeepSpeed)."""
-        if not load_lr_scheduler_states:
+        (path, client_state), or (None, None) when load_dir holds no checkpoint (as DeepSpeed). A
+        client lr_scheduler's state comes back with it (load_lr_scheduler_states=False keeps the
+        scheduler as it is)."""
+        if not load_lr_scheduler_states and self._client_scheduler is None:
             raise ValueError("engine.load_checkpoint(load_lr_scheduler_states=False) is not supported: the schedule is a "
                              "function of the restored step count")
         if not load_module_strict:
@@ -499,7 +670,81 @@ class ZeroEngine:
         if tag is None:
             with open(os.path.join(load_dir, "latest")) as f:
                 tag = f.read().strip()
-        return os.path.join(load_dir, str(tag)), {k: json.loads(v) for k, v in state.items()}
+        client_state = {k: json.loads(v) for k, v in state.items()}
+        scheduler_state = client_state.pop(_lr_client.STATE_KEY, None)
+        if self._client_scheduler is not None and load_lr_scheduler_states and not load_module_only:
+            if scheduler_state is None:
+                _note_once("no-scheduler-state", "the checkpoint holds no lr_scheduler state (saved without a client "
+                                                 "lr_scheduler); the scheduler is left as it is")
+            else:
+                _lr_client.load_state(self._client_scheduler, scheduler_state, self.basic_optimizer)
+        return os.path.join(load_dir, str(tag)), client_state
+
+    # ------------------------------------------------------------------ 16-bit model files
+    def module_state_dict(self, destination=None, prefix="", keep_vars=False, exclude_frozen_parameters=False):
+        """The module's state_dict() (its working dtype), without frozen parameters on request. At
+        stage 3 the units' parameters hold no values outside their forward: save_16bit_model and
+        _zero3_consolidated_16bit_state_dict gather them."""
+        state = self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if exclude_frozen_parameters:
+            for name, p in self.module.named_parameters(prefix=prefix.rstrip(".")):
+                if not p.requires_grad:
+                    state.pop(name, None)
+        return state
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters=False):
+        """Stage 3: the whole state_dict on rank 0 (None on the others), each unit gathered in turn so
+        that no rank holds more than one unit gathered beyond the persistent parameters. Every rank
+        calls it (collectives)."""
+        if not self.zero_optimization_partition_weights():
+            raise ValueError("this function requires ZeRO-3 mode")
+        engine = self._live()._engine
+        engine.apply_pending_update()  # a delayed update still running belongs in the values
+        values = {}
+        shells = self._unit_forwards.shells if self._unit_forwards is not None else {}
+        for path, shell in shells.items():
+            engine.hold_blocks([shell])
+            try:
+                for p in self._unit_members.get(path, []):
+                    values[id(p)] = p.detach().clone()
+            finally:
+                engine.release_held_blocks()
+        if self.global_rank != 0:
+            return None
+        state = self.module.state_dict(keep_vars=True)
+        frozen = {id(p) for p in self.module.parameters() if not p.requires_grad}
+        for name, tensor in list(state.items()):
+            if exclude_frozen_parameters and id(tensor) in frozen:
+                del state[name]
+            else:  # a tied parameter is one tensor under both names, as in DeepSpeed's
+                if id(tensor) not in values:
+                    values[id(tensor)] = tensor.detach().clone()
+                state[name] = values[id(tensor)]
+        return state
+
+    def save_16bit_model(self, save_dir, save_filename="pytorch_model.bin", exclude_frozen_parameters=False):
+        """DeepSpeed's: rank 0 writes the model's state_dict (16-bit with bf16/fp16, else fp32) with
+        torch.save to save_dir/save_filename. At stage 3 the units are gathered for it, and only when
+        zero_optimization.stage3_gather_16bit_weights_on_model_save is set (DeepSpeed's default is not
+        to): otherwise nothing is written and it returns False. Every rank calls it."""
+        path = os.path.join(os.fspath(save_dir), save_filename)
+        if self.zero_optimization_partition_weights():
+            if not self.zero_gather_16bit_weights_on_model_save():
+                _note_once("no-16bit-save", f"did not save the model {path}: stage3_gather_16bit_weights_on_model_save "
+                                            "is false (DeepSpeed's default)")
+                return False
+            state = self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        else:
+            self._live()._engine.apply_pending_update()  # a delayed update still running belongs in the file
+            state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        if self.global_rank == 0:
+            os.makedirs(os.fspath(save_dir), exist_ok=True)
+            torch.save(state, path)
+        return True
+
+    def save_fp16_model(self, save_dir, save_filename="pytorch_model.bin"):
+        """DeepSpeed's former name of save_16bit_model."""
+        return self.save_16bit_model(save_dir, save_filename)
 
     # ------------------------------------------------------------------ GatheredParameters
     @contextlib.contextmanager

@@ -104,7 +104,10 @@ class Init:
             if not isinstance(cfg, dict):
                 with open(cfg) as f:
                     cfg = json.load(f)
-            zero = cfg.get("zero_optimization", {}) or {}
+            # "auto" is what Hugging Face leaves for its Trainer to fill (HfDeepSpeedConfig hands Init the
+            # configuration before that): as DeepSpeed's Init, such a key is ignored here and the
+            # default holds.
+            zero = {k: v for k, v in (cfg.get("zero_optimization", {}) or {}).items() if v != "auto"}
             self.threshold = int(zero.get("stage3_param_persistence_threshold",
                                           zero.get("param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD)))
         self._construction = None

@@ -1,5 +1,27 @@
-"""DeepSpeed's deepspeed.utils helpers for the fp32 master weights of an engine's parameters."""
-from . import _registry
+"""DeepSpeed's deepspeed.utils: the fp32 master weights of an engine's parameters, stage-3 leaf
+modules, DeepSpeed's logger and log_dist, the data-parallel groups and small helpers."""
+from .. import _registry, _unsupported
+from . import groups, logging, module_utils, zero_to_fp32  # noqa: F401
+from .logging import log_dist, log_dist_once, logger, print_dist, set_log_level_from_string  # noqa: F401
+from .module_utils import recursive_getattr, recursive_setattr  # noqa: F401
+
+
+class RepeatingLoader:
+    """Iterates over `loader` for ever, starting it again whenever it is exhausted."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.data_iter = iter(loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)
 
 
 def safe_get_full_fp32_param(param):
@@ -116,3 +138,29 @@ def set_z3_leaf_modules_by_suffix(model, module_name_suffixes, flag=True, raise_
         raise ValueError(f"zerotrain.utils.set_z3_leaf_modules_by_suffix: expected module names ending with "
                          f"{missing} in the model, found none")
     return matched, missing
+
+
+def z3_leaf_parameter(param):
+    """Whether `param` belongs to a stage-3 leaf module: DeepSpeed's flag on the parameter, which
+    zerotrain does not set (its leaves are flagged on the module, `_z3_leaf`)."""
+    return hasattr(param, "ds_z3_leaf_module")
+
+
+# The optimizer state and gradients of one parameter: the C++ engine offers the fp32 masters only
+# (master_parameter / set_master_parameter), so these are not reachable from Python.
+_STATE = "the engine exposes a parameter's fp32 master values only (safe_get_full_fp32_param)"
+for _name in ("safe_get_full_grad", "safe_get_full_optimizer_state", "safe_set_full_optimizer_state",
+              "safe_set_full_grad", "safe_get_local_fp32_param", "safe_get_local_grad",
+              "safe_get_local_optimizer_state", "safe_set_local_fp32_param", "safe_set_local_grad",
+              "safe_set_local_optimizer_state", "safe_update_full_grad_vectorized", "get_full_hp_param",
+              "get_full_hp_grad", "set_full_hp_param", "set_full_hp_grad", "get_hp_fragment_mapping",
+              "map_to_flat_opt_states", "link_hp_params",
+              "lazy_init_hp_params_optimizer_state"):
+    globals()[_name] = _unsupported.function(f"deepspeed.utils.{_name}", _STATE)
+tensor_fragment = _unsupported.cls("deepspeed.utils.tensor_fragment", _STATE)
+fragment_address = _unsupported.cls("deepspeed.utils.fragment_address", _STATE)
+OnDevice = _unsupported.cls("deepspeed.utils.OnDevice", "build the model on the CPU in its own dtype, or under "
+                            "zerotrain.zero.Init")
+instrument_w_nvtx = _unsupported.function("deepspeed.utils.instrument_w_nvtx")
+get_numactl_cmd = _unsupported.function("deepspeed.utils.get_numactl_cmd")
+del _name

@@ -1,0 +1,53 @@
+"""deepspeed.runtime.zero.partition_parameters: the module Init, GatheredParameters and
+register_external_parameter live in under DeepSpeed (zerotrain.zero here), with the names
+transformers reaches in it when it builds a model under ZeRO-3 (integrations/deepspeed.py
+prevent_arange_dtype_change swaps zero_wrapper_for_fp_tensor_constructor and compares with
+_orig_torch_arange) and the parameter states.
+
+zerotrain's Init builds in the model's own dtype on the CPU and changes no tensor constructor
+(the engine makes the 16-bit copy itself), so the wrapper below is DeepSpeed's function for
+whoever calls it, not something Init runs.
+"""
+from enum import Enum
+
+import torch
+
+from .accelerator import get_accelerator  # noqa: F401  (DeepSpeed's module imports it; transformers reads it here)
+from .zero import GatheredParameters, Init, register_external_parameter, unregister_external_parameter  # noqa: F401
+
+
+class ZeroParamType(Enum):
+    NORMAL = 1       # a parameter whole on every rank
+    PARTITIONED = 2  # split over the data-parallel ranks
+    REMOTE = 3       # held by one rank only
+
+
+class ZeroParamStatus(Enum):
+    AVAILABLE = 1      # whole and ready on every rank
+    NOT_AVAILABLE = 2  # partitioned or remote on some rank
+    INFLIGHT = 3       # being gathered
+
+
+_orig_torch_tensor = torch.tensor
+_orig_torch_empty = torch.empty
+_orig_torch_zeros = torch.zeros
+_orig_torch_ones = torch.ones
+_orig_torch_full = torch.full
+_orig_torch_arange = torch.arange
+_orig_torch_eye = torch.eye
+_orig_torch_randn = torch.randn
+
+
+def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype, target_device=None):
+    """`fn` (a tensor constructor) making its tensors on `target_device` when no device is given,
+    and floating-point ones in `target_fp_dtype`."""
+
+    def wrapped_fn(*args, **kwargs):
+        if kwargs.get("device") is None and target_device is not None:
+            kwargs["device"] = target_device
+        tensor = fn(*args, **kwargs)
+        if target_fp_dtype is not None and tensor.is_floating_point():
+            tensor.data = tensor.data.to(target_fp_dtype)
+        return tensor
+
+    return wrapped_fn
