@@ -1182,3 +1182,87 @@ TEST(OffloadPreflight, ARanksRefusalIsTheLaunchersLastLine) {
   EXPECT_NE(last.find("for the swap files (rank "), std::string::npos) << r.output;
   fs::remove_all(nvme);
 }
+
+namespace {
+
+// Trains the tiny GPT at stage 3 with its parameter shards offloaded; with `interrupt`, forwards
+// without a backward come right before each change of the partition: a step (delayed or not), a
+// checkpoint's load. Such a forward may leave gathers it launched ahead in flight, holding slots
+// and read buffers.
+std::vector<double> train_with_forwards_left_in_flight(const RunOptions& o, bool staged, bool interrupt) {
+  auto comm = zt::make_communicator(zt::RendezvousInfo{}, zt::CommOptions{});
+  const auto config = make_config(o, 1, swap_root());
+  torch::manual_seed(7);
+  auto gpt_config = zt::gpt_preset("tiny");
+  auto model = zt::GPT(gpt_config);
+  std::optional<ScopedEnv> staging;
+  if (staged) staging.emplace("ZT_HOST_STAGING", "1");
+  zt::Engine engine(model.ptr(), config, comm);
+  staging.reset();
+  const fs::path dir = swap_root() / ("left-in-flight-" + std::to_string(::getpid()));
+  // An evaluation under no_grad, then a forward cut short in its first block (as by an error the
+  // caller catches): the gathers launched ahead of the blocks it did not reach stay in flight.
+  auto evaluate = [&] {
+    if (!interrupt) return;
+    auto tokens = torch::randint(0, gpt_config.vocab_size, {2, 17}, torch::kLong);
+    {
+      torch::NoGradGuard no_grad;
+      (void)model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
+    }
+    model->set_block_wrapper([](int64_t, const zt::GPTImpl::BlockFn&, const torch::Tensor&) -> torch::Tensor {
+      throw std::runtime_error("the forward is cut short");
+    });
+    EXPECT_THROW((void)model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)), std::runtime_error);
+    model->set_block_wrapper({});
+  };
+  std::vector<double> losses;
+  for (int step = 0; step < o.steps; ++step) {
+    if (step == 3) {
+      evaluate();
+      engine.save_checkpoint(dir.string(), "mid");
+      evaluate();
+      engine.load_checkpoint(dir.string(), "mid");
+    }
+    double loss_sum = 0;
+    for (int a = 0; a < 2; ++a) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(10 * step + a);
+      auto tokens = torch::randint(0, gpt_config.vocab_size, {2, 17}, gen, torch::kLong);
+      auto loss = model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
+      loss_sum += loss.item<double>();
+      engine.backward(loss);
+      if (a == 1) evaluate();
+      engine.step();
+    }
+    losses.push_back(loss_sum / 2);
+  }
+  evaluate();
+  engine.apply_pending_update();
+  fs::remove_all(dir);
+  return losses;
+}
+
+}  // namespace
+
+// A forward without a backward before the partition changes: the change releases what that
+// forward left prepared (instead of refusing it as a block still in use) and training goes on
+// exactly as without it. On NVMe (read buffers) and in host memory crossing to the compute device
+// through slots as on a GPU (ZT_HOST_STAGING), with the step delayed or not.
+TEST(OffloadParameters, AForwardWithoutBackwardDoesNotBlockTheNextStepOrLoad) {
+  for (const bool staged : {false, true})
+    for (const bool delayed : {false, true}) {
+      RunOptions o;
+      o.stage = 3;
+      o.optimizer_device = "cpu";
+      o.param_device = staged ? "cpu" : "nvme";
+      o.param_buffer_count = 2;
+      o.delayed = delayed;
+      o.delayed_after = 1;
+      o.steps = 6;
+      const std::string what = describe(o) + (staged ? " staged" : "");
+      const std::vector<double> reference = train_with_forwards_left_in_flight(o, staged, false);
+      std::vector<double> interrupted;
+      ASSERT_NO_THROW(interrupted = train_with_forwards_left_in_flight(o, staged, true)) << what;
+      ASSERT_EQ(interrupted.size(), reference.size()) << what;
+      for (size_t i = 0; i < reference.size(); ++i) EXPECT_EQ(interrupted[i], reference[i]) << what << " step " << i;
+    }
+}

@@ -199,7 +199,7 @@ StepResult Engine::Impl::step() {
     optimizer->launch_step(result.lr, optimizer_step, float(scale), *reducer, betas);
     result.delayed = true;
   } else {
-    if (parameter_tier) parameter_tier->invalidate();
+    release_read_ahead();
     optimizer->step(result.lr, optimizer_step, float(scale), *reducer, betas);
     publish_parameters();
   }
@@ -214,7 +214,7 @@ StepResult Engine::Impl::step() {
 void Engine::Impl::apply_pending_update() {
   if (!optimizer->step_in_flight()) return;
   // Shard buffers read ahead hold the old values.
-  if (parameter_tier) parameter_tier->invalidate();
+  release_read_ahead();
   optimizer->finish_step();
   publish_parameters();
 }
@@ -241,23 +241,16 @@ int64_t Engine::Impl::buffer_bytes() const {
 
 EngineStepState Engine::Impl::step_state() const { return {global_step, skipped, layout.parameter_numel}; }
 
-namespace {
-// Where the model computes: its first parameter's or buffer's device (the CPU for an empty model).
-c10::Device device_of(const torch::nn::Module& model) {
-  for (const auto& p : model.parameters()) return p.device();
-  for (const auto& b : model.buffers()) return b.device();
-  return c10::Device(c10::kCPU);
-}
-}  // namespace
-
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
                std::shared_ptr<Communicator> comm)
     : Engine(std::move(model), config, std::move(comm), {}) {}
 Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config, std::shared_ptr<Communicator> comm,
                std::vector<ParameterGroup> groups)
     // The monitor first: the comms logger it may attach counts the engine's own collectives.
-    : monitor_(std::make_unique<StepMonitor>(config, *comm, device_of(*model))) {
+    : monitor_(std::make_unique<StepMonitor>(config, *comm, c10::Device(c10::kCPU))) {
   impl_ = std::make_unique<Impl>(std::move(model), config, std::move(comm), std::move(groups));
+  // The device plan's, not a parameter's: a block built sharded for a GPU has no data on it yet.
+  monitor_->set_device(impl_->devices.compute);
   monitor_->arm(impl_->step_state());
 }
 Engine::~Engine() = default;

@@ -203,7 +203,7 @@ void Engine::Impl::load_weights(WeightReader& reader) {
     throw Error("load_weights: reading failed on rank " + std::to_string(int(failed.item<double>()) - 1) +
                 " (its error names the problem)");
   torch::NoGradGuard no_grad;
-  if (parameter_tier) parameter_tier->invalidate();
+  release_read_ahead();
   optimizer->commit_fragments(staged);
   optimizer->refresh_working_from_masters();
   publish_parameters();
@@ -339,7 +339,7 @@ std::map<std::string, std::string> Engine::Impl::load_checkpoint(const std::stri
   const auto& scalars = loaded.scalars;
   const LossScaler::State s = saved_state.scaler;
   torch::NoGradGuard no_grad;
-  if (parameter_tier) parameter_tier->invalidate();
+  release_read_ahead();
   optimizer->commit_fragments(staged);
   optimizer->refresh_working_from_masters();  // the working copy of the owned region (16-bit)
   publish_parameters();

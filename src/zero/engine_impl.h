@@ -209,6 +209,11 @@ struct Engine::Impl {
 
   void gather_parameters();
   void publish_parameters();
+  // Before the partition changes (a step, a delayed update installed, a checkpoint or weights
+  // loaded): every block gathered or read ahead is released first, so that nothing prepared for a
+  // forward that did not come (a no-grad or interrupted forward's prefetch) still holds a slot or
+  // a read buffer, and what was read ahead is forgotten. Stage 3 only; a no-op otherwise.
+  void release_read_ahead();
 
   // ---------------------------------------------------------------- checkpoints (engine_checkpoint.cpp)
 

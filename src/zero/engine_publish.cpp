@@ -38,13 +38,18 @@ void Engine::Impl::publish_parameters() {
   if (shard_parameters) {
     // A block gathered (or read) ahead for a forward that did not come holds old values, and so
     // do the secondary shards.
-    gatherer->release_all();
+    release_read_ahead();
     gatherer->invalidate_secondary();
-    parameter_tier->invalidate();
     gatherer->gather_persistent();
   } else if (shard_world > 1) {
     gather_parameters();
   }
+}
+
+void Engine::Impl::release_read_ahead() {
+  if (!shard_parameters) return;
+  gatherer->release_all();  // completes the gathers in flight, which hands their shards back
+  parameter_tier->invalidate();
 }
 
 }  // namespace zt

@@ -38,7 +38,10 @@ class StepMonitor {
   // Attaches a comms logger to `comm` when the configuration enables comms_logger and `comm` has
   // none (before the engine's first collective). Throws zt::ConfigError for a comms_logger.prof_ops
   // name that is not an operation.
+  // `device`: where the model computes until set_device() says otherwise (the engine knows it only
+  // once it has looked at the parameters: a model built sharded has no data on any device yet).
   StepMonitor(const TrainConfig& config, Communicator& comm, c10::Device device);
+  void set_device(c10::Device device) { device_ = device; }
   ~StepMonitor();
 
   void set_sink(std::function<void(const std::string&)> sink);
