@@ -80,7 +80,7 @@ const char* to_string(OffloadDevice device);  // "none", "cpu", "nvme"
 struct OffloadOptimizerConfig {
   OffloadDevice device = OffloadDevice::None;
   std::string nvme_path;      // required for nvme: a writable directory
-  bool pin_memory = false;    // page-locked host buffers (a CUDA device only; a note on CPU)
+  bool pin_memory = true;     // page-locked host buffers (a CUDA device only; a note on CPU when given)
   int buffer_count = 4;       // nvme: aligned buffers the step streams sub-groups through
   bool pipeline_read = false, pipeline_write = false;  // nvme: overlap reads / writes with the step
   bool fast_init = false;     // nvme: initial state written straight from the model, not via a host copy
@@ -98,7 +98,7 @@ struct OffloadOptimizerConfig {
 struct OffloadParamConfig {
   OffloadDevice device = OffloadDevice::None;
   std::string nvme_path;
-  bool pin_memory = false;
+  bool pin_memory = true;
   int buffer_count = 5;                // nvme: shard buffers (read-ahead depth in blocks)
   int64_t buffer_size = 100'000'000;   // nvme: elements per shard buffer (>= the largest block shard)
   int64_t max_in_cpu = 1'000'000'000;  // nvme: shard elements kept in host memory instead

@@ -124,7 +124,9 @@ void add_offload_keys(std::vector<Leaf>& t) {
           v.is_null() ? std::string() : v.get<std::string>();
     })));
     t.back().def = nullptr;
-    t.push_back(boolean(block + ".pin_memory", false,
+    // DeepSpeed 0.19 pins by default: a copy from pageable memory blocks the host until the GPU
+    // has caught up, which takes the overlap away from prefetch and the delayed update.
+    t.push_back(boolean(block + ".pin_memory", true,
                         field(&OffloadOptimizerConfig::pin_memory, &OffloadParamConfig::pin_memory)));
     t.push_back(integer(block + ".buffer_count", opt ? 4 : 5, 1, 1 << 16,
                         field(&OffloadOptimizerConfig::buffer_count, &OffloadParamConfig::buffer_count)));

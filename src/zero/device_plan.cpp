@@ -4,9 +4,13 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/torch.h>
 #ifdef ZT_CUDA
+#include <ATen/cuda/Sleep.h>
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -28,6 +32,28 @@ bool host_staging_forced_by_environment() {
   if (value == nullptr || std::strcmp(value, "") == 0 || std::strcmp(value, "0") == 0) return false;
   if (std::strcmp(value, "1") == 0) return true;
   throw ConfigError(std::string("ZT_HOST_STAGING: expected 0 or 1, found '") + value + "'");
+}
+
+namespace {
+std::atomic<int64_t> copy_stream_delay_cycles{0};
+}  // namespace
+
+void set_copy_stream_delay_for_testing(int64_t cycles) { copy_stream_delay_cycles = std::max<int64_t>(0, cycles); }
+
+void delay_copy_stream_for_testing() {
+#ifdef ZT_CUDA
+  if (const int64_t cycles = copy_stream_delay_cycles.load(); cycles > 0) at::cuda::sleep(cycles);
+#endif
+}
+
+void note_pinning_refused(const std::string& what, const std::string& reason) {
+  static std::atomic<bool> noted{false};
+  if (noted.exchange(true)) return;
+  std::fprintf(stderr,
+               "zerotrain: note: pinned host memory: %s failed (%s); this run copies between the GPU and pageable "
+               "host memory instead, so that each copy to the GPU blocks the host until it is done (pin_memory: "
+               "false chooses this without the note)\n",
+               what.c_str(), reason.c_str());
 }
 
 DevicePlan plan_devices(c10::Device model_device, const ZeroConfig& zero, bool force_host_staging) {
@@ -82,9 +108,10 @@ at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned) {
   const cudaError_t status = cudaHostAlloc(&memory, bytes, cudaHostAllocDefault);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error so that later CUDA calls do not report it
-    throw Error("pinned host memory: cudaHostAlloc of " + std::to_string(bytes) + " bytes failed (" +
-                cudaGetErrorString(status) + "); expected that much page-locked memory to be free "
-                "(offload_optimizer.pin_memory: false stages through pageable memory instead)");
+    // Some runtimes (sandboxed kernels, a low locked-memory limit) refuse to pin: pageable memory
+    // still trains, only its copies to the GPU block the host.
+    note_pinning_refused("cudaHostAlloc of " + std::to_string(bytes) + " bytes", cudaGetErrorString(status));
+    return torch::empty({numel}, options);
   }
   return torch::from_blob(memory, {numel}, [](void* p) { cudaFreeHost(p); }, options);
 #else
@@ -98,9 +125,8 @@ HostRegistration::HostRegistration(void* data, int64_t bytes) {
   const cudaError_t status = cudaHostRegister(data, size_t(bytes), cudaHostRegisterDefault);
   if (status != cudaSuccess) {
     cudaGetLastError();
-    throw Error("pinned host memory: cudaHostRegister of " + std::to_string(bytes) + " bytes failed (" +
-                cudaGetErrorString(status) + "); expected that much memory to be lockable "
-                "(offload_param.pin_memory: false copies from pageable memory instead)");
+    note_pinning_refused("cudaHostRegister of " + std::to_string(bytes) + " bytes", cudaGetErrorString(status));
+    return;  // left pageable
   }
   data_ = data;
 #else
@@ -144,6 +170,7 @@ void DeviceCopies::to_host(const at::Tensor& host, const at::Tensor& device) {
   ready.block(*copy_stream_);
   {
     c10::StreamGuard guard(*copy_stream_);
+    delay_copy_stream_for_testing();
     host.copy_(device, /*non_blocking=*/true);
   }
   in_flight_.push_back(host);
@@ -169,6 +196,7 @@ void DeviceCopies::to_device(const at::Tensor& device, const at::Tensor& host) {
   ready.block(*copy_stream_);
   {
     c10::StreamGuard guard(*copy_stream_);
+    delay_copy_stream_for_testing();
     device.copy_(host, /*non_blocking=*/true);
   }
   c10::Event copied(compute_.type());

@@ -67,11 +67,16 @@ bool host_staging_forced_by_environment();
 // "0" or unset does not; any other value is a ConfigError.
 bool copy_engine_emulated_by_environment();
 
-// Host tensors for the staging copies: page-locked when `pinned` (an accelerator is present).
+// Host tensors for the staging copies: page-locked when `pinned` (an accelerator is present). A
+// runtime that refuses to page-lock gets pageable memory and one note on stderr.
 at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned);
 
+// The one note (per process) that page-locking was refused and pageable memory is used instead.
+void note_pinning_refused(const std::string& what, const std::string& reason);
+
 // Page-locks host memory allocated elsewhere (cudaHostRegister) while it lives, so that copies
-// from it to a GPU run asynchronously; a no-op without CUDA or for an empty range. Move-only.
+// from it to a GPU run asynchronously; a no-op without CUDA or for an empty range, and (with the
+// note above) where the runtime refuses. Move-only.
 class HostRegistration {
  public:
   HostRegistration() = default;
@@ -85,6 +90,14 @@ class HostRegistration {
  private:
   void* data_ = nullptr;
 };
+
+// Tests on a GPU: each copy issued on a copy stream (DeviceCopies', the parameter tier's) is
+// preceded there by a kernel that spins `cycles` GPU clock cycles, so that work that should wait
+// for the copy and does not reads the old bytes every time rather than now and then. 0, the
+// default, everywhere else; a no-op without CUDA.
+void set_copy_stream_delay_for_testing(int64_t cycles);
+// Called with the copy stream current, right before a copy is enqueued on it.
+void delay_copy_stream_for_testing();
 
 class DeviceCopies {
  public:

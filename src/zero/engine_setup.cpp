@@ -210,7 +210,7 @@ void Engine::Impl::create_arenas(const SwapDirectories& directories) {
           TieredArray("params", working_dtype, layout.partition_numel, home, devices.pin_parameters);
     else
       param_partition = TieredArray("params", working_dtype, offload.groups, offload.parameters_on_disk, *io,
-                                    directories.parameters->file("params"));
+                                    directories.parameters->file("params"), devices.pin_parameters);
     std::optional<ParameterTier::Crossing> crossing;
     if (devices.parameters_on_host)
       crossing = ParameterTier::Crossing{devices.compute, config.zero.offload_param.buffer_count, devices.pin_parameters};

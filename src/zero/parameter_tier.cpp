@@ -165,6 +165,7 @@ void ParameterTier::cross(int block) {
         // The gathers that read the slot's last block come first.
         if (slot.consumed) slot.consumed->block(*copy_stream_);
         on_copy_stream.emplace(*copy_stream_);
+        delay_copy_stream_for_testing();
       }
       for (size_t b = 0; b < layout_.buckets.size(); ++b) {
         const BucketLayout& lb = layout_.buckets[b];

@@ -45,7 +45,8 @@ int64_t TieredArray::memory_bytes() const { return memory_.defined() ? int64_t(m
 namespace zt {
 
 TieredArray::TieredArray(std::string role, at::ScalarType dtype, const std::vector<SubGroup>& groups,
-                         const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file)
+                         const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file,
+                         bool pinned)
     : role_(std::move(role)), dtype_(dtype), groups_(groups), disk_(on_disk), io_(&io), path_(file) {
   ZT_CHECK_STATE(groups.size() == on_disk.size(), role_ + ": one tier flag per sub-group");
   int64_t memory = 0;
@@ -61,7 +62,7 @@ TieredArray::TieredArray(std::string role, at::ScalarType dtype, const std::vect
       memory += groups[g].numel;
     }
   }
-  memory_ = torch::zeros({memory}, torch::TensorOptions().dtype(dtype));
+  memory_ = pinned ? empty_host(memory, dtype, /*pinned=*/true).zero_() : torch::zeros({memory}, torch::TensorOptions().dtype(dtype));
   ZT_CHECK_STATE(file_bytes_ == swap_file_bytes(groups, on_disk, element_size()), role_ + ": file size formula");
   // A new swap file is created empty and allocated (fallocate), so it reads as zeros: the moments
   // start there without a write, the masters and parameters are stored next.

@@ -59,9 +59,10 @@ class TieredArray {
   TieredArray(std::string role, at::ScalarType dtype, int64_t numel, c10::Device device = c10::kCPU,
               bool pinned = false);
   // Sub-group g on disk where on_disk[g], in `file` (created, sized swap_file_bytes()), the rest
-  // in memory (zeros).
+  // in memory (zeros; page-locked when `pinned`).
   TieredArray(std::string role, at::ScalarType dtype, const std::vector<SubGroup>& groups,
-              const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file);
+              const std::vector<char>& on_disk, io::AioEngine& io, const std::filesystem::path& file,
+              bool pinned = false);
 
   bool defined() const { return numel_ > 0 || memory_.defined(); }
   const std::string& role() const { return role_; }
