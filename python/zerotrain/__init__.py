@@ -70,6 +70,7 @@ def initialize(args=None, model=None, optimizer=None, model_parameters=None, tra
                                                       rank=comm.get_rank())
         loader = torch.utils.data.DataLoader(training_data, batch_size=engine.train_micro_batch_size_per_gpu(),
                                              sampler=sampler, collate_fn=collate_fn)
+    engine.training_dataloader = loader  # DeepSpeed's engine attribute
     return engine, engine.optimizer, loader, engine.lr_scheduler
 
 
@@ -111,6 +112,13 @@ DeepSpeedDataLoader = _unsupported.cls("deepspeed.DeepSpeedDataLoader",
                                        "initialize(training_data=...) returns a torch DataLoader over this rank's share")
 PipelineModule = _unsupported.cls("deepspeed.PipelineModule", "zerotrain has no pipeline parallelism")
 PipelineEngine = _unsupported.cls("deepspeed.PipelineEngine", "zerotrain has no pipeline parallelism")
+DualPipeVEngine = _unsupported.cls("deepspeed.DualPipeVEngine", "zerotrain has no pipeline parallelism")
+DualPipeVModule = _unsupported.cls("deepspeed.DualPipeVModule", "zerotrain has no pipeline parallelism")
+load_ds_config = _unsupported.function("deepspeed.load_ds_config", "zerotrain trains data-parallel only")
+merge_tp_model_init_into_config = _unsupported.function("deepspeed.merge_tp_model_init_into_config",
+                                                        "zerotrain trains data-parallel only")
+record_tp_model_init_args = _unsupported.function("deepspeed.record_tp_model_init_args",
+                                                  "zerotrain trains data-parallel only")
 DeepSpeedHybridEngine = _unsupported.cls("deepspeed.DeepSpeedHybridEngine", "zerotrain has no inference engine")
 InferenceEngine = _unsupported.cls("deepspeed.InferenceEngine", "zerotrain has no inference engine")
 DeepSpeedInferenceConfig = _unsupported.cls("deepspeed.DeepSpeedInferenceConfig", "zerotrain has no inference engine")

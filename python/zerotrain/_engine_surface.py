@@ -24,6 +24,8 @@ _CONFIG_VALUES = {
     "fp16_enabled": "fp16.enabled",
     "bfloat16_enabled": "bf16.enabled",
     "fp16_auto_cast": "fp16.auto_cast",
+    # The configured static scale, 0 for the dynamic scaler (the current scale: optimizer.loss_scale).
+    "loss_scale": "fp16.loss_scale",
     "fp16_master_weights_and_gradients": "fp16.fp16_master_weights_and_grads",
     "bf16_master_weights_and_gradients": "bf16.bf16_master_weights_and_grads",
     "bf16_optimizer_states": "bf16.bf16_optimizer_states",
@@ -256,6 +258,14 @@ class EngineConfigQueries:
 
     def autotp_size(self):
         return 1
+
+    @staticmethod
+    def is_map_style_dataset(obj):
+        return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+
+    @staticmethod
+    def is_iterable_style_dataset(obj):
+        return isinstance(obj, torch.utils.data.IterableDataset)
 
     @property
     def is_compiled(self):

@@ -96,6 +96,29 @@ class DeepSpeedAccelerator:
     def get_compile_backend(self):
         return "inductor"
 
+    def prefer_triton_grouped_mm(self):
+        return False
+
+    def pin_memory_alignment(self):
+        return 1  # no alignment asked of host memory handed to the device
+
+    def pin_empty(self, *size, dtype, device="cpu"):
+        """Host memory of that size (pinned where the device pins host memory)."""
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) else size
+        return self.pin_memory(torch.empty(shape, dtype=dtype, device=device), make_copy=False)
+
+    def pin_empty_like(self, tensor, device="cpu", dtype=None):
+        return self.pin_empty(tuple(tensor.shape), dtype=tensor.dtype if dtype is None else dtype, device=device)
+
+    def register_host_memory(self, address, num_bytes):
+        return False  # DeepSpeed's default: no registration with the device runtime
+
+    def unregister_host_memory(self, address):
+        return None
+
+    def unpin_memory(self, tensor):
+        return None
+
     # DeepSpeed compiles its own kernels through op builders; zerotrain's kernels are in its library.
     create_op_builder = _unsupported.function("deepspeed.accelerator.get_accelerator().create_op_builder",
                                               "zerotrain's kernels are built into its library")
@@ -176,6 +199,16 @@ class CPUAccelerator(DeepSpeedAccelerator):
 
     def is_current_stream_capturing(self):
         return False
+
+    # No graphs on the CPU: DeepSpeed's CPU accelerator makes none and captures into a no-op context.
+    def create_graph(self):
+        return None
+
+    def capture_to_graph(self, graph, pool=None, stream=None):
+        return contextlib.nullcontext()
+
+    def replay_graph(self, graph):
+        return None
 
     # Memory: the process's resident set, as DeepSpeed's CPU accelerator reports it.
     def empty_cache(self):
@@ -287,6 +320,15 @@ class CUDAAccelerator(DeepSpeedAccelerator):
 
     def is_current_stream_capturing(self):
         return torch.cuda.is_current_stream_capturing()
+
+    def create_graph(self):
+        return torch.cuda.CUDAGraph()
+
+    def capture_to_graph(self, graph, pool=None, stream=None):
+        return torch.cuda.graph(graph, pool, stream)
+
+    def replay_graph(self, graph):
+        graph.replay()
 
     def empty_cache(self):
         return torch.cuda.empty_cache()

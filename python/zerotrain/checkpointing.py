@@ -5,7 +5,7 @@ import functools
 
 import torch
 
-from . import _C
+from . import _C, _unsupported
 
 
 def checkpoint(function, *args):
@@ -32,3 +32,23 @@ def checkpoint(function, *args):
 
 def is_configured():
     return True
+
+
+def non_reentrant_checkpoint(function, *args):
+    """DeepSpeed's other implementation of checkpoint(), with the same meaning: this one."""
+    return checkpoint(function, *args)
+
+
+# DeepSpeed's activation-checkpointing settings: zerotrain's recomputation keeps the function's
+# inputs whole on this rank and recomputes with the first run's random numbers; it has no
+# partitioned, CPU or contiguous copies to configure and no model-parallel random-number tracker.
+_SETTINGS = "the engine's recomputation has no settings (zerotrain.checkpointing.checkpoint)"
+configure = _unsupported.function("deepspeed.checkpointing.configure", _SETTINGS)
+reset = _unsupported.function("deepspeed.checkpointing.reset", _SETTINGS)
+set_num_layers = _unsupported.function("deepspeed.checkpointing.set_num_layers", _SETTINGS)
+partition_activations_in_checkpoint = _unsupported.function(
+    "deepspeed.checkpointing.partition_activations_in_checkpoint", _SETTINGS)
+get_cuda_rng_tracker = _unsupported.function("deepspeed.checkpointing.get_cuda_rng_tracker",
+                                             "zerotrain trains data-parallel only")
+model_parallel_cuda_manual_seed = _unsupported.function("deepspeed.checkpointing.model_parallel_cuda_manual_seed",
+                                                        "zerotrain trains data-parallel only")

@@ -8,11 +8,12 @@ MASTER_ADDR, MASTER_PORT, ...), Slurm's or Open MPI's.
 """
 import atexit
 import datetime
+import os
 
 import torch
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _unsupported
 
 _communicator = None
 _owns_torch_group = False  # torch.distributed's default group was initialised here
@@ -93,23 +94,228 @@ def get_local_rank():
     return _C.rendezvous_from_environment()["local_rank"]
 
 
-def barrier(group=None, async_op=False, device_ids=None):
+# DeepSpeed's collectives over torch.distributed's default group (the script's own; the engine's
+# go through zerotrain's communicator). DeepSpeed's prof/log_name/debug keywords are accepted and
+# change nothing: the comms logger counts the engine's collectives only.
+ReduceOp = dist.ReduceOp
+
+
+def is_available():
+    return True
+
+
+def barrier(group=None, async_op=False, device_ids=None, **logging):
     return dist.barrier(group=group, async_op=async_op, device_ids=device_ids)
 
 
-def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False, **logging):
+    return dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+
+
+def all_reduce(tensor, op=ReduceOp.SUM, group=None, async_op=False, **logging):
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
 
-def broadcast(tensor, src, group=None, async_op=False):
+inference_all_reduce = all_reduce
+
+
+def broadcast(tensor, src, group=None, async_op=False, **logging):
     return dist.broadcast(tensor, src, group=group, async_op=async_op)
 
 
-def all_gather(tensor_list, tensor, group=None, async_op=False):
+def all_gather(tensor_list, tensor, group=None, async_op=False, **logging):
     return dist.all_gather(tensor_list, tensor, group=group, async_op=async_op)
 
 
-ReduceOp = dist.ReduceOp
+def all_gather_into_tensor(output_tensor, tensor, group=None, async_op=False, **logging):
+    return dist.all_gather_into_tensor(output_tensor, tensor, group=group, async_op=async_op)
+
+
+def allgather_fn(output_tensor, input_tensor, group=None, async_op=False, **logging):
+    return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group, async_op=async_op)
+
+
+def reduce_scatter_tensor(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, **logging):
+    return dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
+
+
+def reduce_scatter_fn(output_tensor, tensor, op=ReduceOp.SUM, group=None, async_op=False, **logging):
+    return dist.reduce_scatter_tensor(output_tensor, tensor, op=op, group=group, async_op=async_op)
+
+
+def reduce_scatter(output, input_list, op=ReduceOp.SUM, group=None, async_op=False, **logging):
+    return dist.reduce_scatter(output, input_list, op=op, group=group, async_op=async_op)
+
+
+def reduce(tensor, dst, op=ReduceOp.SUM, group=None, async_op=False, **logging):
+    return dist.reduce(tensor, dst, op=op, group=group, async_op=async_op)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, **logging):
+    return dist.gather(tensor, gather_list, dst=dst, group=group, async_op=async_op)
+
+
+def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, **logging):
+    return dist.scatter(tensor, scatter_list, src=src, group=group, async_op=async_op)
+
+
+def all_to_all_single(output, tensor, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False,
+                      **logging):
+    return dist.all_to_all_single(output, tensor, output_split_sizes=output_split_sizes,
+                                  input_split_sizes=input_split_sizes, group=group, async_op=async_op)
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, **logging):
+    return dist.all_to_all(output_tensor_list, input_tensor_list, group=group, async_op=async_op)
+
+
+def send(tensor, dst, group=None, tag=0, **logging):
+    return dist.send(tensor, dst, group=group, tag=tag)
+
+
+def recv(tensor, src=None, group=None, tag=0, **logging):
+    return dist.recv(tensor, src, group=group, tag=tag)
+
+
+def isend(tensor, dst, group=None, tag=0, **logging):
+    return dist.isend(tensor, dst, group=group, tag=tag)
+
+
+def irecv(tensor, src=None, group=None, tag=0, **logging):
+    return dist.irecv(tensor, src, group=group, tag=tag)
+
+
+class P2POp:
+    """DeepSpeed's point-to-point operation for batch_isend_irecv: op is this module's isend or irecv
+    (torch's P2POp takes torch's own only)."""
+
+    def __init__(self, op, tensor, peer, group=None, tag=0):
+        if op not in (isend, irecv, dist.isend, dist.irecv):
+            raise ValueError("P2POp: expected op to be deepspeed.comm.isend or deepspeed.comm.irecv")
+        self.op = "isend" if op in (isend, dist.isend) else "irecv"
+        self.tensor, self.peer, self.group, self.tag = tensor, peer, group, tag
+
+
+def batch_isend_irecv(p2p_op_list, **logging):
+    return dist.batch_isend_irecv([dist.P2POp(getattr(dist, op.op), op.tensor, op.peer, op.group, op.tag)
+                                   if isinstance(op, P2POp) else op for op in p2p_op_list])
+
+
+def broadcast_object_list(object_list, src, group=None, device=None, **logging):
+    return dist.broadcast_object_list(object_list, src, group=group, device=device)
+
+
+def all_gather_object(object_list, obj, group=None, **logging):
+    return dist.all_gather_object(object_list, obj, group=group)
+
+
+class _Works:
+    """The handles of several collectives issued together, waited on as one."""
+
+    def __init__(self, works):
+        self._works = [w for w in works if w is not None]
+
+    def wait(self):
+        for work in self._works:
+            work.wait()
+        return True
+
+    def is_completed(self):
+        return all(work.is_completed() for work in self._works)
+
+
+def all_reduce_coalesced(tensors, op=ReduceOp.SUM, group=None, async_op=False, **logging):
+    """Each tensor all-reduced (one collective apiece: the result DeepSpeed's coalesced one gives)."""
+    works = [dist.all_reduce(t, op=op, group=group, async_op=async_op) for t in tensors]
+    return _Works(works) if async_op else None
+
+
+def all_gather_coalesced(output_tensors, input_tensors, group=None, async_op=False):
+    """all_gather_into_tensor of each input into its output (one collective apiece)."""
+    works = [dist.all_gather_into_tensor(o, i, group=group, async_op=async_op)
+             for o, i in zip(output_tensors, input_tensors)]
+    return _Works(works) if async_op else None
+
+
+def has_all_gather_into_tensor():
+    return True
+
+
+def has_reduce_scatter_tensor():
+    return True
+
+
+def has_all_reduce_coalesced():
+    return True
+
+
+def has_coalescing_manager():
+    return False  # the coalesced collectives above run one collective per tensor
+
+
+def new_group(ranks):
+    return dist.new_group(ranks)
+
+
+def destroy_process_group(group=None):
+    return dist.destroy_process_group(group)
+
+
+def get_world_group():
+    return dist.group.WORLD
+
+
+def get_global_rank(group=None, group_rank=0):
+    return dist.get_global_rank(group, group_rank)
+
+
+def get_all_ranks_from_group(group=None):
+    return dist.get_process_group_ranks(group if group is not None else dist.group.WORLD)
+
+
+# The launcher's numbers, as DeepSpeed reads them from the environment (any launcher zerotrain knows).
+def get_local_rank_from_launcher():
+    return _C.rendezvous_from_environment()["local_rank"]
+
+
+def get_world_rank_from_launcher():
+    return _C.rendezvous_from_environment()["rank"]
+
+
+def get_world_size_from_launcher():
+    return _C.rendezvous_from_environment()["world_size"]
+
+
+# DeepSpeed's cloud detection: the variables each platform sets.
+def in_aml():
+    return "AZUREML_EXPERIMENT_ID" in os.environ
+
+
+def in_aws_sm():
+    return "SM_TRAINING_ENV" in os.environ
+
+
+def in_dlts():
+    return "DLTS_JOB_ID" in os.environ
+
+
+_LOGGER = "the comms logger counts the engine's collectives; log_summary() prints them"
+configure = _unsupported.function("deepspeed.comm.configure", "the configuration's comms_logger block sets the logger")
+reset_log = _unsupported.function("deepspeed.comm.reset_log", _LOGGER)
+has_comm_data = _unsupported.function("deepspeed.comm.has_comm_data", _LOGGER)
+get_comm_operation_count = _unsupported.function("deepspeed.comm.get_comm_operation_count", _LOGGER)
+get_logged_comm_ops = _unsupported.function("deepspeed.comm.get_logged_comm_ops", _LOGGER)
+_BACKEND = "init_distributed() meets the other ranks and makes the groups"
+set_backend = _unsupported.function("deepspeed.comm.set_backend", _BACKEND)
+init_deepspeed_backend = _unsupported.function("deepspeed.comm.init_deepspeed_backend", _BACKEND)
+mpi_discovery = _unsupported.function("deepspeed.comm.mpi_discovery", "zerotrain reads Open MPI's variables itself")
+initialize_mesh_device = _unsupported.function("deepspeed.comm.initialize_mesh_device",
+                                               "zerotrain trains data-parallel only")
+enable_symm_mem_for_group = _unsupported.function("deepspeed.comm.enable_symm_mem_for_group",
+                                                  "zerotrain's Python front end trains on the CPU")
+patch_aml_env_for_torch_nccl_backend = _unsupported.function("deepspeed.comm.patch_aml_env_for_torch_nccl_backend")
+patch_aws_sm_env_for_torch_nccl_backend = _unsupported.function(
+    "deepspeed.comm.patch_aws_sm_env_for_torch_nccl_backend")
 
 
 def log_summary(show_straggler=False):

@@ -268,6 +268,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
                 raise ValueError(f"zerotrain.initialize: the model has a parameter on {p.device}; the Python front end "
                                  "trains on the CPU for now")
         config = dict(config)
+        self.config = json.loads(json.dumps(config))  # DeepSpeed's engine.config: the configuration given
         basic = None
         if optimizer is not None:
             if "optimizer" in config:
@@ -414,6 +415,8 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             args.local_rank = self.local_rank
         self.device = torch.device(get_accelerator().device_name(self.local_rank))
         self._backward_since_step = False
+        self.micro_steps = 0  # step() calls, as DeepSpeed counts them
+        self.training_dataloader = None  # initialize's, when it is given training_data
         self._window_ended = False  # a backward since the last step() ended the accumulation window
         self._micro_step = 0  # backward() calls into the current accumulation window
         self._inside_no_sync = False
@@ -514,6 +517,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             self._print_reports()
         self._backward_since_step = False
         self._window_ended = False
+        self.micro_steps += 1
         self._step_applied = self._last.stepped
         if self._step_applied:
             if self._client_scheduler is not None:
@@ -573,6 +577,11 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         return self._live()._engine.global_step
 
     @property
+    def global_samples(self):
+        """Samples trained on over every rank: a train_batch_size per optimizer step, skipped ones too."""
+        return self.global_steps * self.train_batch_size()
+
+    @property
     def skipped_steps(self):
         return self._live()._engine.skipped_steps
 
@@ -607,10 +616,6 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
 
     def train_batch_size(self):
         return self._live()._engine.train_batch_size
-
-    @property
-    def loss_scale(self):
-        return self._live()._engine.loss_scale
 
     @property
     def global_rank(self):

@@ -12,14 +12,15 @@ from enum import Enum
 
 import torch
 
-from .accelerator import get_accelerator  # noqa: F401  (DeepSpeed's module imports it; transformers reads it here)
-from .zero import GatheredParameters, Init, register_external_parameter, unregister_external_parameter  # noqa: F401
-
-
 class ZeroParamType(Enum):
     NORMAL = 1       # a parameter whole on every rank
     PARTITIONED = 2  # split over the data-parallel ranks
     REMOTE = 3       # held by one rank only
+
+
+class DeepSpeedTensorOverride(Enum):
+    dtype = 1   # Init's tensor constructors make floating-point tensors in its dtype
+    device = 2  # and on its device
 
 
 class ZeroParamStatus(Enum):
@@ -27,6 +28,10 @@ class ZeroParamStatus(Enum):
     NOT_AVAILABLE = 2  # partitioned or remote on some rank
     INFLIGHT = 3       # being gathered
 
+
+# After the enums: zerotrain.zero imports them back from this module, as deepspeed.zero holds them too.
+from .accelerator import get_accelerator  # noqa: E402,F401  (transformers reads it here, as in DeepSpeed's module)
+from .zero import GatheredParameters, Init, register_external_parameter, unregister_external_parameter  # noqa: E402,F401
 
 _orig_torch_tensor = torch.tensor
 _orig_torch_empty = torch.empty

@@ -21,7 +21,7 @@ import weakref
 
 import torch
 
-from . import _C, _registry, _released, comm
+from . import _C, _registry, _released, _unsupported, comm
 
 DEFAULT_PERSISTENCE_THRESHOLD = 100000  # DeepSpeed's stage3_param_persistence_threshold
 
@@ -410,3 +410,21 @@ def register_external_parameter(module, parameter):
 def unregister_external_parameter(module, parameter):
     if module in _external:
         _external[module] = [q for q in _external[module] if q is not parameter]
+
+
+@contextlib.contextmanager
+def unwrap_model_for_generation(model):
+    """DeepSpeed's: the model's parameters gathered whole for the body (generation runs many short
+    forwards), and the model (an engine, or a module) itself yielded."""
+    with GatheredParameters(list(model.parameters())):
+        yield model
+
+
+# The names DeepSpeed's deepspeed.zero also holds (defined with the rest of partition_parameters).
+from .partition_parameters import DeepSpeedTensorOverride, ZeroParamStatus, ZeroParamType  # noqa: E402,F401
+
+DeepSpeedZeRoOffload = _unsupported.cls("deepspeed.zero.DeepSpeedZeRoOffload", "the engine offloads parameters "
+                                        "itself (zero_optimization.offload_param)")
+TiledLinear = _unsupported.cls("deepspeed.zero.TiledLinear", "zerotrain's stage-3 units are whole submodules")
+TiledLinearReturnBias = _unsupported.cls("deepspeed.zero.TiledLinearReturnBias",
+                                         "zerotrain's stage-3 units are whole submodules")

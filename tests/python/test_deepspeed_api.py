@@ -435,3 +435,84 @@ def test_deepspeeds_schedule_objects_become_the_engines_schedule():
     with pytest.raises(RuntimeError, match="steps it at every optimizer step"):
         client.step()
     assert not math.isnan(rates[-1])
+
+
+# ---------------------------------------------------------------------------------- small helpers
+def test_comm_collectives_on_one_rank_are_torch_distributeds():
+    from deepspeed import comm as dist
+
+    dist.init_distributed()
+    t = torch.arange(4.0)
+    out = torch.empty(4)
+    dist.all_gather_into_tensor(out, t)
+    assert torch.equal(out, t)
+    dist.reduce_scatter_tensor(out, t * 2)
+    assert torch.equal(out, t * 2)
+    dist.all_to_all_single(out, t + 1)
+    assert torch.equal(out, t + 1)
+    objects = [None]
+    dist.all_gather_object(objects, {"rank": dist.get_rank()})
+    assert objects == [{"rank": 0}]
+    handle = dist.all_reduce_coalesced([t.clone(), t.clone()], async_op=True)
+    assert handle.wait() and handle.is_completed()
+    assert dist.get_world_group() is torch.distributed.group.WORLD and dist.get_all_ranks_from_group() == [0]
+    assert dist.get_global_rank(dist.get_world_group(), 0) == 0
+    assert dist.get_world_size_from_launcher() == dist.get_world_size() == 1
+    assert dist.has_all_gather_into_tensor() and dist.has_reduce_scatter_tensor() and dist.is_available()
+    from deepspeed.utils import groups
+
+    assert (groups.get_data_parallel_world_size(), groups.get_data_parallel_rank()) == (1, 0)
+    assert (groups.get_model_parallel_world_size(), groups.get_tensor_model_parallel_rank()) == (1, 0)
+
+
+def test_the_small_helpers_scripts_use():
+    from deepspeed.moe.utils import configure_moe_param_groups, has_moe_layers, is_moe_param
+    from deepspeed.runtime.lr_schedules import get_lr_from_config
+    from deepspeed.utils import RepeatingLoader, set_log_level_from_string, z3_leaf_parameter
+
+    assert list(zip(range(5), RepeatingLoader([1, 2]))) == [(0, 1), (1, 2), (2, 1), (3, 2), (4, 1)]
+    set_log_level_from_string("info")
+    assert deepspeed.logger.level == logging.INFO
+    set_log_level_from_string("warning")
+    model = tiny_model()
+    assert has_moe_layers(model) == (False, 0) and not is_moe_param(model[0].weight)
+    assert not z3_leaf_parameter(model[0].weight)
+    assert configure_moe_param_groups(list(model.parameters())) == [{"params": list(model.parameters()),
+                                                                      "name": "dense-params"}]
+    assert get_lr_from_config({"type": "WarmupLR", "params": {"warmup_max_lr": 0.1}}) == (0.1, "")
+    assert get_lr_from_config({"type": "Nope", "params": {}})[0] is None
+    acc = deepspeed.get_accelerator()
+    assert acc.pin_empty(2, 3, dtype=torch.bfloat16).shape == (2, 3) and acc.create_graph() is None
+    assert acc.pin_empty_like(torch.ones(4, dtype=torch.float16)).dtype == torch.float16
+
+
+def test_unwrap_model_for_generation_gathers_a_stage_3_model_for_its_forwards():
+    model = tiny_model()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config(zero_optimization={
+        "stage": 3, "stage3_param_persistence_threshold": 0}))
+    x = batches(1)[0][0]
+    want = engine(x).detach()
+    with deepspeed.zero.unwrap_model_for_generation(engine) as unwrapped:
+        assert unwrapped is engine
+        assert model[0].weight.abs().sum() > 0  # whole for the body
+        assert torch.equal(unwrapped(x).detach(), want)
+        assert torch.equal(unwrapped(x).detach(), want)
+    train(engine, batches(1))  # training goes on after it
+
+
+# ---------------------------------------------------------------------------------- two ranks
+def test_a_deepspeed_script_runs_unchanged_on_two_ranks(tmp_path):
+    import launching
+
+    save = tmp_path / "model"
+    got, _ = launching.launch(tmp_path, "deepspeed_script_run.py", "script", {"save": str(save)})
+    seen = got["collectives"]
+    assert seen["send_recv"] == [11.0, 11.0] and seen["batch_isend_irecv"] == 101.0
+    assert seen["gather"] == [0.5, 1.5] and seen["scatter"] == 7.0 and seen["reduce"] == 3.0
+    assert seen["reduce_scatter_tensor"] == 3.0  # rank 0's half of [1, 2] + [2, 4]
+    assert seen["all_gather_object"] == [{"rank": 0}, {"rank": 1}] and seen["broadcast_object_list"] == [{"from": 1}]
+    assert got["local_rank"] == 0 and got["scheduler_steps"] == 3
+    # Rank 0's file holds every parameter whole (gathered from both ranks' shards) and the buffers.
+    assert got["saved"] and got["keys"] == got["want_keys"]
+    assert all(got["equal"].values()), got["equal"]
+    assert got["elements"] == 8 * 32 + 32 + 32 * 8 + 8 + 8 + 8

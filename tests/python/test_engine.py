@@ -292,7 +292,8 @@ def test_fp16_skips_overflowing_steps_with_deepspeeds_loss_scaler():
     model = tiny_model()
     engine, _, _, _ = zerotrain.initialize(model=model, config=config(
         2, fp16={"enabled": True, "initial_scale_power": 40, "loss_scale_window": 2, "hysteresis": 1}))
-    assert engine.loss_scale == 2.0 ** 40
+    assert engine.optimizer.loss_scale == 2.0 ** 40  # the scaler's current scale, as DeepSpeed's optimizer has it
+    assert engine.loss_scale() == 0 and engine.dynamic_loss_scale()  # the configured one: 0, dynamic
     losses = []
     for x, y in batches(12):  # the module is fp16 now: so are its inputs, as under DeepSpeed
         loss = torch.nn.functional.mse_loss(engine(x.half()).float(), y)
@@ -300,7 +301,7 @@ def test_fp16_skips_overflowing_steps_with_deepspeeds_loss_scaler():
         engine.step()
         losses.append(loss.item())
     assert engine.skipped_steps > 0  # 2^40 overflows fp16 at once: halved on each skipped step
-    assert engine.loss_scale < 2.0 ** 40
+    assert engine.optimizer.loss_scale < 2.0 ** 40
     assert engine.global_steps == 12
     assert all(torch.isfinite(torch.tensor(losses)))
     assert next(model.parameters()).dtype == torch.float16

@@ -1,5 +1,6 @@
 """FusedAdam and DeepSpeedCPUAdam: the engine's fused Adam/AdamW kernel (AVX2/AVX-512 on the CPU,
 the CUDA kernel on a GPU), with DeepSpeed's signatures and defaults."""
+from .. import _unsupported
 from ._client import EngineOptimizer
 
 
@@ -33,3 +34,9 @@ class DeepSpeedCPUAdam(FusedAdam):
             raise ValueError("DeepSpeedCPUAdam: fp32_optimizer_states=False: the engine keeps optimizer states in fp32 only")
         super().__init__(model_params, lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                          adam_w_mode=adamw_mode, weight_decay=weight_decay, amsgrad=amsgrad)
+
+
+ZenFlowCPUAdam = _unsupported.cls("deepspeed.ops.adam.ZenFlowCPUAdam", "zerotrain has no ZenFlow")
+ZenFlowSelectiveAdamW = _unsupported.cls("deepspeed.ops.adam.ZenFlowSelectiveAdamW", "zerotrain has no ZenFlow")
+ZenFlowSelectiveAdamW_stage3 = _unsupported.cls("deepspeed.ops.adam.ZenFlowSelectiveAdamW_stage3",
+                                                "zerotrain has no ZenFlow")

@@ -52,5 +52,7 @@ get_model_parallel_group = _unsupported.function("deepspeed.utils.groups.get_mod
                                                  _NO_MODEL_PARALLELISM)
 set_tensor_model_parallel_world_size = _unsupported.function(
     "deepspeed.utils.groups.set_tensor_model_parallel_world_size", _NO_MODEL_PARALLELISM)
+_get_sequence_parallel_group = _unsupported.function("deepspeed.utils.groups._get_sequence_parallel_group",
+                                                    _NO_MODEL_PARALLELISM)
 set_tensor_model_parallel_rank = _unsupported.function("deepspeed.utils.groups.set_tensor_model_parallel_rank",
                                                        _NO_MODEL_PARALLELISM)
