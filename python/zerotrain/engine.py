@@ -7,6 +7,7 @@ C++ (docs/python.md).
 """
 import contextlib
 import json
+import math
 import os
 import sys
 from typing import Callable, Dict, Iterable, Union
@@ -189,12 +190,29 @@ def _load_config(config, args):
         except OSError as e:
             raise ValueError(f"zerotrain.initialize: cannot read the configuration {path}: {e.strerror}") from None
         try:
-            return json.loads(text)
+            return _finite(json.loads(text))
         except json.JSONDecodeError as e:
             raise ValueError(f"zerotrain.initialize: the configuration {path} is not JSON: {e}") from None
     if isinstance(config, dict):
-        return json.loads(json.dumps(config))  # a copy, and non-JSON values refused here
+        return _finite(json.loads(json.dumps(config)))  # a copy, and non-JSON values refused here
     raise TypeError(f"zerotrain.initialize: expected config to be a path or a dict, found {type(config).__name__}")
+
+
+def _finite(config):
+    """steps_per_print: inf is DeepSpeed's "never report" (Accelerate writes it); JSON, which the C++
+    parser reads, has no infinity, so it becomes the largest count, which never comes either. Any
+    other infinity or NaN is refused here, naming its key."""
+    if isinstance(config, dict) and config.get("steps_per_print") == math.inf:
+        config["steps_per_print"] = sys.maxsize
+
+    def check(value, path):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise _C.ConfigError(f"{path}: expected a finite number, found {value}")
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ():
+            check(item, f"{path}.{key}" if path else str(key))
+
+    check(config, "")
+    return config
 
 
 class EngineOptimizerView(DeepSpeedOptimizer):

@@ -225,6 +225,17 @@ def test_the_engine_is_a_module_wrapping_the_model():
         engine.offload_states()
 
 
+def test_steps_per_print_infinity_means_never_as_in_deepspeed(capsys):
+    every, _, _, _ = deepspeed.initialize(model=tiny_model(), config=config(steps_per_print=1))
+    train(every, batches(2))
+    assert "step=2" in capsys.readouterr().out
+    never, _, _, _ = deepspeed.initialize(model=tiny_model(), config=config(steps_per_print=float("inf")))
+    train(never, batches(3))
+    assert "step=" not in capsys.readouterr().out and never.steps_per_print() > 2 ** 62
+    with pytest.raises(zerotrain.ConfigError, match=r"^gradient_clipping: expected a finite number, found nan$"):
+        deepspeed.initialize(model=tiny_model(), config=config(gradient_clipping=float("nan")))
+
+
 def test_bf16_queries_and_was_step_applied():
     model = tiny_model()
     engine, _, _, _ = deepspeed.initialize(model=model, config=config(1, accumulation=2, bf16={"enabled": True}))
