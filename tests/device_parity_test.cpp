@@ -377,6 +377,9 @@ INSTANTIATE_TEST_SUITE_P(Variants, StagesAndOffloadOnTheTestDevice, ::testing::V
 // only on a lent GPU): staged through host copies as the device path stages them, bit for bit
 // equal to the unstaged run; a resumed run equal to one that saved the same checkpoint and went on.
 TEST(DeviceParity, EveryDeviceVariantStagedOnTheCpuEqualsTheUnstagedRun) {
+  // Tiny models: one intra-op thread, so that a busy machine (ctest's parallel tests) does not
+  // leave a second one spinning.
+  at::set_num_threads(1);
   auto comm = zt::make_communicator(zt::RendezvousInfo{}, zt::CommOptions{});
   for (RunOptions o : device_variants()) {
     o.steps = 4;

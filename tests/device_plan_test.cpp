@@ -73,6 +73,7 @@ TEST(DevicePlan, OnCudaParameterOffloadKeepsThePartitionOnTheHost) {
     auto zero = zero_with(zt::OffloadDevice::Cpu, param);
     zero.shard_parameters = true;
     zero.offload_param.pin_memory = true;
+    zero.offload_optimizer.pin_memory = false;  // each block pinned on its own
     const auto plan = zt::plan_devices(kCuda, zero, false);
     EXPECT_EQ(plan.compute, kCuda);
     EXPECT_TRUE(plan.state.is_cpu());
