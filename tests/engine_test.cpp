@@ -394,3 +394,58 @@ TEST(Engine, ParameterGroupsNamingNoParameterOrOneTwiceAreRefused) {
   expect_refused({{{"a.bias"}, std::nullopt, 0.0}, {{"a.bias"}, std::nullopt, 0.1}}, "'a.bias' is in parameter groups 0 and 1");
   expect_refused({{{"a.bias"}, -1.0, std::nullopt}}, "expected lr >= 0");
 }
+
+// A client's schedule (a torch lr_scheduler driving DeepSpeed's optimizer from Python): the rates
+// given before a step are that step's, per parameter group, in place of the configuration's
+// schedule and the groups' own lr, at every stage: equal to torch's AdamW given the same rates.
+TEST(Engine, ClientRatesReplaceTheScheduleFromTheNextStep) {
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::string json = R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,
+       "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 50},
+       "optimizer": {"type": "AdamW", "params": {"lr": 0, "weight_decay": 0.1}},
+       "scheduler": {"type": "WarmupLR", "params": {"warmup_max_lr": 0.5, "warmup_num_steps": 3}}})";
+    const auto config = zt::parse_config(json, {}, 1);
+    torch::manual_seed(7);
+    auto ours = std::make_shared<Net>();
+    auto reference = std::make_shared<Net>();
+    copy_parameters(*ours, *reference);
+    std::vector<zt::ParameterGroup> groups = {{{"a.bias", "b.bias"}, std::nullopt, 0.0}, {{"b.weight"}, 0.02, 0.3}};
+    zt::Engine engine(ours, config, single_rank(), groups);
+    std::vector<torch::optim::OptimizerParamGroup> ref_groups;
+    ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->weight},
+                            std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0).weight_decay(0.1)));
+    ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->bias, reference->b->bias},
+                            std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0).weight_decay(0.0)));
+    ref_groups.emplace_back(std::vector<torch::Tensor>{reference->b->weight},
+                            std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0).weight_decay(0.3)));
+    torch::optim::AdamW optimizer(std::move(ref_groups), torch::optim::AdamWOptions(0));
+    for (int step = 0; step < 6; ++step) {
+      // A warm-up from 0 then a decay, each group with its own peak.
+      const double shape = std::min(1.0, step / 2.0) * (6 - step) / 6.0;
+      const std::vector<double> rates{0.01 * shape, 0.005 * shape, 0.03 * shape};
+      engine.set_learning_rates(rates);
+      EXPECT_DOUBLE_EQ(engine.learning_rate(), rates[0]) << "stage " << stage << " step " << step;
+      for (size_t g = 0; g < rates.size(); ++g)
+        static_cast<torch::optim::AdamWOptions&>(optimizer.param_groups()[g].options()).lr(rates[g]);
+      auto x = torch::randn({4, 8});
+      auto y = torch::randn({4, 4});
+      optimizer.zero_grad();
+      engine.backward(torch::mse_loss(ours->forward(x), y));
+      torch::mse_loss(reference->forward(x), y).backward();
+      const zt::StepResult r = engine.step();
+      EXPECT_TRUE(r.stepped);
+      EXPECT_DOUBLE_EQ(r.lr, rates[0]) << "stage " << stage << " step " << step;
+      optimizer.step();
+    }
+    auto b = reference->named_parameters();
+    for (const auto& item : ours->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      const torch::Tensor& want = b[item.key()];
+      const double rel = ((item.value() - want).abs().max() / want.abs().max().clamp_min(1e-12)).item<double>();
+      EXPECT_LT(rel, 1e-5) << "stage " << stage << " parameter " << item.key();
+    }
+    EXPECT_THROW(engine.set_learning_rates({0.01}), zt::ConfigError);  // three groups
+    EXPECT_THROW(engine.set_learning_rates({0.01, -1.0, 0.02}), zt::ConfigError);
+    EXPECT_THROW(engine.set_learning_rates({0.01, std::nan(""), 0.02}), zt::ConfigError);
+  }
+}

@@ -155,8 +155,17 @@ class Engine {
   int64_t global_step() const;     // optimizer steps taken (skipped ones included)
   int64_t skipped_steps() const;
   // For the next optimizer step: the schedule at global_step() - skipped_steps(), since (as in
-  // DeepSpeed) a step skipped for an fp16 overflow does not advance the schedule.
+  // DeepSpeed) a step skipped for an fp16 overflow does not advance the schedule; after
+  // set_learning_rates, the rate it gave the parameters no group names.
   double learning_rate() const;
+  // The learning rate of every optimizer parameter group for the optimizer steps from now on, in
+  // place of the configuration's schedule and the groups' own lr, as a client learning-rate
+  // scheduler (torch.optim.lr_scheduler) drives DeepSpeed's optimizer: rates[0] for the
+  // parameters no ParameterGroup names, rates[i] for group i - 1. Takes effect at the next
+  // optimizer step (a delayed update in flight keeps the rate it was launched with); the rates
+  // are not saved in checkpoints (the client's scheduler keeps them). Throws zt::ConfigError for
+  // another count than the groups + 1, or a rate that is negative or not finite.
+  void set_learning_rates(const std::vector<double>& rates);
   double loss_scale() const;       // for the next backward (1 unless fp16)
   // Long-lived model state this rank allocated, by role (compare with model_state_formula).
   ModelStateBytes model_state_bytes() const;

@@ -7,12 +7,9 @@ callable that makes one from the optimizer, or one of DeepSpeed's schedule class
 - Any other scheduler is the script's: engine.step() steps it after every optimizer step that was
   applied (not after a skipped fp16 step), as DeepSpeed does, with step(lr_kwargs)'s keywords, and
   its state_dict() goes into save_checkpoint's client state and comes back with load_checkpoint.
-  The learning rate it writes into the optimizer's parameter groups is the one DeepSpeed's next
-  step uses. zerotrain's C++ engine takes its learning rates from its configuration when it is
-  built (the rate the scheduler had set by then included) and has no call to change them per step,
-  so step() refuses, before anything changes, a step whose rate the scheduler moved away from the
-  engine's: a scheduler that keeps the rate trains exactly, one that moves it stops with one
-  sentence instead of training at a rate it did not ask for.
+  The learning rate it writes into the optimizer's parameter groups is the one the next step
+  applies, group by group, as in DeepSpeed: step() hands them to the engine
+  (Engine::set_learning_rates) before the step.
 """
 import base64
 import io
@@ -42,24 +39,6 @@ def resolve(lr_scheduler, basic_optimizer):
 
 def runs_in_engine(scheduler):
     return isinstance(scheduler, EngineSchedule)
-
-
-def engine_rates(engine):
-    """The learning rate of each optimizer parameter group for the engine's next step."""
-    return [engine._live()._engine.learning_rate if i == 0 or lr is None else lr
-            for i, lr in enumerate(engine._group_lrs)]
-
-
-def check_rates(engine, rates):
-    """EngineError when the rates the scheduler set are not those the engine applies next."""
-    current = engine_rates(engine)
-    for i, (want, have) in enumerate(zip(rates, current)):
-        if abs(want - have) > 1e-12 * max(1.0, abs(have)):
-            raise _C.EngineError(
-                f"engine.step(): the client lr_scheduler set the learning rate of parameter group {i} to {want:.9g}, "
-                f"but zerotrain's engine takes its learning rate from its configuration and cannot be given another "
-                f"one from Python, so it would apply {have:.9g}; give the schedule as the configuration's "
-                "\"scheduler\" block (or a zerotrain.lr_schedules object) instead")
 
 
 def save_state(scheduler):

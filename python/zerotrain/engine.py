@@ -328,15 +328,11 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
                 raise ValueError("zerotrain.initialize: a client lr_scheduler needs an optimizer to set the rates of: "
                                  "give optimizer= or the configuration's \"optimizer\" block")
             self._client_scheduler = scheduler
-            # The rates the scheduler has set by now are the engine's from its first step (the C++
-            # configuration refuses a rate of 0, a warm-up's first: step() then says it differs).
-            if basic.param_groups[0]["lr"] > 0:
-                config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = float(basic.param_groups[0]["lr"])
+            # The rate the scheduler has set by now is the configuration's (what the engine reports
+            # before its first step); step() hands the scheduler's rates over before each step.
+            config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = float(basic.param_groups[0]["lr"])
             self._named_parameters, groups = _parameter_groups(model, None, basic)
         checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
-        # The engine's rate for each of basic's groups: group 0 follows the engine's schedule, the
-        # others keep the rate they were given (None: the configuration's).
-        self._group_lrs = [None] + [lr for _, lr, _ in groups]
         # The command line's heap policy (train.retain_freed_memory, default "bounded"): freed tensor
         # blocks kept for reuse instead of page-faulted in again every step.
         _C.apply_heap_policy(json.loads(checked.get("train.retain_freed_memory", '"bounded"')),
@@ -528,7 +524,8 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             raise _C.EngineError("engine.step() called without a backward() since the last step")
         engine = self._live()._engine
         if self._client_scheduler is not None and self._window_ended:  # this step applies the optimizer
-            _lr_client.check_rates(self, [g["lr"] for g in self.basic_optimizer.param_groups])
+            # The rates the scheduler set are the ones this step applies, group by group.
+            engine.set_learning_rates([float(g["lr"]) for g in self.basic_optimizer.param_groups])
         try:
             self._last = engine.step()
         finally:

@@ -17,7 +17,7 @@ void add_optimizer_keys(std::vector<Leaf>& t) {
     type.case_insensitive = true;
     t.push_back(std::move(type));
   }
-  t.push_back(positive("optimizer.params.lr", 1e-3, ZT_FIELD(optimizer.lr)));
+  t.push_back(non_negative("optimizer.params.lr", 1e-3, ZT_FIELD(optimizer.lr)));  // 0: a warm-up from 0, as torch allows
   t.push_back(make("optimizer.params.betas", Kind::Betas, json::array({0.9, 0.999}),
                    [](TrainConfig& c, const json& v) {
                      c.optimizer.beta1 = v[0].get<double>();

@@ -398,6 +398,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("global_step", &zt::Engine::global_step)
       .def_property_readonly("skipped_steps", &zt::Engine::skipped_steps)
       .def_property_readonly("learning_rate", &zt::Engine::learning_rate)
+      .def("set_learning_rates", &zt::Engine::set_learning_rates, py::arg("rates"))
       .def_property_readonly("loss_scale", &zt::Engine::loss_scale)
       .def_property_readonly("trainable_parameters", &zt::Engine::trainable_parameters)
       .def_property_readonly("peak_gathered_parameter_bytes", &zt::Engine::peak_gathered_parameter_bytes)

@@ -168,7 +168,7 @@ StepResult Engine::Impl::step() {
   result.loss_scale = scaler.scale();
   // As DeepSpeed, a step skipped for overflow does not advance the schedule (its scheduler
   // steps only with the optimizer), while global_step counts it.
-  result.lr = schedule.lr_at(global_step - skipped);
+  result.lr = client_rates ? client_rates->front() : schedule.lr_at(global_step - skipped);
   // OneCycle's momentum: DeepSpeed cycles only optimizers with betas (not SGD).
   const std::optional<Betas> betas =
       config.optimizer.type == "SGD" ? std::nullopt : schedule.betas_at(global_step - skipped);
@@ -179,6 +179,7 @@ StepResult Engine::Impl::step() {
   // it is installed now whether or not this step is skipped (else the next forward would run on
   // weights two steps stale).
   apply_pending_update();
+  if (client_rates) optimizer->set_group_rates(*client_rates);
   if (overflow) {
     // The norm is the same on every rank (one all-reduce, or identical all-reduced gradients),
     // so every rank skips together.
@@ -289,7 +290,22 @@ void Engine::apply_pending_update() { impl_->apply_pending_update(); }
 bool Engine::next_backward_is_boundary() const { return impl_->boundary_next(); }
 int64_t Engine::global_step() const { return impl_->global_step; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
-double Engine::learning_rate() const { return impl_->schedule.lr_at(impl_->global_step - impl_->skipped); }
+double Engine::learning_rate() const {
+  if (impl_->client_rates) return impl_->client_rates->front();
+  return impl_->schedule.lr_at(impl_->global_step - impl_->skipped);
+}
+void Engine::set_learning_rates(const std::vector<double>& rates) {
+  const size_t groups = impl_->parameter_groups.size() + 1;
+  if (rates.size() != groups)
+    throw ConfigError("engine.set_learning_rates: expected " + std::to_string(groups) +
+                      " rate(s) (the parameters in no group, then one per parameter group), found " +
+                      std::to_string(rates.size()));
+  for (size_t i = 0; i < rates.size(); ++i)
+    if (!(std::isfinite(rates[i]) && rates[i] >= 0))
+      throw ConfigError("engine.set_learning_rates: expected rates >= 0, found " + Impl::fmt_double(rates[i]) +
+                        " for group " + std::to_string(i));
+  impl_->client_rates = rates;
+}
 double Engine::loss_scale() const { return impl_->scaler.scale(); }
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag,
                              const std::map<std::string, std::string>& client_state, int keep_last) {

@@ -135,6 +135,8 @@ struct Engine::Impl {
   bool in_backward = false;
 
   std::vector<ParameterGroup> parameter_groups;
+  // set_learning_rates: every group's rate, in place of the schedule's (unset: the schedule).
+  std::optional<std::vector<double>> client_rates;
 
   bool noted_integer_buffers = false;  // frozen_values() has said that such buffers are left out
 

@@ -42,6 +42,12 @@ Hyper OptimizerPartition::for_group(Hyper hyper, int group) const {
   return hyper;
 }
 
+void OptimizerPartition::set_group_rates(const std::vector<double>& rates) {
+  ZT_CHECK_STATE(!step_in_flight(), "the groups' learning rates changed while a delayed step reads them");
+  if (options_.groups.size() < rates.size()) options_.groups.resize(rates.size());
+  for (size_t g = 1; g < rates.size(); ++g) options_.groups[g].lr = rates[g];
+}
+
 void OptimizerPartition::step(double lr, int64_t step, float grad_scale, const GradientReducer& gradients,
                               std::optional<Betas> betas) {
   ZT_CHECK_STATE(!in_flight_, "a synchronous step while a delayed one is in flight");

@@ -110,6 +110,9 @@ class OptimizerPartition {
   };
 
   OptimizerPartition(const FlatLayout& layout, const Options& options, Communicator& comm, Working working);
+  // The learning rate of groups 1.. from now on (rates[i] for group i; rates[0], group 0's, comes
+  // with each step). Not while a delayed step is in flight (its worker reads the groups).
+  void set_group_rates(const std::vector<double>& rates);
   ~OptimizerPartition();
 
   // Masters are a role of their own (16-bit training, or the delayed update); else the fp32

@@ -399,27 +399,46 @@ def test_a_scheduler_callable_gets_the_optimizer_made_from_the_configuration():
     assert scheduler.last_epoch == 3 and engine.get_lr() == [1e-2]
 
 
-def test_a_scheduler_that_moves_the_rate_stops_with_one_sentence_since_the_engine_cannot_take_it():
-    transformers = pytest.importorskip("transformers", reason="transformers is not installed (scripts/python_deps.sh)")
-    data = batches(2)
-    model, reference = tiny_model(), tiny_model()
-    # The Hugging Face Trainer's default: a linear decay without warm-up, made from the optimizer.
-    make = lambda opt: transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=0,  # noqa: E731
-                                                                    num_training_steps=4)
-    engine, _, _, scheduler = deepspeed.initialize(model=model, lr_scheduler=make, config=config(0))
-    assert isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR)
-    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0)
-    want = train_torch(reference, ref_opt, data[:1], make(ref_opt))
-    assert train(engine, data[:1]) == pytest.approx(want, rel=1e-5)  # the first step's rate is the engine's
-    for p, q in zip(model.parameters(), reference.parameters()):
-        assert torch.allclose(p, q, rtol=1e-5, atol=1e-7)
-    assert engine.get_lr() == [pytest.approx(7.5e-3)] and scheduler.last_epoch == 1
-    x, y = data[1]
-    engine.backward(mse(engine(x), y))
-    with pytest.raises(zerotrain.EngineError, match=r"set the learning rate of parameter group 0 to 0\.0075, but "
-                                                    r"zerotrain's engine .* would apply 0\.01;"):
-        engine.step()
-    assert engine.global_steps == 1 and scheduler.last_epoch == 1
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_a_scheduler_that_moves_the_rate_drives_every_group_per_step_and_resumes(tmp_path, stage):
+    """The Hugging Face Trainer's kind of schedule: a linear warm-up from 0 then a linear decay
+    (transformers.get_linear_schedule_with_warmup is this LambdaLR), two parameter groups with
+    rates of their own: every step applies the rates the scheduler set, as torch does, and a
+    resume continues them."""
+    data = batches(8)
+    shape = lambda step: min(1.0, step / 2) * max(0.0, (8 - step) / 6)  # noqa: E731 warm-up 2, decay to 8
+
+    def groups(model):
+        return [{"params": [model[0].weight, model[0].bias], "lr": 1e-2},
+                {"params": [model[2].weight, model[2].bias], "lr": 3e-2}]
+
+    def make_engine(seed):
+        model = tiny_model(seed)
+        optimizer = torch.optim.AdamW(groups(model), lr=1e-2, weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, shape)
+        engine, _, _, returned = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                                      config=config(stage, accumulation=2))
+        assert returned is scheduler
+        return engine, scheduler
+
+    reference = tiny_model()
+    ref_opt = torch.optim.AdamW(groups(reference), lr=1e-2, weight_decay=0.0)
+    want = train_torch(reference, ref_opt, data, torch.optim.lr_scheduler.LambdaLR(ref_opt, shape), accumulation=2)
+    engine, scheduler = make_engine(0)
+    assert engine.get_lr() == [0.0, 0.0]  # the warm-up's first rate
+    got = train(engine, data[:4])
+    assert scheduler.last_epoch == 2 and engine.get_lr() == [pytest.approx(1e-2 * shape(2)), pytest.approx(3e-2 * shape(2))]
+    assert got == pytest.approx(want[:4], rel=1e-5)
+    engine.save_checkpoint(tmp_path)
+
+    engine2, scheduler2 = make_engine(3)
+    engine2.load_checkpoint(tmp_path)
+    assert scheduler2.state_dict() == scheduler.state_dict()
+    assert train(engine2, data[4:]) == pytest.approx(want[4:], rel=1e-5)
+    final = {n: p.detach().clone() for n, p in reference.named_parameters()}
+    with deepspeed.zero.GatheredParameters(list(engine2.module.parameters())):
+        for n, p in engine2.module.named_parameters():
+            assert torch.allclose(p, final[n], rtol=1e-5, atol=1e-7), n
 
 
 def test_deepspeeds_schedule_objects_become_the_engines_schedule():
