@@ -331,6 +331,18 @@ namespace {
 // Parameter groups: a.weight in the configuration's group (lr 0.01, weight decay 0.1), the biases
 // without weight decay, b.weight with its own lr and weight decay; torch's AdamW with the same
 // three groups is the reference.
+// torch's AdamW over the groups the engine tests give (weight decay 0.1 for a.weight, 0 for the
+// biases, 0.3 for b.weight), with the learning rate `lrs[g]` for group g.
+torch::optim::AdamW torch_groups(Net& reference, const std::vector<double>& lrs) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  const std::vector<std::pair<std::vector<torch::Tensor>, double>> members = {
+      {{reference.a->weight}, 0.1}, {{reference.a->bias, reference.b->bias}, 0.0}, {{reference.b->weight}, 0.3}};
+  for (size_t g = 0; g < members.size(); ++g)
+    groups.emplace_back(members[g].first, std::make_unique<torch::optim::AdamWOptions>(
+                                              torch::optim::AdamWOptions(lrs[g]).weight_decay(members[g].second)));
+  return torch::optim::AdamW(std::move(groups), torch::optim::AdamWOptions(lrs[0]));
+}
+
 void expect_groups_match_torch(int stage) {
   const std::string json = R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0.0,
      "zero_optimization": {"stage": )" + std::to_string(stage) + R"(, "reduce_bucket_size": 50},
@@ -342,14 +354,7 @@ void expect_groups_match_torch(int stage) {
   copy_parameters(*ours, *reference);
   std::vector<zt::ParameterGroup> groups = {{{"a.bias", "b.bias"}, std::nullopt, 0.0}, {{"b.weight"}, 0.02, 0.3}};
   zt::Engine engine(ours, config, single_rank(), groups);
-  std::vector<torch::optim::OptimizerParamGroup> ref_groups;
-  ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->weight},
-                          std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.01).weight_decay(0.1)));
-  ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->bias, reference->b->bias},
-                          std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.01).weight_decay(0.0)));
-  ref_groups.emplace_back(std::vector<torch::Tensor>{reference->b->weight},
-                          std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0.02).weight_decay(0.3)));
-  torch::optim::AdamW optimizer(std::move(ref_groups), torch::optim::AdamWOptions(0.01));
+  torch::optim::AdamW optimizer = torch_groups(*reference, {0.01, 0.01, 0.02});
   for (int step = 0; step < 5; ++step) {
     auto x = torch::randn({4, 8});
     auto y = torch::randn({4, 4});
@@ -411,14 +416,7 @@ TEST(Engine, ClientRatesReplaceTheScheduleFromTheNextStep) {
     copy_parameters(*ours, *reference);
     std::vector<zt::ParameterGroup> groups = {{{"a.bias", "b.bias"}, std::nullopt, 0.0}, {{"b.weight"}, 0.02, 0.3}};
     zt::Engine engine(ours, config, single_rank(), groups);
-    std::vector<torch::optim::OptimizerParamGroup> ref_groups;
-    ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->weight},
-                            std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0).weight_decay(0.1)));
-    ref_groups.emplace_back(std::vector<torch::Tensor>{reference->a->bias, reference->b->bias},
-                            std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0).weight_decay(0.0)));
-    ref_groups.emplace_back(std::vector<torch::Tensor>{reference->b->weight},
-                            std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(0).weight_decay(0.3)));
-    torch::optim::AdamW optimizer(std::move(ref_groups), torch::optim::AdamWOptions(0));
+    torch::optim::AdamW optimizer = torch_groups(*reference, {0.0, 0.0, 0.0});
     for (int step = 0; step < 6; ++step) {
       // A warm-up from 0 then a decay, each group with its own peak.
       const double shape = std::min(1.0, step / 2.0) * (6 - step) / 6.0;
