@@ -17,6 +17,34 @@ from . import _C, _unsupported
 
 _communicator = None
 _owns_torch_group = False  # torch.distributed's default group was initialised here
+_launcher_store = None  # rank 0 under `zerotrain launch`: the store every rank of the job meets at
+
+
+def _serve_the_launchers_rendezvous():
+    """Under `zerotrain launch`, rank 0 is handed the socket listening on MASTER_PORT
+    (ZT_RENDEZVOUS_LISTEN_FD) for zerotrain's rendezvous, so a script's own
+    torch.distributed.init_process_group() could not bind that port for its store (EADDRINUSE).
+    As torchrun's agent does, rank 0 serves one store on that socket as soon as zerotrain is
+    imported, and every rank's torch.distributed and zerotrain connect to it as clients
+    (TORCHELASTIC_USE_AGENT_STORE). A script that initialises torch.distributed before it imports
+    zerotrain is not helped: import zerotrain (or deepspeed) first."""
+    global _launcher_store
+    env = os.environ
+    if env.get("ZT_LAUNCHED") != "1" or "TORCHELASTIC_USE_AGENT_STORE" in env or not dist.is_available():
+        return
+    if int(env.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return
+    listen_fd = env.pop("ZT_RENDEZVOUS_LISTEN_FD", None)
+    if env.get("RANK") == "0":
+        address = env.get("MASTER_ADDR", "127.0.0.1")
+        _launcher_store = dist.TCPStore(address, int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), is_master=True,
+                                        wait_for_workers=False,
+                                        master_listen_fd=int(listen_fd) if listen_fd is not None else None)
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    env.setdefault("TORCHELASTIC_RESTART_COUNT", "0")  # torch's prefix for its keys in that store
+
+
+_serve_the_launchers_rendezvous()
 
 
 def init_distributed(dist_backend="gloo", auto_mpi_discovery=True, distributed_port=None, verbose=True,

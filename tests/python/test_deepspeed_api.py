@@ -546,3 +546,30 @@ def test_a_deepspeed_script_runs_unchanged_on_two_ranks(tmp_path):
     assert got["saved"] and got["keys"] == got["want_keys"]
     assert all(got["equal"].values()), got["equal"]
     assert got["elements"] == 8 * 32 + 32 + 32 * 8 + 8 + 8 + 8
+
+
+def test_a_script_that_makes_its_own_process_group_runs_under_zerotrain_launch_and_torchrun(tmp_path):
+    """torch.distributed.init_process_group() in the script itself, before deepspeed.initialize:
+    under `zerotrain launch` (whose rank 0 holds MASTER_PORT's socket) as under torchrun."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import launching
+
+    got, _ = launching.launch(tmp_path, "own_process_group.py", "zerotrain-launch", {})
+    assert got["world"] == 2 and got["all_reduce"] == 3.0 and got["steps"] == 3
+    out = tmp_path / "torchrun.json"
+    script = os.path.join(launching.SCRIPTS, "own_process_group.py")
+    with socket.socket() as probe:  # a free port (torchrun's --master_port 0 waits for ever)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                             str(port), script, "{}", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    with open(out) as f:
+        under_torchrun = json.load(f)
+    # The same training either way: the launchers only start the ranks.
+    assert under_torchrun["losses"] == got["losses"] and under_torchrun["summed"] == got["summed"]
