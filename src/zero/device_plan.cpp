@@ -108,7 +108,7 @@ at::Tensor empty_host(int64_t numel, at::ScalarType dtype, bool pinned) {
   const cudaError_t status = cudaHostAlloc(&memory, bytes, cudaHostAllocDefault);
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error so that later CUDA calls do not report it
-    // Some runtimes (sandboxed kernels, a low locked-memory limit) refuse to pin: pageable memory
+    // Some runtimes (restricted containers, a low locked-memory limit) refuse to pin: pageable memory
     // still trains, only its copies to the GPU block the host.
     note_pinning_refused("cudaHostAlloc of " + std::to_string(bytes) + " bytes", cudaGetErrorString(status));
     return torch::empty({numel}, options);
