@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Hugging Face transformers, pinned, for the tests that check our Hugging Face exports and
-# model.init_from against the real library (tests/hf_test.cpp): installed beside the torch wheel
+# Hugging Face transformers, Accelerate and TRL, pinned, for the tests that check our Hugging Face
+# exports and model.init_from against the real library (tests/hf_test.cpp) and run the Trainer,
+# Accelerate and TRL on zerotrain (tests/oracle/hf_clients.py): installed beside the torch wheel
 # that scripts/bootstrap.sh unpacks, never into the system's Python.
 #   - $ZT_DEPS_DIR/hf-<version>/site: transformers and its pure-Python dependencies, every wheel
 #     pinned and installed with --no-deps (pip never pulls a second torch); torch itself comes from
@@ -25,6 +26,9 @@ hf_wheels=("transformers==$hf_version" "huggingface-hub==2.4.0" "tokenizers==0.2
   "shellingham==1.5.4" "typing-extensions==4.16.0" "annotated-types==0.8.0" "anyio==4.16.0" "idna==3.20"
   "markdown-it-py==4.3.0" "pygments==2.21.0" "truststore==0.10.5" "typing-inspection==0.4.5" "h11==0.16.0"
   "mdurl==0.1.2"
+  # Accelerate and TRL, and what they need beyond the above (TRL's datasets: pyarrow, pandas, ...).
+  "accelerate==1.16.0" "trl==1.16.0" "datasets==5.2.0" "psutil==7.2.2" "dill==0.4.1" "multiprocess==0.70.19"
+  "pandas==3.1.1" "pyarrow==26.0.1" "python-dateutil==4.0.0" "tzdata==2026.6" "xxhash==4.1.0"
   # torch's own pure-Python dependencies (the bootstrap installs torch alone).
   "sympy==1.14.0" "mpmath==1.3.0" "networkx==3.5" "jinja2==3.1.6" "markupsafe==3.0.2")
 
@@ -39,7 +43,7 @@ hf_install() {
   fi
   pinned_wheels_install "$hf_dir" python-deps "${hf_wheels[@]}" || return 1
   if ! PYTHONPATH="$(hf_pythonpath)" PYTHONNOUSERSITE=1 HF_HUB_OFFLINE=1 python3 -c \
-    'import transformers, torch; from transformers import GPT2LMHeadModel; print(f"transformers {transformers.__version__} on torch {torch.__version__}")' >&2; then
+    'import transformers, torch, accelerate, trl; from transformers import GPT2LMHeadModel; print(f"transformers {transformers.__version__}, accelerate {accelerate.__version__}, trl {trl.__version__} on torch {torch.__version__}")' >&2; then
     _hf_log "transformers $hf_version does not import with the torch at $hf_torch_dir"
     return 1
   fi

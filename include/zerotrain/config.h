@@ -294,6 +294,14 @@ struct TrainConfig {
   int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   Precision precision = Precision::FP32;
+  // Under fp16/bf16, the model's floating-point buffers keep their own dtype (DeepSpeed 0.19's
+  // rule: a rotary inv_freq stays fp32) unless data_types.buffer_dtype names one ("fp32", "fp16",
+  // "bf16"; empty: keep). Buffers whose full names match a pattern of
+  // data_types.keep_in_fp32_modules ('*' for any characters, matched anywhere in the name) stay
+  // in, or return to, fp32. "auto" is no pattern here; the Python front end resolves it from the
+  // model's own transformers lists.
+  std::string buffer_dtype;
+  std::vector<std::string> keep_in_fp32_buffers;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   ZeroConfig zero;

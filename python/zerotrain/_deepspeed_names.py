@@ -11,11 +11,15 @@ from . import _unsupported
 MODULES = {
     "deepspeed.accelerator": "zerotrain.accelerator",
     "deepspeed.accelerator.real_accelerator": "zerotrain.accelerator",
+    "deepspeed.checkpoint": "zerotrain.checkpoint",
+    "deepspeed.checkpoint.utils": "zerotrain.checkpoint.utils",
     "deepspeed.checkpointing": "zerotrain.checkpointing",
     "deepspeed.comm": "zerotrain.comm",
     "deepspeed.comm.comm": "zerotrain.comm",
     "deepspeed.compression": "zerotrain.compression",
     "deepspeed.compression.helper": "zerotrain.compression.helper",
+    "deepspeed.launcher": "zerotrain.launcher",
+    "deepspeed.launcher.runner": "zerotrain.launcher",
     "deepspeed.moe": "zerotrain.moe",
     "deepspeed.moe.layer": "zerotrain.moe.layer",
     "deepspeed.moe.utils": "zerotrain.moe.utils",
@@ -25,6 +29,7 @@ MODULES = {
     "deepspeed.runtime": "zerotrain.runtime",
     "deepspeed.runtime.engine": "zerotrain.engine",
     "deepspeed.runtime.lr_schedules": "zerotrain.lr_schedules",
+    "deepspeed.runtime.utils": "zerotrain.runtime_utils",
     "deepspeed.runtime.zero": "zerotrain.zero",
     "deepspeed.runtime.zero.partition_parameters": "zerotrain.partition_parameters",
     "deepspeed.utils": "zerotrain.utils",
@@ -44,6 +49,8 @@ UNSUPPORTED_MODULES = {
     "deepspeed.ops.transformer": "zerotrain has no fused transformer kernels",
     "deepspeed.pipe": "zerotrain has no pipeline parallelism",
     "deepspeed.runtime.pipe": "zerotrain has no pipeline parallelism",
+    "deepspeed.runtime.sequence_parallel": "zerotrain has no sequence parallelism",
+    "deepspeed.runtime.sequence_parallel.ulysses_sp": "zerotrain has no sequence parallelism",
 }
 
 
@@ -51,11 +58,22 @@ def _set_parent_attribute(name, module):
     """`import deepspeed.a.b` then `deepspeed.a.b.x` needs b as an attribute of a, which the import
     system sets only for modules it loads itself."""
     parent, _, child = name.rpartition(".")
-    if parent in sys.modules and not hasattr(sys.modules[parent], child):
+    # vars(), not hasattr(): a module whose __getattr__ answers every name (an unsupported one, the
+    # companion's) would otherwise keep what it made up for the child.
+    if parent in sys.modules and child not in vars(sys.modules[parent]):
         setattr(sys.modules[parent], child, module)
 
 
 def register(package):
+    """Makes `package` (zerotrain, or the companion distribution's deepspeed module) answer as
+    deepspeed. Refused when a real DeepSpeed is imported already: its modules and zerotrain's would
+    be mixed in one process."""
+    present = sys.modules.get("deepspeed")
+    if present is not None and present is not package and getattr(present, "zerotrain_version", None) is None \
+            and present.__name__ != "zerotrain":
+        raise ImportError(f"zerotrain cannot stand in for DeepSpeed in this process: DeepSpeed "
+                          f"{getattr(present, '__version__', '?')} from {getattr(present, '__file__', '?')} is imported "
+                          "already (install_as_deepspeed() must run before anything imports deepspeed)")
     sys.modules["deepspeed"] = package
     made = {}
     for name in sorted(UNSUPPORTED_MODULES):

@@ -77,14 +77,16 @@ def _message(p, what):
 def release(p, reason):
     """p's storage is empty now: reading it raises, saying `reason`."""
     p.__dict__["_zt_why"] = reason
-    if type(p) is torch.nn.Parameter:
+    if type(p) is not ReleasedParameter and isinstance(p, torch.nn.Parameter):
+        p.__dict__["_zt_class"] = type(p)  # a plain Parameter, or the engine's ZeroParameter
         p.__class__ = ReleasedParameter
 
 
 def restore(p):
     """p holds its values again (gathered, or adopted by an engine)."""
     if type(p) is ReleasedParameter:
-        p.__class__ = torch.nn.Parameter
+        p.__class__ = p.__dict__.get("_zt_class", torch.nn.Parameter)
+    p.__dict__.pop("_zt_class", None)
     p.__dict__.pop("_zt_why", None)
 
 

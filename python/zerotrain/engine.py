@@ -9,12 +9,13 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import sys
 from typing import Callable, Dict, Iterable, Union
 
 import torch
 
-from . import _C, _lr_client, _registry, _released, _units, comm
+from . import _C, _lr_client, _registry, _released, _units, comm, partition_parameters
 from . import zero as _zero
 from ._engine_surface import EngineConfigQueries
 from .accelerator import get_accelerator
@@ -167,6 +168,26 @@ def _basic_optimizer_from_config(resolved, named, groups):
 
 
 _NOTED = set()
+
+
+def _resolve_keep_in_fp32(model, config, checked):
+    """data_types.keep_in_fp32_modules "auto" (the default) as DeepSpeed resolves it: the buffers
+    that the model's transformers lists name (_keep_in_fp32_modules_strict, and under fp16
+    _keep_in_fp32_modules too) stay in fp32, as patterns the engine matches on full buffer names."""
+    fp16 = checked.get("fp16.enabled", "false") == "true"
+    if not fp16 and checked.get("bf16.enabled", "false") != "true":
+        return
+    setting = config.get("data_types", {}).get("keep_in_fp32_modules", "auto")
+    if setting != "auto":
+        return
+    patterns = set()
+    for path, child in model.named_modules():
+        names = set(getattr(child, "_keep_in_fp32_modules_strict", None) or [])
+        if fp16:
+            names |= set(getattr(child, "_keep_in_fp32_modules", None) or [])
+        patterns |= {f"{path}.*{name}" if path else name for name in names}
+    if patterns:
+        config.setdefault("data_types", {})["keep_in_fp32_modules"] = sorted(patterns)
 
 
 def _note_once(key, text):
@@ -338,6 +359,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         _C.apply_heap_policy(json.loads(checked.get("train.retain_freed_memory", '"bounded"')),
                              int(checked.get("zero_optimization.stage", "0")) == 3)
         cpp_module = getattr(model, "cpp_module", None)  # zerotrain.models: the C++ module itself
+        _resolve_keep_in_fp32(model, config, checked)
         stage = int(checked.get("zero_optimization.stage", "0"))
         buffers = list(model.named_buffers())
         modules = dict(model.named_modules())
@@ -389,6 +411,9 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             _zero.forget_pending(modules[path])
         resolved = self._engine.config_json
         if choice is not None:
+            in_units = {id(p) for u in choice.units for p in choice.members[u]}
+            partition_parameters.mark_stage3(self._named_parameters,
+                                             {id(p) for _, p in self._named_parameters if id(p) not in in_units})
             units = choice.units
             trainable = [p for _, p in self._named_parameters if p.requires_grad]
             total = sum(p.numel() for p in trainable)
@@ -409,6 +434,12 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         else:
             self.lr_scheduler = EngineLRScheduler(self, resolved.get("scheduler.type", "")) \
                 if resolved.get("scheduler.type", "").strip('"') else None
+        # A client optimizer's parameter groups are the optimizer's, as in DeepSpeed (whose ZeRO
+        # optimizer steps the client's): a rate written into them (by a scheduler that only the
+        # script steps, as Accelerate does with one DeepSpeed does not know, or by the script itself)
+        # is the one the next step applies, unless a schedule runs inside the engine.
+        self._rates_from_groups = self._client_scheduler is not None or (
+            self.client_optimizer is not None and self.lr_scheduler is None)
         if self._client_scheduler is None and self.lr_scheduler is not None and basic is not None:
             for group in basic.param_groups:  # the schedule's first rate, in every group as DeepSpeed's
                 group["lr"] = self._engine.learning_rate
@@ -523,8 +554,8 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         if not self._backward_since_step:
             raise _C.EngineError("engine.step() called without a backward() since the last step")
         engine = self._live()._engine
-        if self._client_scheduler is not None and self._window_ended:  # this step applies the optimizer
-            # The rates the scheduler set are the ones this step applies, group by group.
+        if self._rates_from_groups and self._window_ended:  # this step applies the optimizer
+            # The rates the groups hold now are the ones this step applies, group by group.
             engine.set_learning_rates([float(g["lr"]) for g in self.basic_optimizer.param_groups])
         try:
             self._last = engine.step()
@@ -535,9 +566,11 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         self.micro_steps += 1
         self._step_applied = self._last.stepped
         if self._step_applied:
-            if self._client_scheduler is not None:
-                # The optimizer stepped (inside the engine): torch's scheduler checks for that.
+            if self._rates_from_groups:
+                # The optimizer stepped (inside the engine): torch's schedulers check for that, also
+                # one the script steps itself.
                 self.basic_optimizer._opt_called = True
+            if self._client_scheduler is not None:
                 self._client_scheduler.step(**(lr_kwargs or {}))
             elif self.basic_optimizer is not None and self.lr_scheduler is not None:
                 # The engine's schedule sets every group's rate for the next step, as DeepSpeed's do.
@@ -603,7 +636,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
     def get_lr(self):
         """The learning rate of the next step: each parameter group's as a client scheduler set it,
         else the engine's."""
-        if self._client_scheduler is not None:
+        if self._rates_from_groups:
             return [g["lr"] for g in self.basic_optimizer.param_groups]
         return [self._live()._engine.learning_rate]
 
@@ -666,8 +699,41 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             raise ValueError(f"engine.save_checkpoint: client_state key {_lr_client.STATE_KEY!r} is zerotrain's own")
         if self._client_scheduler is not None:
             state[_lr_client.STATE_KEY] = json.dumps(_lr_client.save_state(self._client_scheduler))
-        self._live()._engine.save_checkpoint(os.fspath(save_dir), tag, state)
+        self._save_replacing(os.fspath(save_dir), tag, state)
         return True
+
+    def _save_replacing(self, save_dir, tag, state):
+        """DeepSpeed writes save_dir/tag over what is there (the Trainer saves checkpoint-N again when
+        a resumed run reaches N); the engine never writes into an existing checkpoint. So an
+        existing save_dir/tag is first moved aside to save_dir/.replaced-<tag>, removed once the new
+        one is published and put back if the save fails: at every moment one whole checkpoint of
+        that tag exists on disk."""
+        final = os.path.join(save_dir, tag)
+        aside = os.path.join(save_dir, f".replaced-{tag}")
+        rank = self._communicator.rank
+        comm.barrier()  # every rank has finished with save_dir/tag (a load, a previous save) before it moves
+        moved = torch.tensor([0])
+        if rank == 0 and os.path.isdir(final):
+            if os.path.exists(aside):
+                shutil.rmtree(aside)  # what an earlier interrupted replacement left, superseded since
+            os.replace(final, aside)
+            moved[0] = 1
+        comm.broadcast(moved, src=0)
+        try:
+            self._live()._engine.save_checkpoint(save_dir, tag, state)
+        except BaseException:
+            if rank == 0 and moved.item() and not os.path.exists(final):
+                os.replace(aside, final)
+            raise
+        if rank == 0 and moved.item():
+            shutil.rmtree(aside, ignore_errors=True)
+        script = os.path.join(save_dir, "zero_to_fp32.py")
+        if rank == 0 and not os.path.exists(script):  # as DeepSpeed copies its converter beside the tags
+            from .utils import zero_to_fp32
+
+            with open(script + ".partial", "w") as f:
+                f.write(zero_to_fp32.SCRIPT)
+            os.replace(script + ".partial", script)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                         load_lr_scheduler_states=True, load_module_only=False):

@@ -29,6 +29,40 @@ class ZeroParamStatus(Enum):
     INFLIGHT = 3       # being gathered
 
 
+class ZeroParameter(torch.nn.Parameter):
+    """A parameter trained by a ZeRO stage-3 engine, with the attributes DeepSpeed gives its own
+    (what libraries read: TRL asks ds_status before gathering a head it uses outside the head's
+    forward, transformers counts ds_numel). zerotrain keeps a parameter's shape while it is
+    partitioned and empties its storage instead, so the status is read from the storage."""
+
+    @property
+    def ds_status(self):
+        whole = self.untyped_storage().nbytes() >= self.numel() * self.element_size()
+        return ZeroParamStatus.AVAILABLE if whole else ZeroParamStatus.NOT_AVAILABLE
+
+    @property
+    def ds_numel(self):
+        return self.numel()
+
+    @property
+    def ds_shape(self):
+        return self.shape
+
+    @property
+    def ds_persist(self):
+        return self.__dict__.get("_zt_persist", False)
+
+
+def mark_stage3(named_parameters, persistent):
+    """Gives the engine's parameters DeepSpeed's stage-3 attributes (ZeroParameter): ds_id in
+    registration order; persistent: the ids of those kept whole on every rank."""
+    for index, (_, p) in enumerate(named_parameters):
+        if type(p) is torch.nn.Parameter:
+            p.__class__ = ZeroParameter
+        p.__dict__["ds_id"] = index
+        p.__dict__["_zt_persist"] = id(p) in persistent
+
+
 # After the enums: zerotrain.zero imports them back from this module, as deepspeed.zero holds them too.
 from .accelerator import get_accelerator  # noqa: E402,F401  (transformers reads it here, as in DeepSpeed's module)
 from .zero import GatheredParameters, Init, register_external_parameter, unregister_external_parameter  # noqa: E402,F401

@@ -416,6 +416,11 @@ const std::map<std::string, std::string>& CheckpointModel::configuration() const
 const std::map<std::string, std::string>& CheckpointModel::scalars() const { return state_->open.scalars; }
 std::string CheckpointModel::root() const { return state_->open.root.string(); }
 std::string CheckpointModel::where() const { return state_->open.where; }
+bool CheckpointModel::frozen(const std::string& name) const {
+  auto role = state_->role.find(name);
+  if (role == state_->role.end()) throw DataError(state_->open.where + ": no tensor '" + name + "' in the checkpoint");
+  return role->second == "frozen";
+}
 
 at::Tensor CheckpointModel::read(const std::string& name) {
   State& s = *state_;

@@ -182,6 +182,9 @@ class CheckpointModel {
   const std::map<std::string, std::string>& scalars() const;
   std::string root() const;   // the checkpoint directory
   std::string where() const;  // the manifest's path in quotes, for messages
+  // Whether `name` is a frozen value (a parameter without gradient, or a buffer) rather than a
+  // trained parameter.
+  bool frozen(const std::string& name) const;
   // The whole tensor, fp32, in its shape.
   at::Tensor read(const std::string& name);
 

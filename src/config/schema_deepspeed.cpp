@@ -61,11 +61,16 @@ void add_top_level_keys(std::vector<Leaf>& t) {
   // Data types (DeepSpeed's "data_types" block): null or the working precision is honoured.
   t.push_back(nullable_string("data_types.grad_accum_dtype", {"fp32", "fp16", "bf16"}));
   t.push_back(nullable_string("data_types.param_dtype", {"fp32", "fp16", "bf16"}));
-  t.push_back(inert(nullable_string("data_types.buffer_dtype", {"fp32", "fp16", "bf16"}),
-                    "the dtype of model buffers; zerotrain's GPT has no buffers"));
-  t.push_back(inert(make("data_types.keep_in_fp32_modules", Kind::AutoOrStringList, "auto", nullptr),
-                    "the modules whose buffers stay in fp32 under 16-bit training; zerotrain's GPT and BERT have no "
-                    "buffers"));
+  {
+    Leaf buffers = nullable_string("data_types.buffer_dtype", {"fp32", "fp16", "bf16"});
+    buffers.assign = [](TrainConfig& c, const json& v) { c.buffer_dtype = v.is_string() ? v.get<std::string>() : ""; };
+    t.push_back(std::move(buffers));
+  }
+  t.push_back(make("data_types.keep_in_fp32_modules", Kind::AutoOrStringList, "auto", [](TrainConfig& c, const json& v) {
+    c.keep_in_fp32_buffers.clear();
+    if (v.is_array())
+      for (const auto& pattern : v) c.keep_in_fp32_buffers.push_back(pattern.get<std::string>());
+  }));
 }
 
 // DeepSpeed's feature blocks zerotrain does not implement or that cannot change its run, and

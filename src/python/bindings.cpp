@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "memory/cpu_block_cache.h"
 #include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/blocks.h"
@@ -449,6 +450,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return e.load_checkpoint(dir, tag, options);
       }, py::arg("dir"), py::arg("tag"), py::arg("reset_optimizer") = false);
 
+  // A saved checkpoint's model, tensor by tensor (zerotrain.utils.zero_to_fp32).
+  py::class_<zt::CheckpointModel>(m, "CheckpointModel")
+      .def(py::init([](const std::string& dir, const std::string& tag) {
+             return std::make_unique<zt::CheckpointModel>(dir, tag);
+           }),
+           py::arg("dir"), py::arg("tag") = "")
+      .def("names",
+           [](const zt::CheckpointModel& c) {
+             std::vector<std::string> names;
+             for (const auto& t : c.tensors()) names.push_back(t.name);
+             return names;
+           })
+      .def("frozen", &zt::CheckpointModel::frozen, py::arg("name"))
+      .def("read", &zt::CheckpointModel::read, py::arg("name"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("root", &zt::CheckpointModel::root);
   m.def("checkpoint", &checkpoint_python, py::arg("function"), py::arg("inputs"), py::arg("parameters"),
         "Runs function(*inputs) keeping only the inputs; backward recomputes it with the same random "
         "numbers (zerotrain/activation_checkpointing.h checkpoint)");

@@ -164,6 +164,7 @@ struct Engine::Impl {
   // ---------------------------------------------------------------- construction (engine_setup.cpp)
 
   void build();
+  void cast_buffers();  // the model's floating-point buffers by the configuration's rule (config.h)
   std::vector<torch::Tensor> collect_trainable(std::vector<PendingBlock>& pending);
   void create_arenas(const SwapDirectories& directories);
   void adopt_initial_values(std::vector<torch::Tensor>& trainable, std::vector<PendingBlock>& pending);

@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <limits>
 #include <numeric>
+#include <optional>
+#include <regex>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -42,16 +45,42 @@ void Engine::Impl::build() {
   // holds its shards until then, and the two never need to coexist.
   create_reducer(directories);
 
-  // Frozen parameters and floating-point buffers follow the working dtype so that the model's
-  // operations see one dtype; they get no gradient or optimizer memory.
+  // Frozen parameters follow the working dtype so that the model's operations see one dtype; they
+  // get no gradient or optimizer memory. Buffers follow DeepSpeed's rule (config.h buffer_dtype).
   if (separate_master) {
     for (auto& p : model->parameters(true))
       if (!p.requires_grad() && p.is_floating_point()) p.set_data(p.detach().to(working_dtype));
-    for (auto& buffer : model->buffers(true))
-      if (buffer.is_floating_point()) buffer.set_data(buffer.to(working_dtype));
   }
+  if (working_dtype != at::kFloat) cast_buffers();
 
   install_hooks(trainable);
+}
+
+void Engine::Impl::cast_buffers() {
+  std::optional<at::ScalarType> wanted;
+  if (config.buffer_dtype == "fp32") wanted = at::kFloat;
+  if (config.buffer_dtype == "fp16") wanted = at::kHalf;
+  if (config.buffer_dtype == "bf16") wanted = at::kBFloat16;
+  std::string alternation;
+  for (const std::string& pattern : config.keep_in_fp32_buffers) {
+    std::string expression;
+    for (char ch : pattern) {  // '*' is any characters; everything else is itself
+      if (ch == '*') expression += ".*";
+      else if (std::string_view("\\^$.|?+()[]{}").find(ch) != std::string_view::npos) (expression += '\\') += ch;
+      else expression += ch;
+    }
+    alternation += (alternation.empty() ? "" : "|") + expression;
+  }
+  const std::optional<std::regex> keep = alternation.empty() ? std::nullopt : std::optional<std::regex>(alternation);
+  for (auto& named : model->named_buffers(/*recurse=*/true)) {
+    torch::Tensor& buffer = named.value();
+    if (!buffer.defined() || !buffer.is_floating_point()) continue;
+    if (keep && std::regex_search(named.key(), *keep)) {
+      if (buffer.scalar_type() != at::kFloat) buffer.set_data(buffer.to(at::kFloat));
+    } else if (wanted && buffer.scalar_type() != *wanted) {
+      buffer.set_data(buffer.to(*wanted));
+    }
+  }
 }
 
 // The model's trainable parameters, checked, in the layout's order (stage 3: by block), with the

@@ -102,5 +102,22 @@ PYTHONPATH="$py_dir:$PYTHONPATH" python3 -m torch.distributed.run --nproc_per_no
   --master_port "$port" "$oracle" cpp-python --dir "$out" --only "$(tr ' ' ',' <<<"$cli_cases")" \
   >"$out/cpp_python.log" 2>&1 || echo "DeepSpeed oracle: the C++ GPT's runs from Python failed (see $out/cpp_python.log)"
 python3 "$oracle" compare-cpp-python --dir "$out" --only "$(tr ' ' ',' <<<"$cli_cases")" || rc=1
+# The Hugging Face Trainer, Accelerate and TRL, unchanged, on DeepSpeed and on zerotrain through its
+# companion distribution (python/deepspeed-companion), compared (tests/oracle/hf_clients.py).
+t0=$SECONDS
+if ! hf_path=$(scripts/python_deps.sh 2>"$out/hf-install.log" | tail -n 1); then
+  echo "DeepSpeed oracle: the Hugging Face clients did not run: transformers, Accelerate and TRL could not be installed (see $out/hf-install.log)"
+  rc=1
+elif ! python3 -m pip install --quiet --disable-pip-version-check --no-deps --no-compile --target "$out/companion" \
+    python/deepspeed-companion >"$out/companion-install.log" 2>&1; then
+  echo "DeepSpeed oracle: the Hugging Face clients did not run: the companion distribution did not install (see $out/companion-install.log)"
+  rc=1
+else
+  hf_site=${hf_path%%:*}
+  python3 tests/oracle/hf_clients.py --out "$out/hf-clients" \
+    --deepspeed-path "$hf_site:$ds_dir/site:$ds_torch_dir" \
+    --zerotrain-path "$out/companion:$py_dir:$hf_site:$ds_torch_dir:${ZT_DEPS_DIR:-$HOME/.cache/zerotrain}/python-tools" || rc=1
+  echo "DeepSpeed oracle: the Hugging Face clients took $((SECONDS - t0)) s"
+fi
 echo "DeepSpeed oracle: $((SECONDS - t_start)) s in all; details in $out"
 exit $rc
