@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -625,9 +626,9 @@ TEST(ConfigHostile, NumbersOutOfRange) {
       {R"({"train": {"steps": 18446744073709551615}})", "train.steps: expected an integer in [1, 100000000]"},
       {R"({"train": {"steps": 2.5}})", "train.steps: expected an integer in [1, 100000000], found 2.5"},
       {R"({"train": {"steps": 9223372036854775807}})", "train.steps: expected an integer in [1, 100000000]"},
-      {R"({"train": {"steps": NaN}})", "config: invalid JSON"},
+      {R"({"train": {"steps": NaN}})", "config: train.steps: expected a finite number, found NaN"},
       {R"({"train": {"steps": "NaN"}})", "train.steps: expected an integer in [1, 100000000], found \"NaN\""},
-      {R"({"optimizer": {"params": {"lr": Infinity}}})", "config: invalid JSON"},
+      {R"({"optimizer": {"params": {"lr": Infinity}}})", "config: optimizer.params.lr: expected a finite number, found Infinity"},
       {R"({"optimizer": {"params": {"lr": 1e308}}, "train": {"steps": 1e308}})", "train.steps: expected an integer in [1, 100000000]"},
       // `int` fields: a value that fits int64 but not int is refused, never truncated.
       {R"({"fp16": {"loss_scale_window": 1099511627776}})",
@@ -833,8 +834,8 @@ TEST(ConfigAudit, EveryKeyIsUsedRefusedOrReported) {
       {"timers.throughput.synchronized", {Reported, "false", nullptr, ""}},
       {"data_types.grad_accum_dtype", {Used, "\"fp32\"", [](C c) { return c.resolved.at("data_types.grad_accum_dtype") == "\"fp32\""; }, "validate_support (the working precision only)"}},
       {"data_types.param_dtype", {Used, "\"fp32\"", [](C c) { return c.resolved.at("data_types.param_dtype") == "\"fp32\""; }, "validate_support (the working precision only)"}},
-      {"data_types.buffer_dtype", {Noted, "\"bf16\"", nullptr, ""}},
-      {"data_types.keep_in_fp32_modules", {Noted, "[\"norm\"]", nullptr, ""}},
+      {"data_types.buffer_dtype", {Used, "\"bf16\"", [](C c) { return c.buffer_dtype == "bf16"; }, "engine (cast_buffers)"}},
+      {"data_types.keep_in_fp32_modules", {Used, "[\"norm\"]", [](C c) { return c.keep_in_fp32_buffers == std::vector<std::string>{"norm"}; }, "engine (cast_buffers)"}},
       {"compression_training", {Reserved, R"({"weight_quantization": {"shared_parameters": {"enabled": true}}})", nullptr, ""}},
       {"data_efficiency", {Reserved, R"({"enabled": true})", nullptr, ""}},
       {"curriculum_learning", {Reserved, R"({"enabled": true})", nullptr, ""}},
@@ -2196,4 +2197,23 @@ TEST(ConfigKeys, KeepInFp32ModulesTakesAutoOrAListOfNames) {
                           }),
                           "data_types.keep_in_fp32_modules: expected \"auto\" or a list of strings");
   }
+}
+
+// Python's json writes Infinity and NaN (Accelerate writes steps_per_print: Infinity, DeepSpeed's
+// "never"): that one key takes it, any other non-finite number is refused with its key, and the
+// words inside strings or comments are left alone.
+TEST(Config, StepsPerPrintInfinityMeansNeverAndOtherNonFiniteNumbersAreRefused) {
+  const TrainConfig c = parse_config(
+      "{\"steps_per_print\": Infinity, // Infinity in a comment\n"
+      " \"zero_optimization\": {\"offload_optimizer\": {\"nvme_path\": \"/x/Infinity NaN\"}}}", {}, 1);
+  EXPECT_EQ(c.steps_per_print, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/x/Infinity NaN");
+  EXPECT_EQ(parse_config("", {"steps_per_print=Infinity"}, 1).steps_per_print, std::numeric_limits<int64_t>::max());
+  auto says = [](const std::string& json, const std::string& expected) {
+    const std::string message = error_of(json);
+    EXPECT_NE(message.find(expected), std::string::npos) << message;
+  };
+  says("{\"optimizer\": {\"params\": {\"lr\": NaN}}}", "optimizer.params.lr: expected a finite number, found NaN");
+  says("{\"steps_per_print\": -Infinity}", "steps_per_print: expected a finite number, found -Infinity");
+  says("{\"gradient_clipping\": Infinityx}", "invalid JSON");
 }
