@@ -1703,8 +1703,30 @@ TEST(ConfigCli, ExportAndLaunchFlagsWithBadValues) {
           {{"launch", "--nproc", "99999999999", "--", "/bin/true"}, "--nproc"},
           {{"launch", "--nproc", "5000", "--", "/bin/true"}, "--nproc"},
           {{"launch", "--nproc", "1", "--master-port", "-5", "--", "/bin/true"}, "--master-port"},
+          // DeepSpeed's launcher flags without a meaning here, each refused with the equivalent.
+          {{"launch", "--nproc", "1", "--hostfile", "/job/hostfile", "--", "/bin/true"}, "--nnodes N --node-rank I"},
+          {{"launch", "--nproc", "1", "-i", "localhost:0,2", "--", "/bin/true"}, "CUDA_VISIBLE_DEVICES"},
+          {{"launch", "--nproc", "1", "--exclude", "localhost:1", "--", "/bin/true"}, "CUDA_VISIBLE_DEVICES"},
+          {{"launch", "--nproc", "1", "--launcher", "slurm", "--", "/bin/true"}, "without ssh or MPI"},
+          {{"launch", "--nproc", "1", "--module", "--", "/bin/true"}, "-- python -m MODULE"},
+          {{"launch", "--nproc", "1", "--force_multi", "--", "/bin/true"}, "without ssh or MPI"},
       },
       dir);
+}
+
+// DeepSpeed's launcher spellings of zerotrain launch's own options (--num_gpus, --num_nodes,
+// --node_rank, --master_addr, --master_port) and the switches that describe what it does anyway.
+TEST(ConfigCli, LaunchTakesDeepSpeedsSpellings) {
+  const std::string dir = zt::testing::make_temp_dir("config_cli_launch_ds");
+  const CliResult r = run_cli({"launch", "--num_gpus", "2", "--num_nodes", "1", "--node_rank", "0", "--master_addr",
+                               "127.0.0.1", "--no_ssh", "--no_python", "--no_local_rank", "--log-dir", dir + "/logs",
+                               "--", "/bin/sh", "-c", "echo $WORLD_SIZE $LOCAL_RANK"},
+                              dir);
+  EXPECT_EQ(r.exit_code, 0);
+  std::ifstream log(dir + "/logs/rank1.log");
+  std::string line;
+  std::getline(log, line);
+  EXPECT_EQ(line, "2 1");
 }
 
 // A checkpoint whose manifest has the right checksum but fields of the wrong type (written by

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,9 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& raw_args);
 struct LaunchArgs {
   zt::LaunchOptions options;
   std::string device;  // "": the ranks choose
+  // DeepSpeed launcher flags without a meaning here, each refused with the equivalent: flag ->
+  // the value given ("" for a switch).
+  std::map<std::string, std::string> deepspeed_refused;
 };
 CLI::App* add_launch_command(CLI::App& app, LaunchArgs& args);
 int run_launch(const LaunchArgs& args);

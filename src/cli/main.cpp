@@ -125,11 +125,13 @@ void print_config_messages(const zt::TrainConfig& config, bool cpu_device) {
 // torchrun's node flags, the same for `train` and `launch` (docs/comm.md "Several nodes").
 void add_node_options(CLI::App* command, int& nnodes, int& node_rank, std::string& master_addr, int& master_port,
                       const std::string& one_per_node) {
-  command->add_option("--nnodes", nnodes, "nodes in the job, one " + one_per_node + " on each (default 1)")
+  // DeepSpeed's launcher spells the same options --num_nodes, --node_rank, --master_addr, --master_port.
+  command->add_option("--nnodes,--num_nodes", nnodes, "nodes in the job, one " + one_per_node + " on each (default 1)")
       ->check(CLI::Range(1, kMaxNodes));
-  command->add_option("--node-rank", node_rank, "this node, 0..nnodes-1 (default 0)")->check(CLI::Range(0, kMaxNodes - 1));
-  command->add_option("--master-addr", master_addr, "node 0's address (default 127.0.0.1)");
-  command->add_option("--master-port", master_port,
+  command->add_option("--node-rank,--node_rank", node_rank, "this node, 0..nnodes-1 (default 0)")
+      ->check(CLI::Range(0, kMaxNodes - 1));
+  command->add_option("--master-addr,--master_addr", master_addr, "node 0's address (default 127.0.0.1)");
+  command->add_option("--master-port,--master_port", master_port,
                       "node 0's port: the rendezvous, or with --nnodes > 1 the launchers' meeting point (default: a "
                       "free one, one node only)")
       ->check(CLI::Range(0, 65535));
