@@ -711,7 +711,17 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         final = os.path.join(save_dir, tag)
         aside = os.path.join(save_dir, f".replaced-{tag}")
         rank = self._communicator.rank
-        comm.barrier()  # every rank has finished with save_dir/tag (a load, a previous save) before it moves
+        # One folder that every rank writes into: a script that names it per rank (from each rank's
+        # clock, say) is told so before anything is written, where DeepSpeed would scatter the
+        # checkpoint over the folders, loadable only once merged by hand. The gather is also where
+        # every rank is done with save_dir/tag (a load, a previous save) before it moves.
+        given = [None] * self.world_size
+        comm.all_gather_object(given, (save_dir, tag))
+        if len(set(given)) > 1:
+            shown = "; ".join(f"rank {r}: {d!r}, tag {t!r}" for r, (d, t) in enumerate(given[:4]))
+            raise ValueError(f"engine.save_checkpoint: the ranks gave different folders or tags ({shown}); a zerotrain "
+                             "checkpoint is one folder every rank writes into: give every rank the same save_dir and "
+                             "tag (e.g. made on rank 0 and sent with deepspeed.comm.broadcast_object_list)")
         moved = torch.tensor([0])
         if rank == 0 and os.path.isdir(final):
             if os.path.exists(aside):

@@ -356,3 +356,12 @@ def test_the_small_modules_libraries_import():
 
     with pytest.raises(zerotrain.NotSupportedError, match="sequence parallelism"):
         ulysses.UlyssesSPAttentionHF()
+
+
+def test_ranks_naming_different_checkpoint_folders_are_told_before_anything_is_written(tmp_path):
+    import launching
+
+    got, _ = launching.launch(tmp_path, "per_rank_folders.py", "folders", {"dir": str(tmp_path / "ckpt")})
+    assert "the ranks gave different folders or tags" in got["refused"] and "rank 1:" in got["refused"]
+    assert got["written"] == []  # nothing was created for the refused save
+    assert got["shared"] == ["global_step1", "latest", "zero_to_fp32.py"]
