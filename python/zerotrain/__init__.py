@@ -14,7 +14,14 @@ import sys
 
 import torch  # noqa: F401  (loads libtorch before the extension that links it)
 
-from . import _C
+from . import _build_info
+
+if torch.__version__.split("+")[0] != _build_info.TORCH_VERSION:
+    raise ImportError(f"zerotrain was built against torch {_build_info.TORCH_VERSION}, but this environment imports "
+                      f"torch {torch.__version__} from {torch.__file__}: rebuild zerotrain in this environment "
+                      "(pip install --no-build-isolation .)")
+
+from . import _C  # noqa: E402
 from ._errors import CommError, ConfigError, DataError, EngineError  # noqa: F401
 from ._released import ReleasedParameterError  # noqa: F401
 from ._unsupported import NotSupportedError  # noqa: F401
