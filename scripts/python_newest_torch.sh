@@ -19,9 +19,9 @@ hf_path=$(scripts/python_deps.sh | tail -n 1) || { log "transformers could not b
 hf_site=${hf_path%%:*}
 
 # The torch wheel and the CUDA runtime libraries libtorch loads even on a machine without a GPU,
-# at the versions torch's own metadata names (2.15.0: cuda-toolkit 13.2.2, cuSPARSELt 0.8.1, NVSHMEM 3.7.2).
+# at the versions torch's own metadata names (2.15.0: cuda-toolkit 13.2.2, cuSPARSELt 0.8.1, NVSHMEM 3.7.2, NCCL 2.30.7).
 wheels=("torch==$version" "nvidia-cuda-runtime==13.2.86" "nvidia-cuda-cupti==13.2.86" "nvidia-cufile==1.17.1.22"
-  "nvidia-cusparselt-cu13==0.8.1" "nvidia-nvshmem-cu13==3.7.2")
+  "nvidia-cusparselt-cu13==0.8.1" "nvidia-nvshmem-cu13==3.7.2" "nvidia-nccl-cu13==2.30.7")
 if [ "$(cat "$dir/.complete" 2>/dev/null)" != "${wheels[*]}" ]; then
   log "installing ${wheels[*]} into $dir"
   rm -rf "$dir.partial"

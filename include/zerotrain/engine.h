@@ -152,6 +152,13 @@ class Engine {
 
   // True when the next backward() is the last micro-step of its accumulation window.
   bool next_backward_is_boundary() const;
+  // DeepSpeed's set_gradient_accumulation_boundary, for the next backward() only: true ends the
+  // window there, before gradient_accumulation_steps backward() calls (Accelerate does at the end
+  // of an epoch whose length the count does not divide): that backward reduces the window's
+  // gradients, each loss divided by gradient_accumulation_steps as always (as in DeepSpeed), and
+  // the next step() applies them. false where the window ends anyway throws zt::Error: a window
+  // never grows past the count.
+  void set_gradient_accumulation_boundary(bool is_boundary);
   int64_t global_step() const;     // optimizer steps taken (skipped ones included)
   int64_t skipped_steps() const;
   // For the next optimizer step: the schedule at global_step() - skipped_steps(), since (as in

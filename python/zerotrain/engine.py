@@ -502,13 +502,17 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             raise ValueError("engine.backward: expected a scalar loss tensor")
         engine = self._live()._engine
         accumulation = engine.gradient_accumulation_steps
+        wanted = self._boundary_override
+        if wanted is not None and bool(wanted) != engine.next_backward_is_boundary:
+            # True early ends the window with this backward (Accelerate at an epoch's end); False where
+            # the window ends anyway is refused by the engine (a window never grows past the count).
+            engine.set_gradient_accumulation_boundary(bool(wanted))
         if self._inside_no_sync and engine.next_backward_is_boundary:
             raise _C.EngineError(
                 "engine.backward() inside engine.no_sync() on the last micro-step of an accumulation window "
                 f"(gradient_accumulation_steps {accumulation}): the optimizer step that "
                 "follows needs this window's gradients reduced over the ranks; run the window's last backward "
                 "outside no_sync")
-        self._check_boundary(engine)
         # The C++ engine divides every loss by gradient_accumulation_steps; without scale_wrt_gas the
         # loss is multiplied by it first (exact when the count is a power of two, else within an ulp).
         handed = loss if scale_wrt_gas or accumulation == 1 else loss * accumulation
@@ -519,27 +523,15 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             self._print_reports()
         self._backward_since_step = True
         self._window_ended = self._window_ended or ends_window
-        self._micro_step = (self._micro_step + 1) % accumulation
+        self._micro_step = 0 if ends_window else self._micro_step + 1
         return loss / accumulation if scale_wrt_gas else loss
-
-    def _check_boundary(self, engine):
-        """set_gradient_accumulation_boundary's value is honoured where the engine's window ends:
-        the engine ends a window every gradient_accumulation_steps backward() calls (reducing and
-        stepping there), so a boundary given elsewhere is refused before the backward runs."""
-        wanted = self._boundary_override
-        if wanted is None or bool(wanted) == engine.next_backward_is_boundary:
-            return
-        n = engine.gradient_accumulation_steps
-        where = "ends" if engine.next_backward_is_boundary else "does not end"
-        raise _C.EngineError(
-            f"engine.backward() after set_gradient_accumulation_boundary({bool(wanted)}), but this backward {where} "
-            f"the engine's accumulation window: zerotrain ends a window every gradient_accumulation_steps ({n}) "
-            "backward() calls and cannot move the boundary, so set it True on every n-th micro-step only")
 
     def set_gradient_accumulation_boundary(self, is_boundary):
         """DeepSpeed's: whether the next backward() ends the accumulation window (Accelerate calls it
-        before every backward, with its sync_gradients). Checked by backward() against the engine's
-        window (see _check_boundary); is_gradient_accumulation_boundary() reports it."""
+        before every backward, with its sync_gradients). True before the window's count ends it early
+        (that backward reduces, the next step() applies; each loss is still divided by
+        gradient_accumulation_steps, as in DeepSpeed); False where the window ends anyway is refused
+        by backward(). is_gradient_accumulation_boundary() reports it."""
         self._boundary_override = is_boundary
 
     def step(self, lr_kwargs=None):

@@ -363,6 +363,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         e.apply_pending_update();
       })
       .def_property_readonly("next_backward_is_boundary", &zt::Engine::next_backward_is_boundary)
+      .def("set_gradient_accumulation_boundary", &zt::Engine::set_gradient_accumulation_boundary,
+           py::arg("is_boundary"))
       .def("note_forward_start", &zt::Engine::note_forward_start)
       .def("note_forward_end", &zt::Engine::note_forward_end)
       // The engine's report lines are kept for Python to print after each call (through sys.stdout,

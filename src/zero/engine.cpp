@@ -94,7 +94,9 @@ void Engine::Impl::install_hooks(std::vector<torch::Tensor>& trainable) {
   }
 }
 
-bool Engine::Impl::boundary_next() const { return micro_step + 1 >= config.gradient_accumulation_steps; }
+bool Engine::Impl::boundary_next() const {
+  return window_ends_early || micro_step + 1 >= config.gradient_accumulation_steps;
+}
 
 // A backward after the window's last one and before step(): DeepSpeed counts a window by step()
 // calls, so this backward ends the window again. What it does with the gradients already there
@@ -117,6 +119,8 @@ void Engine::Impl::backward(const torch::Tensor& loss) {
   reducer->begin_backward(boundary_next());
   if (gatherer) gatherer->begin_backward();
   in_backward = true;
+  const bool ends_early = window_ends_early;
+  window_ends_early = false;
   try {
     (loss * (scaler.scale() / double(config.gradient_accumulation_steps))).backward();
   } catch (...) {
@@ -130,6 +134,7 @@ void Engine::Impl::backward(const torch::Tensor& loss) {
   // A block some of whose parameters got no gradient is still gathered: release it.
   if (gatherer) gatherer->end_backward();
   ++micro_step;
+  if (ends_early) micro_step = config.gradient_accumulation_steps;  // the next step() applies the window
 }
 
 void Engine::Impl::after_gradient(int i) {
@@ -288,6 +293,17 @@ std::string Engine::comms_summary() const {
 }
 void Engine::apply_pending_update() { impl_->apply_pending_update(); }
 bool Engine::next_backward_is_boundary() const { return impl_->boundary_next(); }
+
+void Engine::set_gradient_accumulation_boundary(bool is_boundary) {
+  Impl& d = *impl_;
+  ZT_CHECK_STATE(!d.in_backward, "set_gradient_accumulation_boundary() inside backward()");
+  const int64_t n = d.config.gradient_accumulation_steps;
+  if (!is_boundary && d.micro_step + 1 >= n)
+    throw Error("set_gradient_accumulation_boundary(false) on micro-step " + std::to_string(d.micro_step % n + 1) +
+                " of a window of gradient_accumulation_steps " + std::to_string(n) +
+                ": the window ends with this backward(); a window never grows past the count");
+  d.window_ends_early = is_boundary && d.micro_step + 1 < n;
+}
 int64_t Engine::global_step() const { return impl_->global_step; }
 int64_t Engine::skipped_steps() const { return impl_->skipped; }
 double Engine::learning_rate() const {

@@ -127,6 +127,7 @@ struct Engine::Impl {
   } drain_io_first{&io, &optimizer};
 
   int64_t micro_step = 0;   // micro-steps done in the current accumulation window
+  bool window_ends_early = false;  // set_gradient_accumulation_boundary(true) for the next backward
   int64_t global_step = 0;  // optimizer steps taken
   int64_t skipped = 0;
   // Applied optimizer steps before the moments last started from zero (a load with

@@ -292,11 +292,45 @@ def test_the_accumulation_boundary_set_before_each_backward_as_accelerate_sets_i
     want = train_torch(reference, torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0), data,
                        accumulation=3)
     assert losses == pytest.approx(want, rel=1e-5) and engine.global_steps == 2
-    engine.set_gradient_accumulation_boundary(True)  # on the window's first micro-step: not where it ends
-    with pytest.raises(zerotrain.EngineError, match=r"set_gradient_accumulation_boundary\(True\).*every "
-                                                    r"gradient_accumulation_steps \(3\)"):
-        engine.backward(mse(engine(data[0][0]), data[0][1]))
+    engine.set_gradient_accumulation_boundary(False)
+    engine.backward(mse(engine(data[0][0]), data[0][1]))
+    engine.backward(mse(engine(data[1][0]), data[1][1]))
+    with pytest.raises(zerotrain.EngineError, match=r"set_gradient_accumulation_boundary\(false\) on micro-step 3 "
+                                                    r"of a window of gradient_accumulation_steps 3"):
+        engine.backward(mse(engine(data[2][0]), data[2][1]))  # the window ends here: it cannot grow
     assert engine.global_steps == 2
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_boundary_set_early_ends_the_window_there_as_accelerate_does_at_an_epochs_end(stage):
+    """An epoch of 5 micro-batches with 3 accumulation steps: Accelerate synchronises after the
+    5th, a window of 2. As in DeepSpeed, that step applies the 2 micro-batches' gradients, each
+    loss divided by 3, and the next window starts afresh."""
+    data = batches(8)
+    model, reference = tiny_model(), tiny_model()
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config(stage, accumulation=3))
+    boundaries = [False, False, True, False, True, False, False, True]  # windows of 3, 2, 3
+    losses = []
+    for (x, y), boundary in zip(data, boundaries):
+        engine.set_gradient_accumulation_boundary(boundary)
+        loss = mse(engine(x), y)
+        engine.backward(loss)
+        losses.append(loss.item())
+        if boundary:
+            engine.step()
+    ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.0)
+    want = []
+    for (x, y), boundary in zip(data, boundaries):
+        loss = mse(reference(x), y)
+        (loss / 3).backward()
+        want.append(loss.item())
+        if boundary:
+            ref_opt.step()
+            ref_opt.zero_grad()
+    assert engine.global_steps == 3 and losses == pytest.approx(want, rel=1e-5)
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+            assert torch.allclose(p, q, rtol=1e-5, atol=1e-7), name
 
 
 def test_optimizer_callable_makes_the_client_optimizer_from_the_parameters():
