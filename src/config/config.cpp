@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "config/non_finite.h"
 #include "config/schema.h"
 #include "zerotrain/error.h"
 
@@ -137,73 +138,6 @@ void check_size(size_t bytes, const std::string& origin) {
                                   origin, bytes, cd::kMaxConfigBytes));
 }
 
-// Python's json module writes Infinity, -Infinity and NaN, which JSON lacks (Accelerate writes
-// `"steps_per_print": Infinity`, DeepSpeed's "never"). Outside strings and comments each such
-// token becomes a string marking it, resolved after parsing by resolve_non_finite.
-constexpr std::string_view kNonFinite = "\x01zerotrain-non-finite:";          // the parsed string
-constexpr std::string_view kNonFiniteJson = "\\u0001zerotrain-non-finite:";  // as written into the text
-
-bool word_char(char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_'; }
-
-std::string mark_non_finite(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char ch = text[i];
-    if (in_string) {
-      out += ch;
-      if (ch == '\\' && i + 1 < text.size()) out += text[++i];
-      else if (ch == '"') in_string = false;
-      continue;
-    }
-    if (ch == '/' && i + 1 < text.size() && (text[i + 1] == '/' || text[i + 1] == '*')) {
-      const bool line = text[i + 1] == '/';
-      const size_t end = line ? text.find('\n', i) : text.find("*/", i + 2);
-      const size_t stop = end == std::string::npos ? text.size() : end + (line ? 0 : 2);
-      out.append(text, i, stop - i);
-      i = stop - 1;
-      continue;
-    }
-    std::string_view matched;
-    if (i == 0 || !word_char(text[i - 1]))
-      for (std::string_view token : {"-Infinity", "Infinity", "NaN"})
-        if (text.compare(i, token.size(), token) == 0 &&
-            (i + token.size() == text.size() || !word_char(text[i + token.size()]))) {
-          matched = token;
-          break;
-        }
-    if (matched.empty()) {
-      in_string = ch == '"';
-      out += ch;
-      continue;
-    }
-    ((out += '"') += kNonFiniteJson) += matched;
-    out += '"';
-    i += matched.size() - 1;
-  }
-  return out;
-}
-
-// steps_per_print: Infinity is DeepSpeed's "never report", the largest count here; any other
-// non-finite number is refused with its key.
-void resolve_non_finite(json& node, const std::string& path, const std::string& origin) {
-  if (node.is_string() && node.get_ref<const std::string&>().starts_with(kNonFinite)) {
-    const std::string token = node.get<std::string>().substr(kNonFinite.size());
-    if (path == "steps_per_print" && token == "Infinity") {
-      node = std::numeric_limits<int64_t>::max();
-      return;
-    }
-    throw ConfigError(fmt::format("{}: {}: expected a finite number, found {} (only steps_per_print may be Infinity, "
-                                  "DeepSpeed's 'never')", origin, printable(path.empty() ? "(top level)" : path, 80),
-                                  token));
-  }
-  if (node.is_object())
-    for (auto& [key, value] : node.items()) resolve_non_finite(value, path.empty() ? key : path + "." + key, origin);
-  else if (node.is_array())
-    for (auto& value : node) resolve_non_finite(value, path + "[]", origin);
-}
-
 // JSON text -> document. `lenient`: text that is not JSON yields nullopt instead of an error
 // (override values, where it then means a plain string); structure errors throw either way.
 std::optional<json> parse_json_text(const std::string& text, const std::string& origin, bool lenient,
@@ -211,9 +145,9 @@ std::optional<json> parse_json_text(const std::string& text, const std::string& 
   StructureCheck check(origin);
   try {
     // Comments are accepted: example configs explain themselves; plain JSON is unaffected.
-    json parsed = json::parse(mark_non_finite(text), std::ref(check), /*allow_exceptions=*/true,
+    json parsed = json::parse(cd::mark_non_finite(text), std::ref(check), /*allow_exceptions=*/true,
                               /*ignore_comments=*/true);
-    resolve_non_finite(parsed, path, origin);
+    cd::resolve_non_finite(parsed, path, origin);
     return parsed;
   } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e999
     if (lenient) return std::nullopt;
