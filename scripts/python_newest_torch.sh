@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 version=${1:-2.15.0}
 deps=${ZT_DEPS_DIR:-$HOME/.cache/zerotrain}
-dir="$deps/torch-$version"
+dir="$deps/torch-$version-python"  # its site/ holds the wheels
 build="build-torch-$version"
 log() { echo "[python-newest-torch] $*" >&2; }
 [ -x build/bin/zerotrain ] || { log "build/bin/zerotrain is missing: run scripts/test.sh (or its build) first"; exit 2; }
@@ -22,15 +22,9 @@ hf_site=${hf_path%%:*}
 # at the versions torch's own metadata names (2.15.0: cuda-toolkit 13.2.2, cuSPARSELt 0.8.1, NVSHMEM 3.7.2, NCCL 2.30.7).
 wheels=("torch==$version" "nvidia-cuda-runtime==13.2.86" "nvidia-cuda-cupti==13.2.86" "nvidia-cufile==1.17.1.22"
   "nvidia-cusparselt-cu13==0.8.1" "nvidia-nvshmem-cu13==3.7.2" "nvidia-nccl-cu13==2.30.7")
-if [ "$(cat "$dir/.complete" 2>/dev/null)" != "${wheels[*]}" ]; then
-  log "installing ${wheels[*]} into $dir"
-  rm -rf "$dir.partial"
-  PIP_BREAK_SYSTEM_PACKAGES=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check \
-    --no-deps --no-compile --target "$dir.partial" "${wheels[@]}" >&2
-  rm -rf "$dir"
-  mv "$dir.partial" "$dir"
-  echo "${wheels[*]}" >"$dir/.complete"
-fi
+source scripts/pinned_wheels.sh
+pinned_wheels_install "$dir" python-newest-torch "${wheels[@]}" || { log "the torch wheel could not be installed"; exit 2; }
+dir="$dir/site"
 PYTHONPATH="$dir:$hf_site" python3 -c "import torch; print(f'[python-newest-torch] torch {torch.__version__} imports')" >&2
 
 log "building the library and the Python package against torch $version in $build/"

@@ -81,45 +81,6 @@ TEST(Engine, MatchesTorchAdamWWithClippingAndAccumulation) {
   EXPECT_EQ(engine.global_step(), 6);
 }
 
-// DeepSpeed's set_gradient_accumulation_boundary(true) before the count: windows of 3, 2 and 3
-// micro-steps with gradient_accumulation_steps 3, each loss still divided by 3 (as DeepSpeed
-// divides it), against torch's loop doing the same; false where a window ends is refused.
-TEST(Engine, ABoundarySetEarlyEndsTheWindowThere) {
-  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3,
-     "gradient_clipping": 0, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0}}})", {}, 1);
-  torch::manual_seed(7);
-  auto ours = std::make_shared<Net>();
-  auto reference = std::make_shared<Net>();
-  copy_parameters(*ours, *reference);
-  std::vector<torch::Tensor> ref_params;
-  for (auto& p : reference->parameters())
-    if (p.requires_grad()) ref_params.push_back(p);
-  torch::optim::AdamW optimizer(ref_params, torch::optim::AdamWOptions(0.01).weight_decay(0));
-  zt::Engine engine(ours, config, single_rank());
-  const std::vector<bool> boundaries = {false, false, true, false, true, false, false, true};
-  for (bool boundary : boundaries) {
-    if (boundary) engine.set_gradient_accumulation_boundary(true);
-    EXPECT_EQ(engine.next_backward_is_boundary(), boundary);
-    auto x = torch::randn({4, 8});
-    auto y = torch::randn({4, 4});
-    engine.backward(torch::mse_loss(ours->forward(x), y));
-    (torch::mse_loss(reference->forward(x), y) / 3.0).backward();
-    EXPECT_EQ(engine.step().stepped, boundary);
-    if (boundary) {
-      optimizer.step();
-      optimizer.zero_grad();
-    }
-  }
-  EXPECT_EQ(engine.global_step(), 3);
-  auto a = ours->parameters();
-  auto b = reference->parameters();
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-7)) << "parameter " << i;
-  engine.backward(torch::mse_loss(ours->forward(torch::randn({4, 8})), torch::randn({4, 4})));
-  engine.backward(torch::mse_loss(ours->forward(torch::randn({4, 8})), torch::randn({4, 4})));
-  EXPECT_THROW(engine.set_gradient_accumulation_boundary(false), zt::Error);
-}
-
 // Runs 5 steps of the engine and of a reference update (given the reference net after backward).
 template <class Reference>
 void run_against(const std::string& json, Reference&& reference_step, double tolerance) {
@@ -151,6 +112,42 @@ std::vector<torch::Tensor> trainable(Net& net) {
   for (auto& p : net.parameters())
     if (p.requires_grad()) out.push_back(p);
   return out;
+}
+
+// DeepSpeed's set_gradient_accumulation_boundary(true) before the count: windows of 3, 2 and 3
+// micro-steps with gradient_accumulation_steps 3, each loss still divided by 3 (as DeepSpeed
+// divides it), against torch's loop doing the same; false where a window ends is refused.
+TEST(Engine, ABoundarySetEarlyEndsTheWindowThere) {
+  auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3,
+     "gradient_clipping": 0, "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0}}})", {}, 1);
+  torch::manual_seed(7);
+  auto ours = std::make_shared<Net>();
+  auto reference = std::make_shared<Net>();
+  copy_parameters(*ours, *reference);
+  torch::optim::AdamW optimizer(trainable(*reference), torch::optim::AdamWOptions(0.01).weight_decay(0));
+  zt::Engine engine(ours, config, single_rank());
+  const std::vector<bool> boundaries = {false, false, true, false, true, false, false, true};
+  for (bool boundary : boundaries) {
+    if (boundary) engine.set_gradient_accumulation_boundary(true);
+    EXPECT_EQ(engine.next_backward_is_boundary(), boundary);
+    auto x = torch::randn({4, 8});
+    auto y = torch::randn({4, 4});
+    engine.backward(torch::mse_loss(ours->forward(x), y));
+    (torch::mse_loss(reference->forward(x), y) / 3.0).backward();
+    EXPECT_EQ(engine.step().stepped, boundary);
+    if (boundary) {
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+  }
+  EXPECT_EQ(engine.global_step(), 3);
+  auto a = ours->parameters();
+  auto b = reference->parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-5, 1e-7)) << "parameter " << i;
+  engine.backward(torch::mse_loss(ours->forward(torch::randn({4, 8})), torch::randn({4, 4})));
+  engine.backward(torch::mse_loss(ours->forward(torch::randn({4, 8})), torch::randn({4, 4})));
+  EXPECT_THROW(engine.set_gradient_accumulation_boundary(false), zt::Error);
 }
 
 TEST(Engine, MatchesTorchSgdWithNesterovMomentum) {
