@@ -39,6 +39,9 @@ def main():
         with open(sys.argv[2], "w") as f:
             json.dump({"world": world, "all_reduce": t.item(), "losses": losses, "summed": mean.tolist(),
                        "steps": engine.global_steps}, f)
+    # The group the script made is the script's to destroy, as torch asks: left to the interpreter's
+    # teardown, torch's Gloo worker can abort the process after a collective (docs/python.md).
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
