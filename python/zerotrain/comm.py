@@ -87,13 +87,25 @@ def _shut_down():
     global _communicator
     from . import _registry
 
+    joined = _communicator is not None
     _registry.destroy_engines()
     _communicator = None
     # torch.distributed's Gloo threads free their finished work (and with it the script's tensors)
     # on their own; at interpreter teardown that takes the GIL from a dying thread and aborts the
-    # process. Destroying the group we made joins them first.
-    if _owns_torch_group and dist.is_initialized():
+    # process ("terminate called without an active exception") after the script has finished.
+    # Destroying the group joins them first: the group we made, and a Gloo group the script's
+    # framework made (Accelerate on the CPU does) and left alive, as torch asks scripts not to.
+    if not (joined and dist.is_available() and dist.is_initialized()):
+        return
+    if _owns_torch_group or _default_backend_is_gloo():
         dist.destroy_process_group()
+
+
+def _default_backend_is_gloo():
+    try:
+        return "gloo" in str(dist.get_backend()).lower()
+    except (RuntimeError, ValueError):
+        return False
 
 
 atexit.register(_shut_down)

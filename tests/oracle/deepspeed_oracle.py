@@ -451,6 +451,11 @@ def cmd_deepspeed(a):
         if case["name"] in needed:
             run_case(case, init_path, rank, world)
         torch.distributed.barrier()
+    if FRONT == "deepspeed":
+        # DeepSpeed leaves its Gloo group alive, and torch's teardown of a live Gloo group at
+        # interpreter exit sometimes aborts a process that has finished: the script ends it, as
+        # torch asks. (zerotrain's package does the same at exit on its own.)
+        torch.distributed.destroy_process_group()
 
 
 # ------------------------------------------------------------------------------------ C++ GPT from Python

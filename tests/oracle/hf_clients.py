@@ -20,7 +20,7 @@ Prints one line per case and exits 1 when one fails or is out of tolerance."""
 import argparse
 import json
 import os
-import random
+import socket
 import subprocess
 import sys
 import time
@@ -49,6 +49,16 @@ CASES = {
     "trl-sft-z2-bf16": ("trl_sft_run.py", {"stage": 2, "bf16": True}, True),
 }
 RESUMED = "trainer-gpt2-z3"  # also resumed from its checkpoint-5, and converted by zero_to_fp32
+
+
+LOG_TAIL_LINES = 15  # of a failed run's log, printed: the test command's output alone must explain a failure
+
+
+def free_port():
+    """A port no one listens on now (the kernel's choice), for the rendezvous of one run."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def environment(path, deepspeed):
@@ -80,7 +90,7 @@ def run(case, side, path, out_dir, extra=None):
     spec = dict(spec, out_dir=os.path.join(case_dir, "run"), **(extra or {}))
     tag = "resumed" if extra else "result"
     result, log = os.path.join(case_dir, f"{tag}.json"), os.path.join(case_dir, f"{tag}.log")
-    port = str(random.randint(20000, 40000))
+    port = str(free_port())
     if script == "accelerate":
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                    accelerate_config(case_dir, spec["stage"], port), os.path.join(SCRIPTS, "accelerate_run.py")]
@@ -92,7 +102,9 @@ def run(case, side, path, out_dir, extra=None):
         done = subprocess.run(command + [json.dumps(spec), result], stdout=f, stderr=subprocess.STDOUT, timeout=600,
                               env=environment(path, side == "deepspeed"), cwd=case_dir)
     if done.returncode != 0 or not os.path.exists(result):
-        return None, f"{side} failed (exit {done.returncode}; see {log})", time.time() - started
+        with open(log, errors="replace") as f:
+            tail = "".join("\n    " + line.rstrip() for line in f.readlines()[-LOG_TAIL_LINES:])
+        return None, f"{side} failed (exit {done.returncode}; see {log}); its last lines:{tail}", time.time() - started
     with open(result) as f:
         return json.load(f), None, time.time() - started
 
