@@ -19,9 +19,13 @@ hf_path=$(scripts/python_deps.sh | tail -n 1) || { log "transformers could not b
 hf_site=${hf_path%%:*}
 
 # The torch wheel and the CUDA runtime libraries libtorch loads even on a machine without a GPU,
-# at the versions torch's own metadata names (2.15.0: cuda-toolkit 13.2.2, cuSPARSELt 0.8.1, NVSHMEM 3.7.2, NCCL 2.30.7).
+# at the versions torch's own metadata names (2.15.0: cuda-toolkit 13.2.2, cuSPARSELt 0.8.1, NVSHMEM 3.7.2, NCCL 2.30.7),
+# and torch's pure-Python dependencies, as scripts/bootstrap.sh puts them beside the pinned torch (the
+# tests import the package with Debian's python3 and that folder alone).
 wheels=("torch==$version" "nvidia-cuda-runtime==13.2.86" "nvidia-cuda-cupti==13.2.86" "nvidia-cufile==1.17.1.22"
-  "nvidia-cusparselt-cu13==0.8.1" "nvidia-nvshmem-cu13==3.7.2" "nvidia-nccl-cu13==2.30.7")
+  "nvidia-cusparselt-cu13==0.8.1" "nvidia-nvshmem-cu13==3.7.2" "nvidia-nccl-cu13==2.30.7"
+  "typing-extensions==4.16.0" "filelock==4.3.1" "sympy==1.14.0" "mpmath==1.3.0" "networkx==3.5" "jinja2==3.1.6"
+  "markupsafe==3.0.2" "fsspec==2026.9.0")
 source scripts/pinned_wheels.sh
 pinned_wheels_install "$dir" python-newest-torch "${wheels[@]}" || { log "the torch wheel could not be installed"; exit 2; }
 dir="$dir/site"

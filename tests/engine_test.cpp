@@ -150,6 +150,42 @@ TEST(Engine, ABoundarySetEarlyEndsTheWindowThere) {
   EXPECT_THROW(engine.set_gradient_accumulation_boundary(false), zt::Error);
 }
 
+// DeepSpeed's backward(scale_wrt_gas=False): a loss the caller divided by the accumulation count
+// itself differentiates to the default's gradients bit for bit, whatever the count: the engine
+// leaves it as it is (41: a count whose float reciprocal times the count is not 1).
+TEST(Engine, AnAlreadyDividedLossGivesTheDefaultsWeightsBitForBit) {
+  for (int accumulation : {3, 41}) {
+    auto config = zt::parse_config(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": )" +
+                                       std::to_string(accumulation) + R"(, "gradient_clipping": 0,
+       "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0}}})",
+                                   {}, 1);
+    torch::manual_seed(11);
+    auto divided_here = std::make_shared<Net>();
+    auto divided_by_caller = std::make_shared<Net>();
+    copy_parameters(*divided_here, *divided_by_caller);
+    zt::Engine a(divided_here, config, single_rank());
+    zt::Engine b(divided_by_caller, config, single_rank());
+    for (int micro = 0; micro < 2 * accumulation; ++micro) {
+      auto x = torch::randn({4, 8});
+      auto y = torch::randn({4, 4});
+      a.backward(torch::mse_loss(divided_here->forward(x), y));
+      b.backward(torch::mse_loss(divided_by_caller->forward(x), y) / double(accumulation),
+                 zt::LossDivision::AlreadyDivided);
+      const zt::StepResult ra = a.step();
+      const zt::StepResult rb = b.step();
+      EXPECT_EQ(ra.stepped, rb.stepped);
+      // The norm, in double from the float gradients, shows a gradient one ulp off (the weights
+      // after AdamW mostly would not).
+      EXPECT_EQ(ra.grad_norm, rb.grad_norm) << "accumulation " << accumulation << ", micro-step " << micro;
+    }
+    EXPECT_EQ(b.global_step(), 2);
+    auto p = divided_here->parameters();
+    auto q = divided_by_caller->parameters();
+    for (size_t i = 0; i < p.size(); ++i)
+      EXPECT_TRUE(torch::equal(p[i], q[i])) << "accumulation " << accumulation << ", parameter " << i;
+  }
+}
+
 TEST(Engine, MatchesTorchSgdWithNesterovMomentum) {
   std::unique_ptr<torch::optim::SGD> opt;
   run_against(R"({"train_micro_batch_size_per_gpu": 4, "gradient_clipping": 0,

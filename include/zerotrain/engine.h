@@ -17,9 +17,11 @@
 // - At construction rank 0's parameter values are broadcast so every rank starts equal. A model
 //   built under zt::ShardedConstruction (zerotrain/blocks.h) is adopted at any stage: each block
 //   is gathered whole once, just before the engine moves it into its arenas.
-// - backward(loss) divides the loss by gradient_accumulation_steps before differentiating, so
-//   the gradient of an optimizer step is the mean over all micro-batches of all ranks; this is
-//   the engine's one scaling of the loss and it is stated here so it is never a surprise.
+// - backward(loss) divides the loss by gradient_accumulation_steps before differentiating (as
+//   DeepSpeed does, loss / steps), so the gradient of an optimizer step is the mean over all
+//   micro-batches of all ranks; this is the engine's one scaling of the loss (besides fp16's loss
+//   scale) and it is stated here so it is never a surprise. LossDivision::AlreadyDivided takes a
+//   loss the caller has divided.
 // - step() is a no-op (returns stepped=false) except on the last micro-step of an accumulation
 //   window, where it completes the gradient reduction, clips by the global norm, applies the
 //   optimizer with the learning rate of the schedule, and zeroes the gradients. With
@@ -129,6 +131,11 @@ struct ParameterGroup {
   std::optional<double> weight_decay;  // unset: optimizer.params.weight_decay
 };
 
+// How backward() scales the loss before differentiating: divided by gradient_accumulation_steps
+// (the default, DeepSpeed's), or as given, for a caller that divides it itself (DeepSpeed's
+// backward(scale_wrt_gas=False), which the Hugging Face Trainer passes).
+enum class LossDivision { ByAccumulationSteps, AlreadyDivided };
+
 class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
@@ -141,7 +148,7 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  void backward(const at::Tensor& loss);
+  void backward(const at::Tensor& loss, LossDivision division = LossDivision::ByAccumulationSteps);
   StepResult step();
   // With the delayed parameter update (offload_optimizer.delayed_update): completes the optimizer
   // step still running and publishes its parameters, so that the model holds every update taken

@@ -19,7 +19,7 @@ from . import _build_info
 if torch.__version__.split("+")[0] != _build_info.TORCH_VERSION:
     raise ImportError(f"zerotrain was built against torch {_build_info.TORCH_VERSION}, but this environment imports "
                       f"torch {torch.__version__} from {torch.__file__}: rebuild zerotrain in this environment "
-                      "(pip install --no-build-isolation .)")
+                      "(pip install . in its source tree)")
 
 from . import _C  # noqa: E402
 from ._errors import CommError, ConfigError, DataError, EngineError  # noqa: F401

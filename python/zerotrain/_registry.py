@@ -30,5 +30,8 @@ def track(engine):
 
 
 def destroy_engines():
+    """At interpreter exit: every engine's C++ state and its hold on the job's communicator go, so
+    that the communicator (and its Gloo threads) ends before Python's teardown."""
     for engine in list(_engines):
         engine._engine = None
+        engine.__dict__.pop("_communicator", None)

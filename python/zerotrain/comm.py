@@ -7,6 +7,7 @@ meet at the same rendezvous: the variables torchrun and `zerotrain launch` set (
 MASTER_ADDR, MASTER_PORT, ...), Slurm's or Open MPI's.
 """
 import atexit
+import gc
 import datetime
 import os
 
@@ -90,6 +91,9 @@ def _shut_down():
     joined = _communicator is not None
     _registry.destroy_engines()
     _communicator = None
+    # What still holds the communicator in a reference cycle (a module and its engine) lets go of it
+    # now, while Python can run its destructor: its Gloo worker threads are joined there.
+    gc.collect()
     # torch.distributed's Gloo threads free their finished work (and with it the script's tensors)
     # on their own; at interpreter teardown that takes the GIL from a dying thread and aborts the
     # process ("terminate called without an active exception") after the script has finished.

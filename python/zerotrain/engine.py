@@ -23,9 +23,10 @@ from .ops._client import EngineOptimizer
 from .ops.adam import FusedAdam
 from .ops.lamb import FusedLamb
 
-# The device types whose parameters the Python front end hands to the engine; the accelerator
-# (zerotrain.accelerator) reports the device zerotrain trains on from this list.
-TRAINING_DEVICE_TYPES = ("cpu",)
+# The device types whose parameters the Python front end hands to the engine (CUDA when the
+# extension was built with the engine's CUDA path); the accelerator (zerotrain.accelerator)
+# reports the device zerotrain trains on from this list.
+TRAINING_DEVICE_TYPES = ("cpu", "cuda") if _C.built_with_cuda() else ("cpu",)
 
 # DeepSpeed's types for initialize's callables: an optimizer made from the parameters, a scheduler
 # made from the optimizer.
@@ -304,8 +305,10 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
                                  f"{_released.why(p)}")
         for p in model.parameters():
             if p.device.type not in TRAINING_DEVICE_TYPES:
-                raise ValueError(f"zerotrain.initialize: the model has a parameter on {p.device}; the Python front end "
-                                 "trains on the CPU for now")
+                built = ("this zerotrain was built without CUDA (build it where nvcc is found, or with "
+                         "-DZT_CUDA=ON)" if p.device.type == "cuda" else "it trains on " +
+                         " or ".join(TRAINING_DEVICE_TYPES))
+                raise ValueError(f"zerotrain.initialize: the model has a parameter on {p.device}; {built}")
         config = dict(config)
         self.config = json.loads(json.dumps(config))  # DeepSpeed's engine.config: the configuration given
         basic = None
@@ -513,12 +516,11 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
                 f"(gradient_accumulation_steps {accumulation}): the optimizer step that "
                 "follows needs this window's gradients reduced over the ranks; run the window's last backward "
                 "outside no_sync")
-        # The C++ engine divides every loss by gradient_accumulation_steps; without scale_wrt_gas the
-        # loss is multiplied by it first (exact when the count is a power of two, else within an ulp).
-        handed = loss if scale_wrt_gas or accumulation == 1 else loss * accumulation
         ends_window = engine.next_backward_is_boundary
         try:
-            engine.backward(handed)
+            # Divided by gradient_accumulation_steps in the engine, as DeepSpeed divides it (loss / steps),
+            # or taken as the script divided it.
+            engine.backward(loss, divide_by_accumulation=scale_wrt_gas)
         finally:
             self._print_reports()
         self._backward_since_step = True

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "common/autograd_node.h"
 #include "common/check.h"
 #include "zerotrain/activation_checkpointing.h"
 #include "zerotrain/comm.h"
@@ -244,7 +245,7 @@ at::Tensor checkpoint(CheckpointFunction fn, const std::vector<at::Tensor>& inpu
   if (!differentiable) return fn(inputs);
 
   const auto start = Clock::now();
-  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
+  auto node = make_autograd_node<CheckpointBackward>();
   node->generators = GeneratorStates::capture(inputs);
   if (options.synchronize_boundary) synchronize_devices(inputs);
   std::vector<at::Tensor> detached;

@@ -206,6 +206,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         c.all_reduce(t, reduce, label).wait();
       }, py::arg("tensor"), py::arg("op") = "sum", py::arg("label") = "python.all_reduce");
 
+  // Whether the engine was compiled with its CUDA path (-DZT_CUDA=ON): the Python front end then
+  // takes modules on a GPU (zerotrain.engine.TRAINING_DEVICE_TYPES).
+  m.def("built_with_cuda", [] {
+#ifdef ZT_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+
   // clients_only: every rank joins an existing store at MASTER_ADDR:MASTER_PORT as a client (the
   // one torch.distributed's env:// initialisation or torchrun's agent already serves).
   m.def("make_communicator", [](bool clients_only, std::optional<double> timeout_seconds) {
@@ -346,10 +356,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("shell"), py::arg("config_json"), py::arg("overrides"), py::arg("communicator"),
            py::arg("groups") = std::vector<GroupTuple>{})
-      .def("backward", [](zt::Engine& e, const at::Tensor& loss) {
-        py::gil_scoped_release release;
-        e.backward(loss);
-      })
+      .def(
+          "backward",
+          [](zt::Engine& e, const at::Tensor& loss, bool divide_by_accumulation) {
+            py::gil_scoped_release release;
+            e.backward(loss, divide_by_accumulation ? zt::LossDivision::ByAccumulationSteps
+                                                    : zt::LossDivision::AlreadyDivided);
+          },
+          py::arg("loss"), py::arg("divide_by_accumulation") = true)
       .def("step", [](zt::Engine& e) {
         zt::StepResult r;
         {

@@ -113,7 +113,7 @@ void Engine::Impl::reopen_window() {
   micro_step = config.gradient_accumulation_steps - 1;
 }
 
-void Engine::Impl::backward(const torch::Tensor& loss) {
+void Engine::Impl::backward(const torch::Tensor& loss, LossDivision division) {
   ZT_CHECK_STATE(!in_backward, "backward() re-entered");
   if (micro_step >= config.gradient_accumulation_steps) reopen_window();
   reducer->begin_backward(boundary_next());
@@ -122,7 +122,13 @@ void Engine::Impl::backward(const torch::Tensor& loss) {
   const bool ends_early = window_ends_early;
   window_ends_early = false;
   try {
-    (loss * (scaler.scale() / double(config.gradient_accumulation_steps))).backward();
+    // DeepSpeed's order: the division (a scalar division, as DeepSpeed's loss / steps), then fp16's
+    // loss scale, so that a loss divided by the caller differentiates to the same bits.
+    torch::Tensor scaled = division == LossDivision::ByAccumulationSteps && config.gradient_accumulation_steps != 1
+                               ? loss / double(config.gradient_accumulation_steps)
+                               : loss;
+    if (scaler.scale() != 1.0) scaled = scaled * scaler.scale();
+    scaled.backward();
   } catch (...) {
     in_backward = false;
     reducer->abort_backward();
@@ -260,12 +266,12 @@ Engine::Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& conf
   monitor_->arm(impl_->step_state());
 }
 Engine::~Engine() = default;
-void Engine::backward(const at::Tensor& loss) {
+void Engine::backward(const at::Tensor& loss, LossDivision division) {
   // The loss's value only when a report needs it: reading it waits for the device.
   monitor_->before_backward(monitor_->wants_loss() ? loss.detach().item<double>() : std::nan(""));
   {
     RECORD_USER_SCOPE("zerotrain::backward");
-    impl_->backward(loss);
+    impl_->backward(loss, division);
   }
   monitor_->after_backward();
 }

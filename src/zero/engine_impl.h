@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "common/autograd_node.h"
 #include "io/aio.h"
 #include "io/swap_directory.h"
 #include "layout/offload_plan.h"
@@ -85,7 +86,7 @@ struct Engine::Impl {
   FlatLayout layout;
   std::vector<ParameterSpec> specs;             // what the layout was computed from (names, shapes)
   std::vector<CheckpointParameter> registered;  // trainable parameters in registration order
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators;  // keep hooks alive
+  std::vector<AutogradNodeHandle> grad_accumulators;  // keep hooks alive
   // Tensor parallelism (zerotrain/blocks.h TensorSplit): the group the model's split parameters
   // name (null: none), and per placement (flat order) whether it is such a slice. The gradient
   // norm sums the slices' squares over the group and counts the replicated ones once.
@@ -201,7 +202,7 @@ struct Engine::Impl {
   void install_hooks(std::vector<torch::Tensor>& trainable);
   bool boundary_next() const;
   void reopen_window();
-  void backward(const torch::Tensor& loss);
+  void backward(const torch::Tensor& loss, LossDivision division);
   void after_gradient(int i);
   StepResult step();
   void apply_pending_update();
