@@ -21,10 +21,11 @@
 # estimates hold the benchmarks against (the offload benchmark's preset, the GPT-2 micro-batch),
 # the host memory (MemTotal of /proc/meminfo, or the cgroup's limit where lower) and the peak
 # dense bf16 TFLOPS the report divides by (from the GPU's name). Phases, in order: environment,
-# libraries, test kernels, test parity, cli (train, resume, generate per model and pinning), bench
-# offload, bench gpt2-1.5b, bench bert-large, report. Each has its own limit and the limits add
-# up to ZT_GPU_CHECK_SECONDS (default 400) and the report's 10 s, so the whole run ends within
-# 7 minutes; a phase that finds no time left is SKIPPED. Without .gpu-bin/ the run first builds on
+# libraries, test kernels, test parity, cli (train, resume, generate per model and pinning), python
+# (the Python package training a module on the GPU against the CPU), bench offload, bench
+# gpt2-1.5b, bench bert-large, report. Each has its own limit and the limits add up to
+# ZT_GPU_CHECK_SECONDS (default 440) and the report's 10 s, so the whole run ends within 7.5
+# minutes; a phase that finds no time left is SKIPPED. Without .gpu-bin/ the run first builds on
 # the GPU machine (slower: then the later phases may be skipped). Exit status 0 only when every
 # phase passed.
 # Results (7 files): env.txt, build.log, tests.log, bench.log, summaries.json, gpu-bench.md and
@@ -35,7 +36,7 @@
 #                          named *OnTheTestDevice*)
 #   ZT_GPU_OFFLOAD_PRESET  the offload benchmark's preset (default: the largest that `zerotrain
 #                          estimate` says fits the GPU's memory and the host's)
-#   ZT_GPU_CHECK_SECONDS   the phases' time limit (default 400; the report has 10 s beyond it)
+#   ZT_GPU_CHECK_SECONDS   the phases' time limit (default 440; the report has 10 s beyond it)
 #   ZT_GPU_BUILD_DIR       the build directory of --prepare and of the fallback (default build-gpu)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -76,13 +77,15 @@ work=$root/runs/gpu-check           # logs and state of the last run on this mac
 deps_dir=$root/.gpu-deps
 deps_prefix=/tmp/zt-deps
 test_filter=${ZT_GPU_TEST_FILTER:-'DeviceKernels.*:*OnTheTestDevice*-DeviceKernels.BuildFlagAndStubs'}
-budget=${ZT_GPU_CHECK_SECONDS:-400}
+budget=${ZT_GPU_CHECK_SECONDS:-440}
 torch_pinned=$(tr -d '[:space:]' < cmake/torch-version.txt)
 offload_presets=(gpt3-13b gpt3-6.7b gpt3-2.7b gpt2-1.5b)  # largest first
 travel_limit_mib=64
-# The binaries the GPU machine runs: the CLI and the tests that need a GPU.
+# The binaries the GPU machine runs: the CLI, the tests that need a GPU, and the Python package's
+# extension (with its modules in python/zerotrain beside it).
 cli_target=zerotrain_cli
 test_targets=(device_kernels_test device_parity_test)
+python_targets=(zerotrain_python zerotrain_python_modules)
 # What the build needs from Debian beyond a GPU image (fallback build only).
 deb_packages=(nlohmann-json3-dev libcli11-dev libgloo-dev libgtest-dev libgmock-dev zlib1g-dev zlib1g libpcre2-dev libpcre2-8-0)
 
@@ -136,16 +139,21 @@ if [ "$mode" = prepare ]; then
   mapfile -t args < <(configure_args "$torch_prefix")
   echo "gpu-check: cmake ${args[*]}"
   cmake "${args[@]}" >/dev/null
-  echo "gpu-check: building $cli_target ${test_targets[*]} (CUDA, sm_90)"
-  cmake --build "$build_dir" -j"$(nproc)" --target "$cli_target" "${test_targets[@]}"
+  echo "gpu-check: building $cli_target ${test_targets[*]} ${python_targets[*]} (CUDA, sm_90)"
+  cmake --build "$build_dir" -j"$(nproc)" --target "$cli_target" "${test_targets[@]}" "${python_targets[@]}"
   rm -rf "$stage_dir.partial"
   mkdir -p "$stage_dir.partial/bin" "$stage_dir.partial/tests" "$stage_dir.partial/lib"
   strip -o "$stage_dir.partial/bin/zerotrain" "$build_dir/bin/zerotrain"
   for t in "${test_targets[@]}"; do strip -o "$stage_dir.partial/tests/$t" "$build_dir/tests/$t"; done
+  # The Python package as the build lays it out (python/CMakeLists.txt), its extension stripped.
+  mkdir -p "$stage_dir.partial/python"
+  cp -r "$build_dir/python/zerotrain" "$stage_dir.partial/python/zerotrain"
+  find "$stage_dir.partial/python" \( -name '*.in' -o -name __pycache__ \) -prune -exec rm -rf {} +
+  for so in "$stage_dir.partial"/python/zerotrain/_C*.so; do strip "$so"; done
   # Shared libraries the GPU machine may lack: everything the binaries load except LibTorch and
   # NVIDIA's (the GPU machine's python3 has the same pinned torch) and the C/C++ runtime.
   torch_lib=$(cd "$torch_prefix/../../lib" && pwd)
-  for f in "$stage_dir.partial"/bin/* "$stage_dir.partial"/tests/*; do
+  for f in "$stage_dir.partial"/bin/* "$stage_dir.partial"/tests/* "$stage_dir.partial"/python/zerotrain/_C*.so; do
     ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
   done | sort -u | while read -r lib; do
     case $lib in
@@ -562,7 +570,7 @@ if ((live)) && ((!prebuilt)) && ((torch_ok)); then
   export PATH="$PATH:/usr/local/cuda/bin"
   mapfile -t args < <(configure_args "$torch_root/share/cmake" "$extra")
   phase "configure (fallback build)" 40 "$build_log" cmake "${args[@]}" &&
-    phase "build (fallback build)" 240 "$build_log" cmake --build "$build_dir" -j"$(nproc)" --target "$cli_target" "${test_targets[@]}" &&
+    phase "build (fallback build)" 240 "$build_log" cmake --build "$build_dir" -j"$(nproc)" --target "$cli_target" "${test_targets[@]}" "${python_targets[@]}" &&
     built=1
 fi
 
@@ -622,6 +630,19 @@ if ((built)); then
   cli_phase
 else
   record "cli" SKIPPED "no binaries"
+fi
+
+# --- 4b. the Python package on the GPU: a module on cuda through zerotrain.initialize, stages 0-3,
+# offload, fp32 and bf16, against the same on the CPU (tests/python/scripts/device_parity.py) -----
+python_dir=$bin_dir/python
+if [ "$mode" = cpu_cli ]; then
+  record "python" SKIPPED "--cli-on-cpu runs the CLI phase only (the test suite runs the script on the CPU)"
+elif ((built)) && { ((!live)) || [ -f "$python_dir/zerotrain/__init__.py" ]; }; then
+  python_env=(env "PYTHONPATH=$python_dir" OMP_NUM_THREADS=4)
+  phase "python" 40 "$tests_log" "${python_env[@]}" python3 tests/python/scripts/device_parity.py --device cuda \
+    --reference cpu --out "$work/python-parity.json"
+else
+  record "python" SKIPPED "no binaries (or no python/zerotrain beside them)"
 fi
 
 # --- 5. benchmarks: ZeRO-Offload first (the headline), then GPT-2 1.5B and BERT-large ------------

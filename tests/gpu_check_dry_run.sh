@@ -26,7 +26,8 @@ for c in "${cases[@]}"; do
   for expected in "what travels to the GPU machine" ".gpu-bin/bin/zerotrain" "ZT_TEST_DEVICE=cuda" "device_kernels_test" \
     "device_parity_test" "*OnTheTestDevice*" "estimate configs/gpu_offload.json" "train configs/gpu_offload.json" \
     "configs/gpu_gpt2_1.5b_stage0.json" "configs/gpu_bert_large.json" "gpu-bench.md" \
-    "--device-memory $memory" "peak $peak TFLOPS" "[test parity, at most 90s]"; do
+    "--device-memory $memory" "peak $peak TFLOPS" "[test parity, at most 90s]" "[python, at most 40s]" \
+    "PYTHONPATH=.gpu-bin/python" "tests/python/scripts/device_parity.py --device cuda --reference cpu"; do
     grep -qF -- "$expected" <<<"$plan" || fail "--assume-gpu $gpu: the dry run does not mention '$expected'"
   done
   # The picks: a preset and a micro-batch in the commands, not the placeholders P and B.

@@ -1,11 +1,10 @@
 """deepspeed.accelerator.get_accelerator(): the device zerotrain trains on, with DeepSpeed's
 accelerator methods (device names, seeds, streams, memory counters, the communication backend).
 
-Which one: zerotrain._C exposes no build flag saying whether the engine was built for CUDA, and the
-Python front end refuses parameters on a GPU today (engine.TRAINING_DEVICE_TYPES). So the package's
-own list of the device types it trains on decides, together with torch.cuda.is_available(): the
-CUDA accelerator when the front end trains on "cuda" and torch sees a GPU, else the CPU. A package
-whose front end trains on CUDA then reports it with no change here.
+Which one: the device types the front end trains on (engine.TRAINING_DEVICE_TYPES: "cuda" too when
+the extension was built with the engine's CUDA path, zerotrain._C.built_with_cuda()), together
+with torch.cuda.is_available(): the CUDA accelerator when the package trains on "cuda" and torch
+sees a GPU, else the CPU.
 """
 import contextlib
 import os

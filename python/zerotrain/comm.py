@@ -48,11 +48,14 @@ def _serve_the_launchers_rendezvous():
 _serve_the_launchers_rendezvous()
 
 
-def init_distributed(dist_backend="gloo", auto_mpi_discovery=True, distributed_port=None, verbose=True,
+def init_distributed(dist_backend=None, auto_mpi_discovery=True, distributed_port=None, verbose=True,
                      timeout=None, init_method=None, dist_init_required=None, config=None, rank=-1, world_size=-1):
     """Joins the job (a no-op when already joined). With torch.distributed already initialised by the
     script (env://), zerotrain's communicator joins the store it serves; otherwise zerotrain meets the
-    other ranks first and then initialises torch.distributed over the same store."""
+    other ranks first and then initialises torch.distributed over the same store. The backend of
+    torch.distributed's group: dist_backend, else the accelerator's (Gloo on the CPU, NCCL when the
+    package trains on CUDA), as DeepSpeed's; training on CUDA, the rank's device is made current
+    first (LOCAL_RANK modulo the visible GPUs, as the command line picks it)."""
     global _communicator, _owns_torch_group
     if _communicator is not None:
         return
@@ -70,7 +73,12 @@ def init_distributed(dist_backend="gloo", auto_mpi_discovery=True, distributed_p
     _communicator = _C.make_communicator(clients_only=already and info["world_size"] > 1, timeout_seconds=seconds)
     if already:
         return
-    backend = dist_backend or "gloo"
+    from .accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() == "cuda":
+        torch.cuda.set_device(info["local_rank"] % torch.cuda.device_count())
+    backend = dist_backend or accelerator.communication_backend_name()
     kwargs = {} if seconds is None else {"timeout": datetime.timedelta(seconds=seconds)}
     if info["world_size"] == 1:
         store = dist.HashStore()
