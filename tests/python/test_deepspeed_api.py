@@ -601,7 +601,7 @@ def test_a_script_that_makes_its_own_process_group_runs_under_zerotrain_launch_a
     # A Gloo group the script left alive (Accelerate on the CPU leaves its own) is ended by
     # zerotrain's exit handler, before the interpreter's teardown could abort in its threads.
     with open(tmp_path / "zerotrain-launch.json.exit") as f:
-        assert json.load(f) == {"group_alive_at_exit": False}
+        assert json.load(f) == {"group_alive_at_exit": False, "engines_holding_the_communicator": 0}
     out = tmp_path / "torchrun.json"
     script = os.path.join(launching.SCRIPTS, "own_process_group.py")
     with socket.socket() as probe:  # a free port (torchrun's --master_port 0 waits for ever)

@@ -3,7 +3,7 @@ before deepspeed.initialize), run on 2 ranks under `zerotrain launch` or torchru
 collective, then a stage-2 engine over the same job. Rank 0 writes what it saw as JSON (argv[2]);
 argv[1] is the spec: {"leave_group": true} leaves the group alive at the end, as Accelerate on the
 CPU does, and rank 0 then writes to argv[2] + ".exit" whether it was still alive after zerotrain's
-exit handler had run."""
+exit handler had run, and how many engines still held the job's communicator then."""
 import atexit
 import json
 import sys
@@ -15,8 +15,13 @@ import torch.distributed as dist
 def _after_zerotrain_exit_handler():
     # Registered before zerotrain is imported, so it runs after zerotrain's own (last in, first out).
     if _SPEC.get("leave_group") and _RANK == 0:
+        from zerotrain import _registry
+
+        # An engine still holding the job's communicator keeps its Gloo threads running into
+        # Python's teardown (where they can abort the process).
+        holding = sum("_communicator" in engine.__dict__ for engine in list(_registry._engines))
         with open(sys.argv[2] + ".exit", "w") as f:
-            json.dump({"group_alive_at_exit": dist.is_initialized()}, f)
+            json.dump({"group_alive_at_exit": dist.is_initialized(), "engines_holding_the_communicator": holding}, f)
 
 
 _SPEC = json.loads(sys.argv[1])
