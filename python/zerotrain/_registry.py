@@ -34,3 +34,4 @@ def destroy_engines():
     that the communicator (and its Gloo threads) ends before Python's teardown."""
     for engine in list(_engines):
         engine._engine = None
+        engine.__dict__.pop("_communicator", None)

@@ -101,6 +101,7 @@ def _shut_down():
     _communicator = None
     # What still holds the communicator in a reference cycle (a module and its engine) lets go of it
     # now, while Python can run its destructor: its Gloo worker threads are joined there.
+    gc.collect()
     # torch.distributed's Gloo threads free their finished work (and with it the script's tensors)
     # on their own; at interpreter teardown that takes the GIL from a dying thread and aborts the
     # process ("terminate called without an active exception") after the script has finished.
