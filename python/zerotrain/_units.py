@@ -3,7 +3,7 @@ together, and the forward wrappers that gather them (docs/python.md "Stage 3").
 
 A unit is a submodule that owns parameters directly and has no descendant that does (a Linear, an
 Embedding, a LayerNorm), with at least stage3_param_persistence_threshold trainable elements. Its
-parameters are one block of the engine (zerotrain/blocks.h): gathered just before its forward,
+parameters are one block of the engine (zerotrain/zero/blocks.h): gathered just before its forward,
 released after, gathered again before its backward, prefetched along the recorded order. Every
 other parameter is persistent: whole on every rank. A submodule that uses a unit's parameters as
 its own (a head tied to an embedding) runs with that unit gathered. A parameter used directly by
@@ -106,24 +106,8 @@ def choose_units(model, threshold, built_sharded=(), external=None):
     whatever the threshold; `external`: {module path: [parameters]} from
     register_external_parameter."""
     modules = dict(model.named_modules())
-    owner = {}  # id(parameter) -> path of the first module that owns it directly
-    direct = {}  # module path -> its direct parameters
-    for path, m in modules.items():
-        params = [p for p in m._parameters.values() if p is not None]
-        if params:
-            direct[path] = params
-            for p in params:
-                owner.setdefault(id(p), path)
-
-    # Leaves: flagged modules not inside another leaf (DeepSpeed stops at the outermost one).
-    leaves = []
-    for path, m in modules.items():
-        if utils.z3_leaf_module(m) and not any(_inside(path, leaf) for leaf in leaves):
-            if isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-                raise ValueError(f"zerotrain: the stage-3 leaf '{path}' is a {type(m).__name__}, whose forward never runs, "
-                                 "so its parameters would never be gathered; flag the modules it holds, or the module "
-                                 "that runs them")
-            leaves.append(path)
+    owner, direct = _parameter_owners(modules)
+    leaves = _outermost_leaves(modules)
 
     def leaf_of(path):
         for leaf in leaves:
@@ -174,7 +158,41 @@ def choose_units(model, threshold, built_sharded=(), external=None):
         trainable = sum(p.numel() for p in members[path] if p.requires_grad)
         if path in built_sharded or (trainable > 0 and trainable >= threshold):
             units.append(path)
-    unit_set = set(units)
+    users = _unit_users(set(units), leaves, direct, group, external)
+    return UnitChoice(units, {u: members[u] for u in units}, users, absorbed)
+
+
+def _parameter_owners(modules):
+    """For {path: module}: ({id(parameter): path of the first module that owns it directly},
+    {module path: its direct parameters})."""
+    owner = {}
+    direct = {}
+    for path, m in modules.items():
+        params = [p for p in m._parameters.values() if p is not None]
+        if params:
+            direct[path] = params
+            for p in params:
+                owner.setdefault(id(p), path)
+    return owner, direct
+
+
+def _outermost_leaves(modules):
+    """The leaves among {path: module}: flagged modules not inside another leaf (DeepSpeed stops at
+    the outermost one), in module order."""
+    leaves = []
+    for path, m in modules.items():
+        if utils.z3_leaf_module(m) and not any(_inside(path, leaf) for leaf in leaves):
+            if isinstance(m, (torch.nn.ModuleList, torch.nn.ModuleDict)):
+                raise ValueError(f"zerotrain: the stage-3 leaf '{path}' is a {type(m).__name__}, whose forward never runs, "
+                                 "so its parameters would never be gathered; flag the modules it holds, or the module "
+                                 "that runs them")
+            leaves.append(path)
+    return leaves
+
+
+def _unit_users(unit_set, leaves, direct, group, external):
+    """UnitChoice.users: {module path: [unit paths]}, innermost first, for the units in `unit_set`;
+    `group`: {id(parameter): the path of the module that owns it, or of the leaf around that one}."""
     users = {}
 
     def use(path, unit):
@@ -196,7 +214,7 @@ def choose_units(model, threshold, built_sharded=(), external=None):
     for path, params in (external or {}).items():
         for p in params:
             use(path, group.get(id(p)))
-    return UnitChoice(units, {u: members[u] for u in units}, users, absorbed)
+    return users
 
 
 def _inside(path, ancestor):

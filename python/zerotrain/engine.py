@@ -7,21 +7,19 @@ C++ (docs/python.md).
 """
 import contextlib
 import json
-import math
 import os
 import shutil
-import sys
 from typing import Callable, Dict, Iterable, Union
 
 import torch
 
-from . import _C, _lr_client, _registry, _released, _units, comm, partition_parameters
+from . import _C, _lr_client, _registry, _released, _units, comm
 from . import zero as _zero
+from ._engine_setup import _basic_optimizer_from_config, _check_parameters, _mark_stage3, _note_once
+from ._engine_setup import _note_unread_blocks, _optimizer_from_client, _parameter_groups, _resolve_keep_in_fp32
+from ._engine_setup import _load_config  # noqa: F401  (zerotrain.initialize reads it from here)
 from ._engine_surface import EngineConfigQueries
 from .accelerator import get_accelerator
-from .ops._client import EngineOptimizer
-from .ops.adam import FusedAdam
-from .ops.lamb import FusedLamb
 
 # The device types whose parameters the Python front end hands to the engine (CUDA when the
 # extension was built with the engine's CUDA path); the accelerator (zerotrain.accelerator)
@@ -37,204 +35,6 @@ DeepSpeedSchedulerCallable = Callable[[torch.optim.Optimizer], torch.optim.lr_sc
 class DeepSpeedOptimizer:
     """DeepSpeed's base of the optimizers its engine returns from initialize: an isinstance check
     on what zerotrain.initialize returns as the optimizer finds it."""
-
-
-# torch.optim classes the engine has a kernel for: the configuration's optimizer type and params.
-def _torch_optimizer_config(opt):
-    g = opt.param_groups[0]
-    if type(opt) is torch.optim.AdamW:
-        if g.get("amsgrad"):
-            raise ValueError("zerotrain.initialize: torch.optim.AdamW(amsgrad=True): the AMSGrad variant is not implemented")
-        return "AdamW", {"lr": float(g["lr"]), "betas": list(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"]}
-    if type(opt) is torch.optim.Adam:
-        if g.get("amsgrad"):
-            raise ValueError("zerotrain.initialize: torch.optim.Adam(amsgrad=True): the AMSGrad variant is not implemented")
-        return "Adam", {"lr": float(g["lr"]), "betas": list(g["betas"]), "eps": g["eps"], "weight_decay": g["weight_decay"],
-                        "adam_w_mode": False}
-    if type(opt) is torch.optim.SGD:
-        return "SGD", {"lr": float(g["lr"]), "momentum": g["momentum"], "dampening": g["dampening"],
-                       "nesterov": g["nesterov"], "weight_decay": g["weight_decay"]}
-    return None
-
-
-_SUPPORTED = ("zerotrain.ops.adam.FusedAdam, zerotrain.ops.adam.DeepSpeedCPUAdam, zerotrain.ops.lamb.FusedLamb, "
-              "torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD")
-
-# Per group, these two may differ (the engine's ParameterGroup); the others must be the same in
-# every group.
-_PER_GROUP = ("lr", "weight_decay")
-_SHARED = ("betas", "eps", "bias_correction", "max_grad_norm", "max_coeff", "min_coeff", "momentum", "dampening",
-           "nesterov", "amsgrad", "adam_w_mode")
-
-
-def _optimizer_from_client(optimizer):
-    """The configuration's "optimizer" block for a client optimizer; TypeError for one the engine lacks."""
-    if isinstance(optimizer, EngineOptimizer):
-        opt_type, params = optimizer.engine_type, optimizer.engine_params()
-    elif isinstance(optimizer, torch.optim.Optimizer):
-        mapped = _torch_optimizer_config(optimizer)
-        if mapped is None:
-            raise TypeError(f"zerotrain.initialize: optimizer {type(optimizer).__module__}.{type(optimizer).__name__} is not "
-                            f"implemented by the engine; it runs {_SUPPORTED}, or the configuration's \"optimizer\" block")
-        opt_type, params = mapped
-    else:
-        raise TypeError(f"zerotrain.initialize: expected a torch.optim.Optimizer for optimizer=, found {type(optimizer).__name__}")
-    groups = optimizer.param_groups
-    for i, g in enumerate(groups[1:], start=1):
-        for key in _SHARED:
-            if key in g and key in groups[0] and g[key] != groups[0][key]:
-                raise ValueError(f"zerotrain.initialize: optimizer parameter group {i} has {key}={g[key]!r} where group 0 "
-                                 f"has {groups[0][key]!r}: only lr and weight_decay may differ between groups")
-    return {"type": opt_type, "params": params}
-
-
-def _parameter_groups(model, model_parameters, optimizer):
-    """The trainable parameters the script hands over, checked against the model, and the groups
-    with hyperparameters of their own as [(names, lr or None, weight_decay or None)]."""
-    named = list(model.named_parameters())
-    by_id = {id(p): n for n, p in named}
-    given, groups = [], []
-
-    def take(params, where):
-        params = [params] if torch.is_tensor(params) else list(params)
-        for p in params:
-            if not torch.is_tensor(p):
-                raise TypeError(f"zerotrain.initialize: {where}: expected tensors or groups of them, found {type(p).__name__}")
-            if id(p) not in by_id:
-                raise ValueError(f"zerotrain.initialize: {where} holds a tensor of shape {tuple(p.shape)} that is not a "
-                                 "parameter of the model")
-        given.extend(params)
-        return [by_id[id(p)] for p in params]
-
-    if optimizer is not None:
-        for i, g in enumerate(optimizer.param_groups):
-            names = take(g["params"], "the optimizer's parameter groups")
-            if i > 0:
-                groups.append((names, float(g["lr"]) if "lr" in g else None,
-                               float(g["weight_decay"]) if "weight_decay" in g else None))
-    elif model_parameters is not None:
-        for item in model_parameters:
-            if isinstance(item, dict):
-                shared = sorted(k for k in item if k in _SHARED)
-                if shared:
-                    raise ValueError(f"zerotrain.initialize: a model_parameters group sets {', '.join(shared)}: only lr "
-                                     "and weight_decay may be set per group; give the others in the configuration's "
-                                     "\"optimizer\" block")
-                names = take(item["params"], "model_parameters")
-                if any(k in item for k in _PER_GROUP):
-                    groups.append((names, float(item["lr"]) if "lr" in item else None,
-                                   float(item["weight_decay"]) if "weight_decay" in item else None))
-            else:
-                take(item, "model_parameters")
-    else:
-        given = [p for _, p in named if p.requires_grad]
-    chosen = {id(p) for p in given}
-    left_out = [n for n, p in named if p.requires_grad and id(p) not in chosen]
-    if left_out:
-        raise ValueError(f"zerotrain.initialize: {len(left_out)} parameter(s) of the model require a gradient but are not in "
-                         f"model_parameters (the first: {left_out[0]!r}); set requires_grad=False on the ones to freeze")
-    trainable = {n for n, p in named if p.requires_grad}  # frozen ones in a group are not the optimizer's
-    groups = [([n for n in names if n in trainable], lr, wd) for names, lr, wd in groups]
-    return named, [g for g in groups if g[0]]
-
-
-def _basic_optimizer_from_config(resolved, named, groups):
-    """The optimizer object DeepSpeed builds from the configuration's "optimizer" block (its
-    basic_optimizer), for a scheduler callable to be handed: the model's trainable parameters in
-    the engine's groups, with the configuration's hyperparameters. The engine runs the step."""
-    kind = json.loads(resolved.get("optimizer.type", "null"))
-    if not kind:
-        return None
-    value = {k[len("optimizer.params."):]: json.loads(v) for k, v in resolved.items() if k.startswith("optimizer.params.")}
-    grouped = {n for names, _, _ in groups for n in names}
-    param_groups = [{"params": [p for n, p in named if p.requires_grad and n not in grouped]}]
-    for names, lr, weight_decay in groups:
-        by_name = dict(named)
-        group = {"params": [by_name[n] for n in names]}
-        if lr is not None:
-            group["lr"] = lr
-        if weight_decay is not None:
-            group["weight_decay"] = weight_decay
-        param_groups.append(group)
-    common = dict(lr=value["lr"], betas=tuple(value["betas"]), eps=value["eps"], weight_decay=value["weight_decay"],
-                  bias_correction=value["bias_correction"])
-    if kind in ("Adam", "AdamW"):
-        # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false; "AdamW" always is.
-        return FusedAdam(param_groups, adam_w_mode=kind == "AdamW" or value["adam_w_mode"], **common)
-    if kind == "Lamb":
-        return FusedLamb(param_groups, max_grad_norm=value["max_grad_norm"], max_coeff=value["max_coeff"],
-                         min_coeff=value["min_coeff"], **common)
-    return EngineOptimizer(param_groups, dict(lr=value["lr"], momentum=value["momentum"], dampening=value["dampening"],
-                                              nesterov=value["nesterov"], weight_decay=value["weight_decay"]))
-
-
-_NOTED = set()
-
-
-def _resolve_keep_in_fp32(model, config, checked):
-    """data_types.keep_in_fp32_modules "auto" (the default) as DeepSpeed resolves it: the buffers
-    that the model's transformers lists name (_keep_in_fp32_modules_strict, and under fp16
-    _keep_in_fp32_modules too) stay in fp32, as patterns the engine matches on full buffer names."""
-    fp16 = checked.get("fp16.enabled", "false") == "true"
-    if not fp16 and checked.get("bf16.enabled", "false") != "true":
-        return
-    setting = config.get("data_types", {}).get("keep_in_fp32_modules", "auto")
-    if setting != "auto":
-        return
-    patterns = set()
-    for path, child in model.named_modules():
-        names = set(getattr(child, "_keep_in_fp32_modules_strict", None) or [])
-        if fp16:
-            names |= set(getattr(child, "_keep_in_fp32_modules", None) or [])
-        patterns |= {f"{path}.*{name}" if path else name for name in names}
-    if patterns:
-        config.setdefault("data_types", {})["keep_in_fp32_modules"] = sorted(patterns)
-
-
-def _note_once(key, text):
-    if key in _NOTED or comm.get_rank() != 0:
-        return
-    _NOTED.add(key)
-    print(f"zerotrain: note: {text}", file=sys.stderr, flush=True)
-
-
-def _load_config(config, args):
-    if config is None and args is not None:
-        config = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
-    if config is None:
-        raise ValueError("zerotrain.initialize: expected a configuration: config= (a path or a dict) or "
-                         "args.deepspeed_config")
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        try:
-            with open(path) as f:
-                text = f.read()
-        except OSError as e:
-            raise ValueError(f"zerotrain.initialize: cannot read the configuration {path}: {e.strerror}") from None
-        try:
-            return _finite(json.loads(text))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"zerotrain.initialize: the configuration {path} is not JSON: {e}") from None
-    if isinstance(config, dict):
-        return _finite(json.loads(json.dumps(config)))  # a copy, and non-JSON values refused here
-    raise TypeError(f"zerotrain.initialize: expected config to be a path or a dict, found {type(config).__name__}")
-
-
-def _finite(config):
-    """steps_per_print: inf is DeepSpeed's "never report" (Accelerate writes it); JSON, which the C++
-    parser reads, has no infinity, so it becomes the largest count, which never comes either. Any
-    other infinity or NaN is refused here, naming its key."""
-    if isinstance(config, dict) and config.get("steps_per_print") == math.inf:
-        config["steps_per_print"] = sys.maxsize
-
-    def check(value, path):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise _C.ConfigError(f"{path}: expected a finite number, found {value}")
-        for key, item in value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ():
-            check(item, f"{path}.{key}" if path else str(key))
-
-    check(config, "")
-    return config
 
 
 class EngineOptimizerView(DeepSpeedOptimizer):
@@ -295,14 +95,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         if optimizer is not None and callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             # DeepSpeed's optimizer callable: made from the parameters handed over (all of them when none).
             optimizer = optimizer(list(model.parameters()) if model_parameters is None else list(model_parameters))
-        for name, p in model.named_parameters():
-            if _registry.engine_of(p) is not None:
-                raise ValueError(f"zerotrain.initialize: the model's parameter {name!r} is held by another engine that is "
-                                 "still alive (it would train nothing once this one took the parameters); call "
-                                 "destroy() on that engine first to hand the module over")
-            if _released.is_released(p) and "_zt_shard" not in p.__dict__:
-                raise ValueError(f"zerotrain.initialize: the model's parameter {name!r} has no values: "
-                                 f"{_released.why(p)}")
+        _check_parameters(model)
         for p in model.parameters():
             if p.device.type not in TRAINING_DEVICE_TYPES:
                 built = ("this zerotrain was built without CUDA (build it where nvcc is found, or with "
@@ -318,16 +111,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
                                                "as in DeepSpeed")
             config["optimizer"] = _optimizer_from_client(optimizer)
             basic = optimizer
-        own = [k for k in ("model", "data", "train") if k in config
-               and not (k == "model" and getattr(model, "cpp_module", None) is not None)]  # zerotrain.models read it
-        if own:
-            _note_once("own-blocks", f"the configuration's {', '.join(own)} block(s) are read by the zerotrain command "
-                                     "line only (from Python, train.retain_freed_memory alone); the script's own model "
-                                     "and loop are used")
-        reporting = [k for k in ("tensorboard", "wandb", "comet")
-                     if isinstance(config.get(k), dict) and config[k].get("enabled")]
-        if reporting:
-            _note_once("reporting", f"{', '.join(reporting)}: DeepSpeed reports zerotrain does not produce; ignored")
+        _note_unread_blocks(model, config)
         self._named_parameters, groups = _parameter_groups(model, model_parameters, optimizer)
         self.module = model
         self.client_optimizer = optimizer
@@ -336,26 +120,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         if basic is None:
             basic = _basic_optimizer_from_config(checked, self._named_parameters, groups)
         self.basic_optimizer = basic
-        scheduler = _lr_client.resolve(lr_scheduler, basic)
-        self._client_scheduler = None
-        if _lr_client.runs_in_engine(scheduler):  # one of DeepSpeed's schedules: the engine runs it
-            if "scheduler" in config:
-                _note_once("client-schedule", "the client lr_scheduler replaces the configuration's \"scheduler\" "
-                                              "block, as in DeepSpeed")
-            config["scheduler"] = scheduler.config_block()
-        elif scheduler is not None:
-            if "scheduler" in config:
-                _note_once("client-scheduler", "the client lr_scheduler is used instead of the configuration's "
-                                               "\"scheduler\" block, as in DeepSpeed")
-                del config["scheduler"]
-            if basic is None:
-                raise ValueError("zerotrain.initialize: a client lr_scheduler needs an optimizer to set the rates of: "
-                                 "give optimizer= or the configuration's \"optimizer\" block")
-            self._client_scheduler = scheduler
-            # The rate the scheduler has set by now is the configuration's (what the engine reports
-            # before its first step); step() hands the scheduler's rates over before each step.
-            config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = float(basic.param_groups[0]["lr"])
-            self._named_parameters, groups = _parameter_groups(model, None, basic)
+        scheduler, groups = self._take_scheduler(model, config, lr_scheduler, basic, groups)
         checked = _C.check_config(json.dumps(config), [], self._communicator.world_size)["resolved"]
         # The command line's heap policy (train.retain_freed_memory, default "bounded"): freed tensor
         # blocks kept for reuse instead of page-faulted in again every step.
@@ -376,23 +141,7 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             _zero.adopted(orphans)
         self._unit_forwards = None
         self._unit_members = {}
-        choice = None
-        threshold = 0
-        if cpp_module is None:
-            # DeepSpeed flags the configuration's leaf modules at every stage; they matter at stage 3.
-            _, leaf_notes = _units.apply_leaf_config(model, config.get("zero_optimization"))
-            for text in leaf_notes:
-                _note_once("leaf:" + text, text)
-        if stage == 3 and cpp_module is None:
-            threshold = int(checked.get("zero_optimization.stage3_param_persistence_threshold", "0"))
-            external = {path: _zero.external_parameters(m) for path, m in modules.items() if _zero.external_parameters(m)}
-            choice = _units.choose_units(model, threshold, set(built_sharded), external)
-            for path in choice.absorbed:
-                # Built sharded as a unit of its own; its leaf is its unit now, sharded by the engine
-                # from whole values: this unit is whole on every rank until then.
-                _C.gather_pending(built_sharded.pop(path), self._communicator)
-                _zero.adopted(_zero.pending_parameters(modules[path]))
-                _zero.forget_pending(modules[path])
+        choice, threshold = self._choose_units(model, config, checked, stage, cpp_module, modules, built_sharded)
         self._shell = cpp_module if cpp_module is not None else _C.make_module_shell(self._named_parameters, buffers,
                                                                                        built_sharded)
         if choice is not None:
@@ -414,20 +163,64 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
             _zero.forget_pending(modules[path])
         resolved = self._engine.config_json
         if choice is not None:
-            in_units = {id(p) for u in choice.units for p in choice.members[u]}
-            partition_parameters.mark_stage3(self._named_parameters,
-                                             {id(p) for _, p in self._named_parameters if id(p) not in in_units})
-            units = choice.units
-            trainable = [p for _, p in self._named_parameters if p.requires_grad]
-            total = sum(p.numel() for p in trainable)
-            sharded = sum(p.numel() for u in units for p in choice.members[u] if p.requires_grad)
-            if not units:
-                _note_once("stage3-units", "stage 3: no submodule qualifies as a unit to shard (stage3_param_persistence_"
-                                           f"threshold {threshold}): every rank keeps all {total} parameters whole; "
-                                           "gradients and optimizer states are partitioned")
-            else:
-                _note_once("stage3-units", f"stage 3: {len(units)} units sharded ({sharded} of {total} trainable "
-                                           "parameters); the rest are kept whole on every rank")
+            _mark_stage3(self._named_parameters, choice, threshold)
+        self._attach_optimizer_and_scheduler(scheduler, basic, resolved)
+        self._init_loop_state(resolved, args)
+        _registry.register(self, self._named_parameters)
+
+    def _take_scheduler(self, model, config, lr_scheduler, basic, groups):
+        """initialize's lr_scheduler (or the callable making one from `basic`): one of DeepSpeed's
+        schedules becomes the configuration's "scheduler" block, which the engine runs; any other is
+        the client scheduler that step() steps, setting the rates of `basic`'s groups. Returns (the
+        scheduler, the parameter groups)."""
+        scheduler = _lr_client.resolve(lr_scheduler, basic)
+        self._client_scheduler = None
+        if _lr_client.runs_in_engine(scheduler):  # one of DeepSpeed's schedules: the engine runs it
+            if "scheduler" in config:
+                _note_once("client-schedule", "the client lr_scheduler replaces the configuration's \"scheduler\" "
+                                              "block, as in DeepSpeed")
+            config["scheduler"] = scheduler.config_block()
+        elif scheduler is not None:
+            if "scheduler" in config:
+                _note_once("client-scheduler", "the client lr_scheduler is used instead of the configuration's "
+                                               "\"scheduler\" block, as in DeepSpeed")
+                del config["scheduler"]
+            if basic is None:
+                raise ValueError("zerotrain.initialize: a client lr_scheduler needs an optimizer to set the rates of: "
+                                 "give optimizer= or the configuration's \"optimizer\" block")
+            self._client_scheduler = scheduler
+            # The rate the scheduler has set by now is the configuration's (what the engine reports
+            # before its first step); step() hands the scheduler's rates over before each step.
+            config.setdefault("optimizer", {}).setdefault("params", {})["lr"] = float(basic.param_groups[0]["lr"])
+            self._named_parameters, groups = _parameter_groups(model, None, basic)
+        return scheduler, groups
+
+    def _choose_units(self, model, config, checked, stage, cpp_module, modules, built_sharded):
+        """Flags the configuration's leaf modules and, at stage 3 for a Python model, chooses the
+        units; a unit built sharded that now lies inside a leaf is gathered whole and leaves
+        `built_sharded`. Returns (the UnitChoice or None, the persistence threshold)."""
+        choice = None
+        threshold = 0
+        if cpp_module is None:
+            # DeepSpeed flags the configuration's leaf modules at every stage; they matter at stage 3.
+            _, leaf_notes = _units.apply_leaf_config(model, config.get("zero_optimization"))
+            for text in leaf_notes:
+                _note_once("leaf:" + text, text)
+        if stage == 3 and cpp_module is None:
+            threshold = int(checked.get("zero_optimization.stage3_param_persistence_threshold", "0"))
+            external = {path: _zero.external_parameters(m) for path, m in modules.items() if _zero.external_parameters(m)}
+            choice = _units.choose_units(model, threshold, set(built_sharded), external)
+            for path in choice.absorbed:
+                # Built sharded as a unit of its own; its leaf is its unit now, sharded by the engine
+                # from whole values: this unit is whole on every rank until then.
+                _C.gather_pending(built_sharded.pop(path), self._communicator)
+                _zero.adopted(_zero.pending_parameters(modules[path]))
+                _zero.forget_pending(modules[path])
+        return choice, threshold
+
+    def _attach_optimizer_and_scheduler(self, scheduler, basic, resolved):
+        """The optimizer and lr_scheduler that initialize returns, and where each step's rates come
+        from."""
         self.optimizer = EngineOptimizerView(self, basic)
         if self._client_scheduler is not None:
             self.lr_scheduler = self._client_scheduler
@@ -446,6 +239,9 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         if self._client_scheduler is None and self.lr_scheduler is not None and basic is not None:
             for group in basic.param_groups:  # the schedule's first rate, in every group as DeepSpeed's
                 group["lr"] = self._engine.learning_rate
+
+    def _init_loop_state(self, resolved, args):
+        """What the training loop reads and reports between steps, and DeepSpeed's engine attributes."""
         self._fp16 = resolved.get("fp16.enabled", "false") == "true"
         self._betas = (json.loads(resolved.get("optimizer.params.betas", "[0.9, 0.999]"))
                        if resolved.get("optimizer.type", "").strip('"') != "SGD" else None)
@@ -468,7 +264,6 @@ class ZeroEngine(EngineConfigQueries, torch.nn.Module):
         self._window_ended = False  # a backward since the last step() ended the accumulation window
         self._micro_step = 0  # backward() calls into the current accumulation window
         self._inside_no_sync = False
-        _registry.register(self, self._named_parameters)
 
     # ------------------------------------------------------------------ the loop
     def forward(self, *inputs, **kwargs):
