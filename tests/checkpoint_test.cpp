@@ -24,9 +24,9 @@
 #include "checkpoint/safetensors.h"
 #include "support/counting_allocator.h"
 #include "support/multirank.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
 
@@ -101,7 +101,7 @@ std::vector<double> read_losses(const std::string& path) {
 // Parent side: one phase of `world` ranks.
 void phase(int world, int stage, int steps, const std::string& load_dir, const std::string& save_dir,
            const std::string& losses_file) {
-  auto r = run_ranks(world, "CheckpointRank.Body",
+  auto r = run_ranks(world, "CheckpointRankBody.TrainSaveLoad",
                      {{"ZT_CKPT_STAGE", std::to_string(stage)}, {"ZT_CKPT_STEPS", std::to_string(steps)},
                       {"ZT_CKPT_LOAD", load_dir}, {"ZT_CKPT_SAVE", save_dir}, {"ZT_CKPT_LOSSES", losses_file},
                       {"ZT_COMM_TIMEOUT_SECONDS", "60"}},
@@ -113,9 +113,10 @@ std::string fresh_dir(const std::string& name) { return zt::testing::make_temp_d
 
 }  // namespace
 
-// The rank body of every case below (does nothing when run directly).
-TEST(CheckpointRank, Body) {
-  if (!is_rank_process()) return;
+// The rank body of every case below: a suite ending in RankBody, which ctest does not list
+// (tests/CMakeLists.txt); run_ranks starts it by name.
+TEST(CheckpointRankBody, TrainSaveLoad) {
+  if (!is_rank_process()) GTEST_SKIP() << "a rank body: the tests of this file start it as ranks";
   const auto losses = train(std::stoi(env("ZT_CKPT_STAGE")), std::stoi(env("ZT_CKPT_STEPS")), env("ZT_CKPT_LOAD"),
                             env("ZT_CKPT_SAVE"));
   if (zt::testing::test_rank() == 0) write_losses(env("ZT_CKPT_LOSSES"), losses);
@@ -300,11 +301,11 @@ TEST(Checkpoint, DamagedOrForeignCheckpointsAreRefusedWithoutHarm) {
   }
 }
 
-// The saver of the crash test (does nothing unless ZT_CKPT_CRASH_DIR is set): one checkpoint,
-// a "ready" mark, then checkpoints back to back (keeping 3) until it is killed.
-TEST(CheckpointCrash, SaverBody) {
+// The saver of the crash test, a process body that ctest does not list (as a RankBody suite):
+// one checkpoint, a "ready" mark, then checkpoints back to back (keeping 3) until it is killed.
+TEST(CheckpointCrashRankBody, Saver) {
   const std::string dir = env("ZT_CKPT_CRASH_DIR");
-  if (dir.empty()) return;
+  if (dir.empty()) GTEST_SKIP() << "the saver of SaveKilledAnywhereLeavesTheLastCheckpointLoadable, started by it";
   SingleRank saver;
   saver.step();
   saver.engine->save_checkpoint(dir, "t-0", {}, 3);
@@ -325,7 +326,7 @@ TEST(Checkpoint, SaveKilledAnywhereLeavesTheLastCheckpointLoadable) {
     if (pid == 0) {
       ::setenv("ZT_CKPT_CRASH_DIR", dir.c_str(), 1);
       const std::string self = zt::testing::self_executable();
-      ::execl(self.c_str(), self.c_str(), "--gtest_filter=CheckpointCrash.SaverBody", static_cast<char*>(nullptr));
+      ::execl(self.c_str(), self.c_str(), "--gtest_filter=CheckpointCrashRankBody.Saver", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     const auto start = std::chrono::steady_clock::now();
@@ -649,10 +650,10 @@ TEST(CheckpointFaults, AFailedSaveLeavesThePreviousCheckpoint) {
   }
 }
 
-// The rank body of the next test: rank 1's writes fail; every rank must throw (none hangs), and
-// the directory keeps the previous checkpoint.
-TEST(CheckpointFaultRank, Body) {
-  if (!is_rank_process()) return;
+// The rank body of the next test (not listed by ctest): rank 1's writes fail; every rank must
+// throw (none hangs), and the directory keeps the previous checkpoint.
+TEST(CheckpointFaultRankBody, FailedWrites) {
+  if (!is_rank_process()) GTEST_SKIP() << "a rank body: the next test starts it as ranks";
   auto comm = zt::make_communicator(zt::rendezvous_from_environment(), zt::comm_options_from_environment());
   const fs::path dir = env("ZT_CKPT_FAULT_DIR");
   const std::vector<zt::CheckpointParameter> parameters = {{"w", {8}}};
@@ -684,7 +685,7 @@ TEST(CheckpointFaultRank, Body) {
 
 TEST(CheckpointFaults, AFailureOnOneRankFailsTheSaveOnEveryRank) {
   const std::string dir = fresh_dir("fault-ranks");
-  auto r = run_ranks(2, "CheckpointFaultRank.Body", {{"ZT_CKPT_FAULT_DIR", dir}, {"ZT_COMM_TIMEOUT_SECONDS", "60"}},
+  auto r = run_ranks(2, "CheckpointFaultRankBody.FailedWrites", {{"ZT_CKPT_FAULT_DIR", dir}, {"ZT_COMM_TIMEOUT_SECONDS", "60"}},
                      std::chrono::seconds(120));
   EXPECT_TRUE(r.all_succeeded()) << r.describe();
 }

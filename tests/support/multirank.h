@@ -8,7 +8,9 @@
 //     EXPECT_TRUE(r.all_succeeded()) << r.describe();
 //   }
 //
-// A failed assertion in a rank makes gtest exit non-zero, which the parent sees.
+// A failed assertion in a rank makes gtest exit non-zero, which the parent sees. A body that
+// several tests start is a TEST of a suite whose name ends in RankBody: ctest does not list it
+// (tests/CMakeLists.txt), and run_ranks names it.
 #pragma once
 #include <chrono>
 #include <map>
