@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "comm/collective_paths.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 
 namespace {
 

@@ -37,7 +37,7 @@ from bench_util import set_path, status_bytes  # noqa: E402
 GIB = 1024 ** 3
 EOS = "<|end_of_text|>"
 
-# The shape of zerotrain's llama-1b preset (src/models/llama_config.cpp: Llama 3.2 1B) and a tiny
+# The shape of zerotrain's llama-1b preset (src/config/llama_config.cpp: Llama 3.2 1B) and a tiny
 # one of the same kind for a quick check.
 SHAPES = {
     "1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,

@@ -5,7 +5,7 @@
 
 #include <chrono>
 
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 #include "zerotrain/models/gpt.h"
 
 int main(int argc, char** argv) {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "zerotrain/error.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 int main(int argc, char** argv) {
   if (argc != 4) {

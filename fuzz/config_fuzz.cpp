@@ -1,5 +1,5 @@
 // libFuzzer target: the configuration parser (parse_config, with --set overrides) on arbitrary
-// bytes. Contract under test (zerotrain/config.h): a valid configuration or one zt::ConfigError
+// bytes. Contract under test (zerotrain/config/config.h): a valid configuration or one zt::ConfigError
 // with a one-line message; any other exception, a crash, a leak or a hang is a finding.
 //
 // Input: the configuration text up to the first NUL byte; each further NUL-separated piece is an
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

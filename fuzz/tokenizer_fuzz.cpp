@@ -1,6 +1,6 @@
 // libFuzzer target: the Hugging Face tokenizer.json reader (src/data/hf_tokenizer_json.cpp) and,
 // for a file it accepts, encoding and decoding with it (src/data/hf_*.cpp). Input: the file's text
-// up to the first NUL byte, then the text to encode. Contract under test (zerotrain/tokenizer.h):
+// up to the first NUL byte, then the text to encode. Contract under test (zerotrain/data/tokenizer.h):
 // a file from the internet, however hostile (nested without end, oversized, with regexes that
 // backtrack, normalizers that multiply the text, thousands of added tokens), loads or is one
 // zt::DataError; the text then encodes or is one zt::DataError, and the ids decode or are one.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "zerotrain/error.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);

@@ -1,20 +1,16 @@
 #!/usr/bin/env python3
-"""Every project #include follows the layers of docs/architecture.md.
+"""Every project #include follows the layers of src/layers.txt, and every file's layer is its folder.
 
-The layers are the rows of the table in docs/architecture.md, in its order: a layer may include
-its own headers and those of the layers above it (earlier rows), never those of a layer below it.
-A file's layer:
-- src/<part>/...: the row whose "source" column names src/<part>/ (or a file in it);
-  src/common/ is a utility layer every layer may include, and it includes only the errors layer;
-- include/zerotrain/<name>.h: the row whose "header" column lists it as a public header (before
-  the word "internal"), or the entry in EXTRA_HEADERS / HEADER_OWNER below.
-Project includes are the `#include "..."` lines of src/** and include/zerotrain/**, in the forms
-"zerotrain/x.h" (include/zerotrain/x.h) and "<part>/x.h" (src/<part>/x.h).
+src/layers.txt lists the layers in order, each with its folders (src/<part> and, where the layer
+has public headers, include/zerotrain/<part>; include/zerotrain itself holds the common layer's
+headers). A file may include the headers of its own layer and of earlier layers, never those of a
+later layer. Project includes are the `#include "..."` lines of src/** and include/zerotrain/**,
+in the forms "zerotrain/x.h" (include/zerotrain/x.h) and "<part>/x.h" (src/<part>/x.h).
 
-Prints one line per include of a lower layer's header ("file:line: <layer> includes <header> of
-layer <layer> (below it)") that ALLOWED does not list, one per ALLOWED entry that no longer
-matches any include, and exits 1 when there is any; otherwise one summary line. Exits 2 when the
-table cannot be read or a file has no layer (the table, or the mappings below, need a row).
+Prints one line per upward include ("file:line: <layer> includes <header> of layer <layer>, a later
+layer") and per source file in a folder the table does not name, and exits 1 when there is any;
+otherwise one summary line. Exits 2 when src/layers.txt cannot be read. There is no list of
+exceptions: an include that runs upward is moved, or the header is.
 """
 import pathlib
 import re
@@ -22,107 +18,54 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
 SOURCE_SUFFIXES = {".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh"}
-COMMON = "common"
-
-# Public headers that the table's header column does not list: their layer, and why.
-EXTRA_HEADERS = {
-    "comms_logger.h": "comm",  # the comm row's "owns" column names it; implemented in src/comm/
-    "version.h": COMMON,       # the library's version string; implemented in src/common/
-}
-# Public headers that the header column lists in more than one row: the layer that owns them.
-HEADER_OWNER = {
-    # Declares Engine (and WeightReader); the checkpoint row lists it for save_checkpoint and
-    # load_checkpoint, which are Engine's members.
-    "engine.h": "zero (engine)",
-}
-
-# Upward includes that exist today, as (including file, included header as written): each with
-# the reason it runs upward. Any other upward include fails the check; an entry that no longer
-# matches fails too, so that the list only shrinks.
-ALLOWED = {
-}
-
-
-def fail_setup(message):
-    print(f"check_layers: {message}", file=sys.stderr)
-    sys.exit(2)
+TABLE = root / "src" / "layers.txt"
 
 
 def read_table():
-    """[(layer, public header names, src parts)] in the table's order."""
-    text = (root / "docs" / "architecture.md").read_text()
-    rows, in_table = [], False
-    for line in text.splitlines():
-        if re.match(r"\|\s*layer\s*\|\s*header\s*\|\s*source\s*\|", line):
-            in_table = True
+    """{folder relative to the root: (rank, layer name)}."""
+    folders = {}
+    try:
+        lines = TABLE.read_text().splitlines()
+    except OSError as e:
+        sys.exit(f"check_layers: cannot read {TABLE.relative_to(root)}: {e.strerror}")
+    for number, line in enumerate(lines, 1):
+        words = line.split("#", 1)[0].split()
+        if not words:
             continue
-        if not in_table:
-            continue
-        if not line.startswith("|"):
-            break
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 3 or set(cells[0]) <= set("-: "):
-            continue
-        layer, header_cell, source_cell = cells[0], cells[1], cells[2]
-        public_part = header_cell.split("internal")[0]
-        headers = [h for h in re.findall(r"`([^`]+)`", public_part) if h.endswith(".h") and not h.startswith("src/")]
-        parts = re.findall(r"`src/(\w+)/[^`]*`", source_cell)
-        rows.append((layer, headers, parts))
-    if len(rows) < 10:
-        fail_setup(f"read {len(rows)} rows from the layer table of docs/architecture.md; expected its 14")
-    return rows
+        if len(words) < 2:
+            print(f"check_layers: {TABLE.relative_to(root)}:{number}: expected a layer and its folders, found '{line}'",
+                  file=sys.stderr)
+            sys.exit(2)
+        rank = len({layer for _, layer in folders.values()})
+        for folder in words[1:]:
+            if not (root / folder).is_dir():
+                print(f"check_layers: {TABLE.relative_to(root)}:{number}: the folder {folder} does not exist",
+                      file=sys.stderr)
+                sys.exit(2)
+            folders[folder] = (rank, words[0])
+    return folders
 
 
-rows = read_table()
-rank = {COMMON: 0}
-part_layer = {COMMON: COMMON}
-header_layer = dict(EXTRA_HEADERS)
-listed = {}
-for i, (layer, headers, parts) in enumerate(rows):
-    rank[layer] = i
-    for part in parts:
-        part_layer[part] = layer
-    for header in headers:
-        listed.setdefault(header, []).append(layer)
-for header, layers in listed.items():
-    if header in HEADER_OWNER:
-        if HEADER_OWNER[header] not in layers:
-            fail_setup(f"HEADER_OWNER gives {header} to {HEADER_OWNER[header]}, which the table does not list it under")
-        header_layer[header] = HEADER_OWNER[header]
-    elif len(layers) > 1:
-        fail_setup(f"the table lists {header} under {', '.join(layers)}: say which owns it in HEADER_OWNER")
-    else:
-        header_layer[header] = layers[0]
-for layer in list(EXTRA_HEADERS.values()) + list(HEADER_OWNER.values()):
-    if layer not in rank:
-        fail_setup(f"the mappings name the layer '{layer}', which is no row of the table")
-
-public_dir = root / "include" / "zerotrain"
-files = sorted(p for d in (root / "src", public_dir) for p in d.rglob("*") if p.is_file() and p.suffix in SOURCE_SUFFIXES)
+folders = read_table()
+problems = []
 
 
 def layer_of(path):
-    rel = path.relative_to(root)
-    if rel.parts[0] == "src":
-        layer = part_layer.get(rel.parts[1])
-        if layer is None:
-            fail_setup(f"{rel}: no row of the layer table names src/{rel.parts[1]}/ in its source column")
-        return layer
-    name = path.relative_to(public_dir).as_posix()
-    layer = header_layer.get(name)
-    if layer is None:
-        fail_setup(f"{rel}: no row of the layer table lists {name} as a public header (nor EXTRA_HEADERS)")
-    return layer
+    folder = path.parent.relative_to(root).as_posix()
+    found = folders.get(folder)
+    if found is None:
+        problems.append(f"{path.relative_to(root)}: its folder {folder} is no layer's ({TABLE.relative_to(root)})")
+    return found
 
 
 def resolve(target):
-    if target.startswith("zerotrain/"):
-        return root / "include" / target
-    return root / "src" / target
+    return root / "include" / target if target.startswith("zerotrain/") else root / "src" / target
 
 
+files = sorted(p for d in (root / "src", root / "include" / "zerotrain") for p in d.rglob("*")
+               if p.is_file() and p.suffix in SOURCE_SUFFIXES)
 include_re = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
-problems, used_allowed, count = [], set(), 0
+count = 0
 for path in files:
     rel = path.relative_to(root).as_posix()
     layer = layer_of(path)
@@ -137,20 +80,14 @@ for path in files:
             continue
         count += 1
         target_layer = layer_of(target_path)
-        if rank[target_layer] <= rank[layer]:
-            continue
-        if (rel, target) in ALLOWED:
-            used_allowed.add((rel, target))
-            continue
-        problems.append(f"{rel}:{number}: {layer} includes {target} of layer {target_layer} (below it)")
-
-for rel, target in sorted(set(ALLOWED) - used_allowed):
-    problems.append(f"scripts/check_layers.py: the exception ({rel}, {target}) no longer occurs: remove it from ALLOWED")
+        if layer and target_layer and target_layer[0] > layer[0]:
+            problems.append(f"{rel}:{number}: {layer[1]} includes {target} of layer {target_layer[1]}, a later layer")
 
 if problems:
-    print("\n".join(problems))
-    print(f"check_layers: {len(problems)} problem(s); a layer uses only its own headers and those of the "
-          "layers above it in the table of docs/architecture.md")
+    print("\n".join(sorted(set(problems))))
+    print(f"check_layers: {len(set(problems))} problem(s); a file includes only the headers of its own layer and "
+          f"of the layers before it in {TABLE.relative_to(root)}")
     sys.exit(1)
-print(f"check_layers: {len(files)} files, {count} project includes, all follow the layers "
-      f"({len(used_allowed)} known exceptions)")
+layers = len({layer for _, layer in folders.values()})
+print(f"check_layers: {len(files)} files in {len(folders)} folders of {layers} layers, {count} project includes, "
+      "none to a later layer")

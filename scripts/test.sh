@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test suite that runs on every change (CI runs it through .ci/run), from a fresh machine:
 # installs what is missing, checks that every path and test name the docs cite exists, that
-# every #include follows the layers of docs/architecture.md and that files and functions stay
+# every #include follows the layers of src/layers.txt and that files and functions stay
 # within their sizes, builds
 # (CPU), checks that the CUDA configuration compiles and links
 # when nvcc is present, runs every test with ctest, and fuzzes the configuration and checkpoint
@@ -21,6 +21,7 @@ stamp "include layers (scripts/check_layers.py)"
 python3 scripts/check_layers.py
 
 stamp "file and function sizes (scripts/check_sizes.py)"
+python3 scripts/check_sizes.py --self-test
 python3 scripts/check_sizes.py
 
 stamp "build (CPU)"

@@ -5,11 +5,11 @@
 #include <optional>
 
 #include "support/multirank.h"
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
 

@@ -12,14 +12,14 @@
 #include <unistd.h>
 
 #include "support/multirank.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/data.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/data/data.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/bert.h"
-#include "zerotrain/models/bert_data.h"
+#include "zerotrain/data/bert_data.h"
 
 namespace {
 

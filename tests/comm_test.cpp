@@ -17,10 +17,10 @@
 #include "comm/node_groups.h"
 #include "support/multirank.h"
 #include "support/process.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/comms_logger.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/comm/comms_logger.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 
 using namespace zt;

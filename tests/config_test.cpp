@@ -22,11 +22,11 @@
 #include "checkpoint/safetensors.h"
 #include "config/schema.h"
 #include "support/process.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
-#include "zerotrain/models/llama_config.h"
+#include "zerotrain/config/llama_config.h"
 
 namespace {
 

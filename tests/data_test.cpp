@@ -12,7 +12,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 #include "zerotrain/error.h"
 
 namespace fs = std::filesystem;

@@ -29,14 +29,14 @@
 #include "support/multirank.h"
 #include "support/parity.h"
 #include "zero/device_plan.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/models/bert.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/llama.h"
-#include "zerotrain/reporting.h"
+#include "zerotrain/zero/reporting.h"
 
 namespace {
 

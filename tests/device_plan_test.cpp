@@ -6,7 +6,7 @@
 #include <cstdlib>
 
 #include "zero/device_plan.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 
 namespace {

@@ -6,12 +6,12 @@
 #include <set>
 
 #include "support/process.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
-#include "zerotrain/layout.h"
-#include "zerotrain/lr_schedule.h"
+#include "zerotrain/layout/layout.h"
+#include "zerotrain/optim/lr_schedule.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The memory estimator (zerotrain/estimate.h): the model-state table of docs/design.md
+// The memory estimator (zerotrain/memory/estimate.h): the model-state table of docs/design.md
 // "Memory per parameter" for every stage, precision and world size; the GPT's and the Llama's
 // figures against the models; activations against the bytes autograd really keeps; the estimate
 // against measured runs of `zerotrain train`; the planner's picks for scripted machines; the CLI.
@@ -15,13 +15,13 @@
 
 #include "support/counting_allocator.h"
 #include "support/process.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/estimate.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/memory/estimate.h"
+#include "zerotrain/memory/memory.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/llama.h"
-#include "zerotrain/step_time.h"
+#include "zerotrain/memory/step_time.h"
 
 namespace {
 

@@ -17,10 +17,10 @@
 #include "comm/flight_recorder.h"
 #include "support/multirank.h"
 #include "support/process.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 
 using namespace zt;

@@ -12,7 +12,7 @@
 
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
-#include "zerotrain/models/gpt_flops.h"
+#include "zerotrain/config/gpt_flops.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
 

@@ -24,7 +24,7 @@
 #include "data/hf_utf8.h"
 #include "support/process.h"
 #include "zerotrain/error.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 using nlohmann::json;
 using zt::HfTokenizer;

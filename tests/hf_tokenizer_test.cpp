@@ -1,4 +1,4 @@
-// Hugging Face tokenizers (include/zerotrain/tokenizer.h, src/data/hf_*.cpp, docs/tokenizers.md):
+// Hugging Face tokenizers (include/zerotrain/data/tokenizer.h, src/data/hf_*.cpp, docs/tokenizers.md):
 // ids and decoded text equal to the Python `tokenizers` library's on thousands of mixed texts, for
 // tokenizers it trains here (byte-level BPE as GPT-2's, with and without a prefix space; Llama 3's
 // split regex and template; Llama 2's SentencePiece layout with and without byte fallback, and
@@ -17,7 +17,7 @@
 #include "support/process.h"
 #include "support/transformers.h"
 #include "zerotrain/error.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

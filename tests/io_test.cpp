@@ -26,7 +26,7 @@
 #include "io/sequential_rate.h"
 #include "io/swap_directory.h"
 #include "support/process.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 
 namespace fs = std::filesystem;

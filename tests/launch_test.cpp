@@ -27,7 +27,7 @@
 
 #include "support/process.h"
 #include "zerotrain/error.h"
-#include "zerotrain/launch.h"
+#include "zerotrain/launch/launch.h"
 
 extern char** environ;
 

@@ -4,7 +4,7 @@
 #include <random>
 
 #include "zerotrain/error.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/layout/layout.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // A Hugging Face config.json of a Llama-family model as the decoder's shape and back
-// (src/models/llama_hf_config.cpp), and model.type "llama" in the configuration (llama_config_of,
+// (src/config/llama_hf_config.cpp), and model.type "llama" in the configuration (llama_config_of,
 // the keys refused beside it). transformers' own files are read in tests/hf_llama_test.cpp.
 #include <gtest/gtest.h>
 
@@ -12,9 +12,9 @@
 #include <utility>
 
 #include "support/process.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/models/llama_config.h"
+#include "zerotrain/config/llama_config.h"
 
 namespace {
 

@@ -20,9 +20,9 @@
 #include "support/multirank.h"
 #include "support/process.h"
 #include "support/transformers.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/llama.h"
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/lr_schedule.h"
+#include "zerotrain/optim/lr_schedule.h"
 
 namespace {
 

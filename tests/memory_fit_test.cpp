@@ -1,4 +1,4 @@
-// The memory check before launch (zerotrain/memory_fit.h): a run the estimate knows will not fit
+// The memory check before launch (zerotrain/memory/memory_fit.h): a run the estimate knows will not fit
 // is refused with the settings that would make it fit, which do; the CLI refuses before any rank
 // starts and --skip-memory-check starts it anyway.
 #include <gtest/gtest.h>
@@ -8,10 +8,10 @@
 #include <fstream>
 
 #include "support/process.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/estimate.h"
-#include "zerotrain/memory_fit.h"
+#include "zerotrain/memory/estimate.h"
+#include "zerotrain/memory/memory_fit.h"
 #include "zerotrain/models/gpt.h"
 
 namespace {

@@ -9,7 +9,7 @@
 
 #include "layout/offload_plan.h"
 #include "zerotrain/error.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/memory/memory.h"
 
 namespace {
 

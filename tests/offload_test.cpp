@@ -23,12 +23,12 @@
 #include "support/parity.h"
 #include "support/process.h"
 #include "zero/partition_store.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
-#include "zerotrain/estimate.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/memory/estimate.h"
+#include "zerotrain/layout/layout.h"
 #include "zerotrain/models/gpt.h"
 
 namespace {

@@ -14,7 +14,7 @@
 #include "zero/parameter_tier.h"
 #include "zero/partition_store.h"
 #include "zerotrain/error.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/layout/layout.h"
 
 namespace {
 

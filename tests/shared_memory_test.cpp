@@ -14,7 +14,7 @@
 #include "comm/collective_paths.h"
 #include "comm/shared_memory.h"
 #include "support/multirank.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 using namespace zt;

@@ -1,4 +1,4 @@
-// The engine's own reporting in a user's loop (zerotrain/reporting.h): DeepSpeed's steps_per_print,
+// The engine's own reporting in a user's loop (zerotrain/zero/reporting.h): DeepSpeed's steps_per_print,
 // wall_clock_breakdown, csv_monitor, flops_profiler and comms_logger without the command line.
 #include <gtest/gtest.h>
 
@@ -8,10 +8,10 @@
 
 #include "support/multirank.h"
 #include "support/process.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/comms_logger.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/comm/comms_logger.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 

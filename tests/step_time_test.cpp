@@ -1,4 +1,4 @@
-// The step-time model and the planner that orders by it (zerotrain/step_time.h): each term against
+// The step-time model and the planner that orders by it (zerotrain/memory/step_time.h): each term against
 // its formula written out here, the collective volumes of docs/step_time.md "The formulas",
 // overlap, the what-if inputs, the presets, the planner's picks and the CLI. Its calibration
 // against measured runs is a benchmark (bench/step_time.sh, docs/step_time.md), not a test.
@@ -8,11 +8,11 @@
 #include <cmath>
 
 #include "support/process.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
-#include "zerotrain/models/gpt_flops.h"
-#include "zerotrain/step_time.h"
+#include "zerotrain/config/gpt_flops.h"
+#include "zerotrain/memory/step_time.h"
 
 namespace {
 

@@ -14,10 +14,10 @@
 #include "support/multirank.h"
 #include "support/process.h"
 #include "support/tensor_split.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/models/gpt.h"
 
 namespace {

@@ -6,7 +6,7 @@
 #include <torch/torch.h>
 
 #include "support/multirank.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/tensor_parallel.h"

@@ -1,4 +1,4 @@
-// Training on the 2-D grid (zerotrain/comm.h make_process_grid): the GPT split over a tensor group
+// Training on the 2-D grid (zerotrain/comm/comm.h make_process_grid): the GPT split over a tensor group
 // of T = 2 and an Engine over the data-parallel group, at ZeRO stages 0-3, gives the losses,
 // gradient norms and weights of the unsplit GPT trained with data parallelism alone (T = 1) on the
 // same batches, over 10 steps with clipping active, on T = 2 × DP = 1 and T = 2 × DP = 2; LAMB's
@@ -13,11 +13,11 @@
 #include "support/counting_allocator.h"
 #include "support/multirank.h"
 #include "support/tensor_split.h"
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/tensor_parallel.h"

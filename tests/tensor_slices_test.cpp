@@ -9,7 +9,7 @@
 
 namespace {
 
-// Slice `rank` of `whole` cut as the split models cut it (zerotrain/blocks.h TensorSplit).
+// Slice `rank` of `whole` cut as the split models cut it (zerotrain/zero/blocks.h TensorSplit).
 at::Tensor slice_of(const at::Tensor& whole, int64_t dim, int64_t parts, int64_t ranks, int64_t rank) {
   std::vector<at::Tensor> pieces;
   for (const at::Tensor& part : whole.chunk(parts, dim)) {

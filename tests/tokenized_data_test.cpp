@@ -1,4 +1,4 @@
-// Training data through a tokenizer (include/zerotrain/tokenized_data.h): the token cache (miss,
+// Training data through a tokenizer (include/zerotrain/data/tokenized_data.h): the token cache (miss,
 // hit, stale, atomic, damaged), uint32 ids for large vocabularies, jsonl documents, fine-tuning
 // examples and their mapped cache (read by example), with the loss on the responses only (equal to transformers' loss with labels -100 on the
 // prompts), packed examples for the GPT and the Llama (the loss of each example alone; the
@@ -28,7 +28,7 @@
 #include "models/packed_rows.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/llama.h"
-#include "zerotrain/tokenized_data.h"
+#include "zerotrain/data/tokenized_data.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;

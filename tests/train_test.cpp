@@ -17,9 +17,9 @@
 
 #include "checkpoint/safetensors.h"
 #include "support/process.h"
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 #include "zerotrain/models/gpt.h"
-#include "zerotrain/models/gpt_flops.h"
+#include "zerotrain/config/gpt_flops.h"
 
 namespace {
 

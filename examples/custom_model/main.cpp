@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <optional>
 
-#include "zerotrain/blocks.h"  // zerotrain: (stage 3 only)
-#include "zerotrain/comm.h"    // zerotrain:
-#include "zerotrain/config.h"  // zerotrain:
-#include "zerotrain/engine.h"  // zerotrain:
+#include "zerotrain/zero/blocks.h"  // zerotrain: (stage 3 only)
+#include "zerotrain/comm/comm.h"    // zerotrain:
+#include "zerotrain/config/config.h"  // zerotrain:
+#include "zerotrain/zero/engine.h"  // zerotrain:
 
 // The user's own model: a small residual MLP regressing a fixed random function.
 struct RegressorImpl : torch::nn::Module {

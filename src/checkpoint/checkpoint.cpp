@@ -22,7 +22,7 @@
 
 #include "checkpoint/file_system.h"
 #include "checkpoint/open_checkpoint.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -35,7 +35,7 @@ class Communicator;
 class FileSystem;
 enum class ReduceOp;
 
-// How a parameter is split over a tensor group (zerotrain/blocks.h TensorSplit): this rank holds
+// How a parameter is split over a tensor group (zerotrain/zero/blocks.h TensorSplit): this rank holds
 // slice `rank` of `ranks` (ranks = 1: the whole tensor). A checkpoint keeps the split parameter's
 // slices in rank order and loads them into any other split, or the whole tensor.
 struct CheckpointSplit {
@@ -56,7 +56,7 @@ struct CheckpointParameter {
 };
 
 // The ranks that save or load one checkpoint together: one communicator, or the data-parallel
-// group and the tensor group of a 2-D grid (zerotrain/comm.h make_process_grid), whose ranks
+// group and the tensor group of a 2-D grid (zerotrain/comm/comm.h make_process_grid), whose ranks
 // count as data rank × T + tensor rank. The ranks of a tensor group must share their data rank
 // (the engine checks it). Holds the communicators by reference: they outlive it.
 class CheckpointGroup {

@@ -40,10 +40,10 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/models/bert_config.h"
-#include "zerotrain/models/gpt_config.h"
-#include "zerotrain/models/llama_config.h"
-#include "zerotrain/weight_reader.h"
+#include "zerotrain/config/bert_config.h"
+#include "zerotrain/config/gpt_config.h"
+#include "zerotrain/config/llama_config.h"
+#include "zerotrain/checkpoint/weight_reader.h"
 
 namespace zt {
 

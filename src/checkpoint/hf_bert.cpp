@@ -19,7 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/json_bounds.h"
 #include "checkpoint/safetensors.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 #include "checkpoint/hf_files.h"
 

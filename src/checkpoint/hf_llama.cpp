@@ -1,6 +1,6 @@
 // The Llama-family decoder in the Hugging Face layout: its tensors (transformers' names, as
 // models/llama.h registers them), the export's config.json and tokenizer files, and the shape of
-// a checkpoint from its resolved keys. Tested against transformers in tests/llama_hf_test.cpp.
+// a checkpoint from its resolved keys. Tested against transformers in tests/hf_llama_test.cpp.
 #include "checkpoint/hf.h"
 
 #include <nlohmann/json.hpp>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "checkpoint/hf_files.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 
 namespace zt {

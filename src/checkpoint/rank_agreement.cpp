@@ -9,7 +9,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -4,7 +4,7 @@
 //
 // A tensor of `shape` split along `dim` into `parts` equal parts (QKV: 3), each part cut into
 // `ranks` equal chunks: slice r is the r-th chunk of every part, concatenated along `dim`
-// (zerotrain/blocks.h TensorSplit). Viewing the tensor as [outer, extent, inner] around `dim`, a
+// (zerotrain/zero/blocks.h TensorSplit). Viewing the tensor as [outer, extent, inner] around `dim`, a
 // slice is outer × parts runs of chunk × inner elements, each contiguous in the slice and in the
 // whole tensor. A saved split parameter is the concatenation of its slices' flattened elements
 // in rank order; ranks = 1 is the whole tensor.

@@ -1,6 +1,7 @@
-// Internal to the command-line program: what main.cpp and the subcommands (train.cpp, launch.cpp,
-// export.cpp, estimate.cpp) share. Each subcommand adds its options to the program and runs from
-// the values parsed into its arguments; main.cpp turns every error into one line and an exit code.
+// Internal to the command-line program: what main.cpp and the subcommands (train_command.cpp,
+// launch_command.cpp, export_command.cpp, estimate_command.cpp, generate_command.cpp) share. Each
+// subcommand adds its options to the program and runs from the values parsed into its arguments;
+// main.cpp turns every error into one line and an exit code.
 #pragma once
 #include <CLI/CLI.hpp>
 
@@ -10,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/config.h"
-#include "zerotrain/launch.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/launch/launch.h"
 
 namespace zt::cli {
 
@@ -106,8 +107,8 @@ struct EstimateArgs {
   int64_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
   int nodes = 1, devices_per_node = 0;  // 0: the cluster preset's, else 1
   std::string device, device_memory, host_memory, nvme, runtime_bytes;  // "": the preset's, else cuda
-  std::string cluster;  // a cluster preset (zerotrain/step_time.h)
-  std::vector<std::string> rates;  // "name=value" over the preset's (zerotrain/estimate.h ClusterRates)
+  std::string cluster;  // a cluster preset (zerotrain/memory/step_time.h)
+  std::vector<std::string> rates;  // "name=value" over the preset's (zerotrain/memory/estimate.h ClusterRates)
   int tensor_parallel = 1, hpz_partition_size = 1;
   bool time = false;
   double headroom = 0.1;

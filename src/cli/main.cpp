@@ -1,6 +1,7 @@
 // zerotrain command-line program. Every failure becomes one line on stderr and a non-zero exit:
 // 2 for bad input (configuration, arguments, data files), 1 for anything else. The subcommands are
-// in train.cpp, launch.cpp, export.cpp and estimate.cpp; what they share is here.
+// in train_command.cpp, launch_command.cpp, export_command.cpp, estimate_command.cpp and
+// generate_command.cpp; what they share is in cli.h.
 #include "cli/cli.h"
 
 #include <fcntl.h>

@@ -8,8 +8,8 @@
 #include <string>
 
 #include "comm/process_group.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/comms_logger.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/comm/comms_logger.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -1,11 +1,11 @@
 // Which implementation each collective takes, for the tests and benchmarks that cover and measure
 // the paths a default communicator does not take on this backend (docs/comm.md "What Gloo lacks,
 // and the emulations"). Internal; not installed: production code uses make_communicator(info,
-// options) of zerotrain/comm.h, which takes the default of every path.
+// options) of zerotrain/comm/comm.h, which takes the default of every path.
 #pragma once
 #include <memory>
 
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 
 namespace zt {
 
@@ -30,7 +30,7 @@ struct CollectivePaths {
   }
 };
 
-// make_communicator (zerotrain/comm.h) with the given paths; groups split from it take the same.
+// make_communicator (zerotrain/comm/comm.h) with the given paths; groups split from it take the same.
 std::shared_ptr<Communicator> make_communicator(const RendezvousInfo& info, const CommOptions& options,
                                                 const CollectivePaths& paths);
 

@@ -1,4 +1,4 @@
-#include "zerotrain/comms_logger.h"
+#include "zerotrain/comm/comms_logger.h"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 
 namespace zt {

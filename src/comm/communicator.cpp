@@ -22,8 +22,8 @@
 #include "comm/flight_recorder.h"
 #include "comm/process_group.h"
 #include "comm/shared_memory.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/comms_logger.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/comm/comms_logger.h"
 #include "zerotrain/error.h"
 
 namespace zt {

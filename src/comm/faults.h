@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 
 namespace zt {
 

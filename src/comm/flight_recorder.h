@@ -1,6 +1,6 @@
 // Flight recorder: every rank keeps its last 64 collectives, so that after a
 // hang or a crash one can tell which rank left the common sequence, and where. Internal; not
-// installed: zerotrain/comm.h states what a user sees of it.
+// installed: zerotrain/comm/comm.h states what a user sees of it.
 //
 // Contract
 // - A Communicator from make_communicator() records every collective it issues: sequence

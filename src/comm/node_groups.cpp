@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "comm/node_groups.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -1,9 +1,9 @@
-// The node groups of a communicator (zerotrain/comm.h NodeGroups), which the engine makes at its
+// The node groups of a communicator (zerotrain/comm/comm.h NodeGroups), which the engine makes at its
 // construction and hands out as Engine::node_groups(). Internal; not installed.
 #pragma once
 #include <memory>
 
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 
 namespace zt {
 

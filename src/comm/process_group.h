@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "comm/flight_recorder.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 
 namespace zt {
 
-class CommsLogger;  // zerotrain/comms_logger.h
+class CommsLogger;  // zerotrain/comm/comms_logger.h
 
 namespace comm_detail {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -25,7 +25,7 @@
 #include <memory>
 #include <string>
 
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 
 namespace zt {
 

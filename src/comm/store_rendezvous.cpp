@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "comm/process_group.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -1,6 +1,6 @@
 // Parsing: JSON text -> overrides -> unknown-key walk -> typed leaves -> derivation -> validation.
 // Every step throws ConfigError with one line naming the key; nothing is silently dropped.
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 
 #include <fmt/format.h>
 
@@ -329,11 +329,6 @@ const json* lookup(const json& doc, const std::string& path) {
   return node;
 }
 
-bool given(const TrainConfig& c, const std::string& path) {
-  auto it = c.sources.find(path);
-  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine);
-}
-
 // The offload keys that cannot matter in this configuration. The configuration does not know the
 // device the model will be on: what holds only with parameters on the CPU (the "cpu" tier is the
 // memory in use already and page-locking it speeds nothing up; on a GPU both matter, docs/gpu.md)
@@ -395,7 +390,7 @@ void add_offload_notes(const TrainConfig& c, const Note& note_if_given, const Cp
 }
 
 // What DeepSpeed's schedulers only warn about, or settings the scheduler overrides: noted, and
-// run with DeepSpeed's arithmetic (zerotrain/lr_schedule.h).
+// run with DeepSpeed's arithmetic (zerotrain/optim/lr_schedule.h).
 template <typename Note>
 void add_scheduler_notes(TrainConfig& c, const Note& note_if_given) {
   const SchedulerConfig& s = c.scheduler;
@@ -414,7 +409,7 @@ void add_scheduler_notes(TrainConfig& c, const Note& note_if_given) {
     c.notes.push_back(fmt::format(
         "{}total_num_steps {}{} leaves no steps to decay over after the {}-step warm-up: the lr drops to {} right "
         "after it (DeepSpeed warns and does the same)",
-        P, s.total_num_steps, given(c, P + "total_num_steps") ? "" : " (from train.steps)", warmup_steps,
+        P, s.total_num_steps, cd::value_chosen_by_user(c, P + "total_num_steps") ? "" : " (from train.steps)", warmup_steps,
         s.type == "WarmupDecayLR" ? "warmup_min_lr" : "cos_min_ratio × lr"));
   if (s.type == "OneCycle" || s.type == "LRRangeTest" || s.type == "WarmupDecayLR")
     note_if_given({"optimizer.params.lr"}, fmt::format("scheduler {} sets the lr of every step", s.type));
@@ -442,7 +437,7 @@ void add_scheduler_notes(TrainConfig& c, const Note& note_if_given) {
 void add_notes(TrainConfig& c) {
   auto note_if_given = [&](const std::vector<std::string>& keys, const std::string& why) {
     for (const std::string& key : keys)
-      if (given(c, key)) c.notes.push_back(fmt::format("{} has no effect: {}", key, why));
+      if (cd::value_chosen_by_user(c, key)) c.notes.push_back(fmt::format("{} has no effect: {}", key, why));
   };
   if (c.precision != Precision::FP16)
     note_if_given({"fp16.loss_scale", "fp16.initial_scale_power", "fp16.loss_scale_window", "fp16.hysteresis",
@@ -458,7 +453,7 @@ void add_notes(TrainConfig& c) {
     note_if_given({"csv_monitor.output_path", "csv_monitor.job_name"}, "csv_monitor.enabled is false");
   auto cpu_note_if_given = [&](const std::vector<std::string>& keys, const std::string& why) {
     for (const std::string& key : keys)
-      if (given(c, key)) c.cpu_device_notes.push_back(fmt::format("{} has no effect: {}", key, why));
+      if (cd::value_chosen_by_user(c, key)) c.cpu_device_notes.push_back(fmt::format("{} has no effect: {}", key, why));
   };
   add_offload_notes(c, note_if_given, cpu_note_if_given);
   add_scheduler_notes(c, note_if_given);
@@ -484,7 +479,7 @@ void add_notes(TrainConfig& c) {
     note_if_given({A + "cpu_checkpointing", A + "contiguous_memory_optimization", A + "synchronize_checkpoint_boundary",
                    A + "profile", A + "number_checkpoints"},
                   "activation_checkpointing.policy is \"none\" (nothing is recomputed)");
-  // The flops profiler's FLOPs model is the GPT's (zerotrain/models/gpt_flops.h).
+  // The flops profiler's FLOPs model is the GPT's (zerotrain/config/gpt_flops.h).
   const std::string F = "flops_profiler.";
   if (c.tensor_parallel > 1 && c.flops_profiler.enabled)
     note_if_given({F + "enabled"}, "the flops profiler's FLOPs model counts the whole GPT on every rank; a "
@@ -503,7 +498,7 @@ void add_notes(TrainConfig& c) {
 void add_ignored(TrainConfig& c, const cd::Values& values, const std::vector<std::string>& unknown) {
   std::vector<std::string> reports;
   for (const cd::Leaf& leaf : cd::leaves()) {
-    if (!given(c, leaf.path) || !cd::engaged(leaf, values.at(leaf.path))) continue;
+    if (!cd::value_chosen_by_user(c, leaf.path) || !cd::engaged(leaf, values.at(leaf.path))) continue;
     if (leaf.status == cd::Status::Inert) c.notes.push_back(fmt::format("{} has no effect in zerotrain: {}", leaf.path, leaf.about));
     if (leaf.status != cd::Status::Reporting) continue;
     const auto dot = leaf.path.rfind('.');
@@ -654,6 +649,13 @@ std::string describe(const TrainConfig& config) {
     out += fmt::format("{:<{}} = {:<{}}  ({})\n", key, key_width, value, value_width, source);
   }
   return out;
+}
+
+void set_zero_stage(ZeroConfig& zero, int stage) {
+  zero.stage = stage;
+  zero.shard_optimizer_states = stage >= 1;
+  zero.shard_gradients = stage >= 2;
+  zero.shard_parameters = stage >= 3;
 }
 
 }  // namespace zt

@@ -9,19 +9,12 @@
 
 #include "config/schema.h"
 #include "zerotrain/error.h"
-#include "zerotrain/models/bert_config.h"
-#include "zerotrain/models/llama_config.h"
-#include "zerotrain/models/gpt_config.h"
+#include "zerotrain/config/bert_config.h"
+#include "zerotrain/config/llama_config.h"
+#include "zerotrain/config/gpt_config.h"
 
 namespace zt::config_detail {
 namespace {
-
-bool given(const TrainConfig& c, const std::string& path) {
-  auto it = c.sources.find(path);
-  // "auto" is written in the file too: a key given as "auto" is not derived again.
-  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine ||
-                                   it->second == ValueSource::Auto);
-}
 
 void set_derived(TrainConfig& c, Values& values, const std::string& path, const json& value) {
   values[path] = value;
@@ -56,7 +49,7 @@ void derive_batch(TrainConfig& c, Values& values) {
   // A batch key the file gives as "auto" shows that source once its value is found.
   std::vector<std::string> autos;
   for (const char* key : {kTbs, kMicro, kAccum})
-    if (values[key] == json("auto") && given(c, key)) autos.push_back(key);
+    if (values[key] == json("auto") && written_by_user(c, key)) autos.push_back(key);
   derive_batch_triple(c, values);
   for (const std::string& key : autos) c.sources[key] = ValueSource::Auto;
 }
@@ -112,7 +105,7 @@ void derive_batch_triple(TrainConfig& c, Values& values) {
     tbs = checked_product(micro, world);
     set_derived(c, values, kAccum, accum);
     set_derived(c, values, kTbs, tbs);
-  } else if (accum && values[kMicro] == json("auto") && given(c, kMicro)) {
+  } else if (accum && values[kMicro] == json("auto") && written_by_user(c, kMicro)) {
     // Hugging Face's "auto" micro-batch (accelerate writes it beside a given accumulation): the
     // Trainer's per-device batch, which here is zerotrain's default, 1.
     micro = 1;
@@ -187,7 +180,7 @@ void validate_offload(const TrainConfig& c, const Values& values) {
     if (device == OffloadDevice::Nvme && path->empty()) {
       const std::string key = fmt::format("zero_optimization.{}.nvme_path", block);
       throw ConfigError(fmt::format("{}: expected a directory for the nvme tier (device is \"nvme\"), found {}", key,
-                                    given(c, key) ? show(values.at(key)) : "nothing (the key is not given)"));
+                                    written_by_user(c, key) ? show(values.at(key)) : "nothing (the key is not given)"));
     }
   // DeepSpeed's range starts at 0 (axolotl's stage-3 configurations write 0, without nvme); the
   // nvme tier streams sub-groups and needs them non-empty.
@@ -238,12 +231,12 @@ bool has_auto_rule(const std::string& path) {
 void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>& autos) {
   // model.type "bert" without a preset: "bert-tiny" (the GPT's default "tiny" is no BERT preset).
   // First, as the rules below read the model's width.
-  if (c.model.type == "bert" && !given(c, "model.preset")) {
+  if (c.model.type == "bert" && !written_by_user(c, "model.preset")) {
     c.model.preset = "bert-tiny";
     set_derived(c, values, "model.preset", "bert-tiny");
   }
   // model.type "llama" likewise: "llama-tiny" (unused when a Hugging Face directory gives the shape).
-  if (c.model.type == "llama" && !given(c, "model.preset")) {
+  if (c.model.type == "llama" && !written_by_user(c, "model.preset")) {
     c.model.preset = "llama-tiny";
     set_derived(c, values, "model.preset", "llama-tiny");
   }
@@ -261,7 +254,7 @@ void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>
   };
   // lr and warmup_max_lr are both the Trainer's learning rate: one given, the other follows.
   const std::string kLr = "optimizer.params.lr", kMaxLr = "scheduler.params.warmup_max_lr";
-  if (is_auto.count(kLr) && !is_auto.count(kMaxLr) && given(c, kMaxLr)) set(kLr, values[kMaxLr]);
+  if (is_auto.count(kLr) && !is_auto.count(kMaxLr) && written_by_user(c, kMaxLr)) set(kLr, values[kMaxLr]);
   if (is_auto.count(kMaxLr)) set(kMaxLr, values[kLr]);
   if (is_auto.count("scheduler.params.warmup_min_lr")) set("scheduler.params.warmup_min_lr", 0.0);
   // The Trainer's warm-up by default is 0 steps (warmup_steps and warmup_ratio 0), which
@@ -290,7 +283,7 @@ void derive(TrainConfig& c, Values& values) {
   // effective_adam_w_mode); it accepts adam_w_mode false beside it and ignores it, and so does
   // zerotrain, with a note.
   if (c.optimizer.type == "AdamW") {
-    if (given(c, "optimizer.params.adam_w_mode") && !c.optimizer.adam_w_mode)
+    if (written_by_user(c, "optimizer.params.adam_w_mode") && !c.optimizer.adam_w_mode)
       c.notes.push_back(
           "optimizer.params.adam_w_mode has no effect: optimizer.type \"AdamW\" always decays weights decoupled, "
           "as in DeepSpeed (type \"Adam\" with adam_w_mode false is Adam with L2 weight decay)");
@@ -306,7 +299,7 @@ void derive(TrainConfig& c, Values& values) {
   }
 
   // DeepSpeed's default: overlap_comm is on for stage 3 only.
-  if (!given(c, "zero_optimization.overlap_comm") && c.zero.stage == 3) {
+  if (!written_by_user(c, "zero_optimization.overlap_comm") && c.zero.stage == 3) {
     c.zero.overlap_comm = true;
     set_derived(c, values, "zero_optimization.overlap_comm", true);
   }
@@ -314,13 +307,13 @@ void derive(TrainConfig& c, Values& values) {
   const std::string& type = c.scheduler.type;
   // DeepSpeed's WarmupLR warms up to the optimizer's lr when warmup_max_lr is absent
   // (WarmupDecayLR keeps its literal default 0.001, as in DeepSpeed).
-  if (type == "WarmupLR" && !given(c, "scheduler.params.warmup_max_lr")) {
+  if (type == "WarmupLR" && !written_by_user(c, "scheduler.params.warmup_max_lr")) {
     c.scheduler.warmup_max_lr = c.optimizer.lr;
     set_derived(c, values, "scheduler.params.warmup_max_lr", c.optimizer.lr);
   }
   // DeepSpeed requires total_num_steps for the decaying schedules; the natural value is the
   // length of the run, so derive it and say so rather than fail.
-  if ((type == "WarmupDecayLR" || type == "WarmupCosineLR") && !given(c, "scheduler.params.total_num_steps")) {
+  if ((type == "WarmupDecayLR" || type == "WarmupCosineLR") && !written_by_user(c, "scheduler.params.total_num_steps")) {
     c.scheduler.total_num_steps = c.train.steps;
     set_derived(c, values, "scheduler.params.total_num_steps", c.train.steps);
   }
@@ -332,10 +325,10 @@ void derive(TrainConfig& c, Values& values) {
 
   // The activation_checkpointing block given without a policy asks for DeepSpeed's
   // checkpointing: full recomputation of every checkpointed block.
-  if (!given(c, "activation_checkpointing.policy")) {
+  if (!written_by_user(c, "activation_checkpointing.policy")) {
     bool block_given = false;
     for (const Leaf& leaf : leaves())
-      if (leaf.path.starts_with("activation_checkpointing.") && given(c, leaf.path)) block_given = true;
+      if (leaf.path.starts_with("activation_checkpointing.") && written_by_user(c, leaf.path)) block_given = true;
     if (block_given) {
       c.activation_checkpointing.policy = "full";
       set_derived(c, values, "activation_checkpointing.policy", "full");
@@ -343,9 +336,7 @@ void derive(TrainConfig& c, Values& values) {
   }
 
   // The stage only sets the switches the engine composes (docs/design.md "Stages as switches").
-  c.zero.shard_optimizer_states = c.zero.stage >= 1;
-  c.zero.shard_gradients = c.zero.stage >= 2;
-  c.zero.shard_parameters = c.zero.stage >= 3;
+  set_zero_stage(c.zero, c.zero.stage);
 }
 
 namespace {
@@ -355,21 +346,21 @@ void validate_llama(const TrainConfig& c);
 void validate_model_type(const TrainConfig& c) {
   if (c.model.type != "llama")
     for (const char* key : {"model.n_kv_head", "model.intermediate_size", "model.config_from"})
-      if (given(c, key))
+      if (written_by_user(c, key))
         throw ConfigError(fmt::format("{}: applies to model.type \"llama\" only, found model.type \"{}\"", key,
                                       c.model.type));
   if (c.model.type == "llama") return validate_llama(c);
   if (c.model.type != "bert") {
     for (const char* key : {"model.pre_layer_norm", "model.next_sentence", "data.mlm_probability", "data.max_predictions"})
-      if (given(c, key))
+      if (written_by_user(c, key))
         throw ConfigError(fmt::format("{}: applies to model.type \"bert\" only, found model.type \"{}\"", key,
                                       c.model.type));
     return;
   }
-  if (given(c, "model.loss_chunk_tokens"))
+  if (written_by_user(c, "model.loss_chunk_tokens"))
     throw ConfigError("model.loss_chunk_tokens: applies to model.type \"gpt\" only, found model.type \"bert\" (the "
                       "BERT's MLM head projects only the masked positions)");
-  if (given(c, "model.init_from"))
+  if (written_by_user(c, "model.init_from"))
     throw ConfigError("model.init_from: applies to model.type \"gpt\" (Hugging Face GPT-2 directories) and "
                       "\"llama\" (LlamaForCausalLM, Qwen2ForCausalLM), found model.type \"bert\"");
   if (c.activation_checkpointing.policy == "auto")
@@ -391,11 +382,11 @@ void validate_model_type(const TrainConfig& c) {
 // the model is built and before launch (zerotrain train's check of its inputs), not here.
 void validate_llama(const TrainConfig& c) {
   for (const char* key : {"model.pre_layer_norm", "model.next_sentence", "data.mlm_probability", "data.max_predictions"})
-    if (given(c, key))
+    if (written_by_user(c, key))
       throw ConfigError(fmt::format("{}: applies to model.type \"bert\" only, found model.type \"llama\"", key));
-  if (given(c, "model.loss_chunk_tokens"))
+  if (written_by_user(c, "model.loss_chunk_tokens"))
     throw ConfigError("model.loss_chunk_tokens: applies to model.type \"gpt\" only, found model.type \"llama\"");
-  if (given(c, "model.dropout"))
+  if (written_by_user(c, "model.dropout"))
     throw ConfigError("model.dropout: applies to model.type \"gpt\" and \"bert\", found model.type \"llama\" (the "
                       "Llama-family decoder has no dropout)");
   const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
@@ -420,7 +411,7 @@ void validate_llama(const TrainConfig& c) {
     const std::string dir_key = init ? "model.init_from" : "model.config_from";
     for (const char* key : {"model.preset", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
                             "model.intermediate_size", "model.vocab_size", "model.context_length"})
-      if (given(c, key))
+      if (written_by_user(c, key))
         throw ConfigError(fmt::format("{}: expected no shape beside {} (the directory's config.json is the shape), "
                                       "found it given",
                                       key, dir_key));
@@ -445,14 +436,14 @@ void validate_data(const TrainConfig& c) {
     throw ConfigError(fmt::format("data.tokenizer: required when data.source is \"{}\" (a tokenizer.json or a "
                                   "directory holding one)",
                                   c.data.source));
-  if (!tokenized_source && given(c, "data.tokenizer"))
+  if (!tokenized_source && written_by_user(c, "data.tokenizer"))
     throw ConfigError(fmt::format("data.tokenizer: read only when data.source is \"text\", \"jsonl\" or "
                                   "\"finetune\", found \"{}\"",
                                   c.data.source));
   for (const char* key : {"data.cache_dir", "data.eos_token"})
-    if (c.data.tokenizer.empty() && given(c, key))
+    if (c.data.tokenizer.empty() && written_by_user(c, key))
       throw ConfigError(fmt::format("{}: read only with data.tokenizer, which is not set", key));
-  if (c.data.source != "finetune" && given(c, "data.chat_template"))
+  if (c.data.source != "finetune" && written_by_user(c, "data.chat_template"))
     throw ConfigError(fmt::format("data.chat_template: read only when data.source is \"finetune\", found \"{}\"",
                                   c.data.source));
   // Packing changes a decoder's attention and positions per example: fine-tuning examples only.
@@ -467,11 +458,11 @@ void validate_data(const TrainConfig& c) {
     throw ConfigError("data.tokenizer: applies to model.type \"gpt\" and \"llama\"; the BERT reads bytes or its own "
                       "uint16 token files");
   // Data keys the chosen source never reads would be silently ignored.
-  if (c.data.source == "embedded" && given(c, "data.path"))
+  if (c.data.source == "embedded" && written_by_user(c, "data.path"))
     throw ConfigError("data.path: not read when data.source is \"embedded\" (set data.source to \"bin\" or \"text\")");
-  if (c.data.source != "bin" && given(c, "data.val_path"))
+  if (c.data.source != "bin" && written_by_user(c, "data.val_path"))
     throw ConfigError(fmt::format("data.val_path: read only when data.source is \"bin\", found \"{}\"", c.data.source));
-  if (!c.data.val_path.empty() && given(c, "data.val_fraction"))
+  if (!c.data.val_path.empty() && written_by_user(c, "data.val_fraction"))
     throw ConfigError("data.val_fraction: not used when data.val_path names the held-out file (give one of them)");
 }
 }  // namespace
@@ -480,7 +471,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
   // Optimizer parameters that the chosen optimizer does not take would be silently ignored.
   if (auto it = optimizer_params().find(c.optimizer.type); it != optimizer_params().end()) {
     for (const Leaf& leaf : leaves()) {
-      if (!leaf.path.starts_with("optimizer.params.") || !given(c, leaf.path)) continue;
+      if (!leaf.path.starts_with("optimizer.params.") || !written_by_user(c, leaf.path)) continue;
       const std::string p = leaf.path.substr(std::string("optimizer.params.").size());
       if (!it->second.count(p))
         throw ConfigError(fmt::format("optimizer.params.{}: not a parameter of {} (its parameters: {})", p,
@@ -495,7 +486,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
   const std::string& type = c.scheduler.type;
   std::vector<std::string> given_params;
   for (const Leaf& leaf : leaves())
-    if (leaf.path.starts_with("scheduler.params.") && given(c, leaf.path))
+    if (leaf.path.starts_with("scheduler.params.") && written_by_user(c, leaf.path))
       given_params.push_back(leaf.path.substr(std::string("scheduler.params.").size()));
 
   if (type.empty() && !given_params.empty())
@@ -513,7 +504,7 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
   // as a warm-up longer than total_num_steps, the configuration notes it: config.cpp.)
   if (type == "OneCycle")
     for (const char* bound : {"cycle_min_lr", "cycle_max_lr"})
-      if (!given(c, fmt::format("scheduler.params.{}", bound)))
+      if (!written_by_user(c, fmt::format("scheduler.params.{}", bound)))
         throw ConfigError(fmt::format(
             "scheduler.params.{}: required for OneCycle (DeepSpeed's OneCycle has no default for it), found nothing",
             bound));

@@ -9,9 +9,9 @@
 
 #include "config/schema.h"
 #include "zerotrain/error.h"
-#include "zerotrain/models/bert_config.h"
-#include "zerotrain/models/gpt_config.h"
-#include "zerotrain/models/llama_config.h"
+#include "zerotrain/config/bert_config.h"
+#include "zerotrain/config/gpt_config.h"
+#include "zerotrain/config/llama_config.h"
 
 namespace zt::config_detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "zerotrain/recompute.h"
+#include "zerotrain/config/recompute.h"
 
 namespace zt {
 

@@ -298,4 +298,15 @@ std::string join_path(const std::string& block, const std::string& key) {
   return block.empty() ? key : block + "." + key;
 }
 
+bool written_by_user(const TrainConfig& c, const std::string& key) {
+  auto it = c.sources.find(key);
+  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine ||
+                                   it->second == ValueSource::Auto);
+}
+
+bool value_chosen_by_user(const TrainConfig& c, const std::string& key) {
+  auto it = c.sources.find(key);
+  return it != c.sources.end() && (it->second == ValueSource::File || it->second == ValueSource::CommandLine);
+}
+
 }  // namespace zt::config_detail

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 
 namespace zt::config_detail {
 
@@ -121,5 +121,11 @@ void validate_process_grid(const TrainConfig& config);
 // The support matrix: everything zerotrain does not implement yet, in one place, so later work
 // widens it here. Throws ConfigError "... is not supported yet (supported: ...)".
 void validate_support(const TrainConfig& config, const Values& values);
+
+// Whether the user wrote `key`, in the file or on the command line, "auto" included: a key so
+// written is not derived again.
+bool written_by_user(const TrainConfig& c, const std::string& key);
+// Whether the user chose the value of `key`: written with a value, not "auto".
+bool value_chosen_by_user(const TrainConfig& c, const std::string& key);
 
 }  // namespace zt::config_detail

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 // GCC 12 reports a false -Wstringop-overflow inside std::string concatenation at -O2 (GCC bug
 // 105329); the concatenations here are ordinary.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12

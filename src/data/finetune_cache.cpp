@@ -1,4 +1,4 @@
-// The fine-tuning cache (zerotrain/tokenized_data.h load_finetune_cache): a jsonl file of examples
+// The fine-tuning cache (zerotrain/data/tokenized_data.h load_finetune_cache): a jsonl file of examples
 // tokenized once, a line at a time, into a file that ranks map and read by example.
 //
 // Layout, little-endian: a 1024-byte header (Header below, then zeros), then

@@ -1,5 +1,5 @@
 // Fine-tuning examples: their storage and views, the encoding of a jsonl line, the in-memory
-// reader, and the sampler of batches with the loss on the responses (zerotrain/tokenized_data.h).
+// reader, and the sampler of batches with the loss on the responses (zerotrain/data/tokenized_data.h).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>

@@ -1,4 +1,4 @@
-// What backs zt::FinetuneExamples (zerotrain/tokenized_data.h), and the encoding of one jsonl line
+// What backs zt::FinetuneExamples (zerotrain/data/tokenized_data.h), and the encoding of one jsonl line
 // into an example, shared by the in-memory reader (finetune_examples.cpp) and the cache
 // (finetune_cache.cpp). Internal to src/data.
 #pragma once
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "data/token_cache.h"
-#include "zerotrain/tokenized_data.h"
+#include "zerotrain/data/tokenized_data.h"
 
 namespace zt {
 

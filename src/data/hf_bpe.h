@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 namespace zt::hf {
 

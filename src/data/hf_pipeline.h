@@ -15,7 +15,7 @@
 
 #include "data/hf_bpe.h"
 #include "data/hf_regex.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 namespace zt::hf {
 

@@ -11,7 +11,7 @@
 #include "data/hf_pipeline.h"
 #include "data/hf_utf8.h"
 #include "zerotrain/error.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 namespace zt {
 

@@ -1,4 +1,4 @@
-// BERT pre-training data: masked language modelling and sentence pairs (zerotrain/models/bert_data.h).
+// BERT pre-training data: masked language modelling and sentence pairs (zerotrain/data/bert_data.h).
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include "data/mix64.h"
 #include "zerotrain/error.h"
-#include "zerotrain/models/bert_data.h"
+#include "zerotrain/data/bert_data.h"
 
 namespace zt {
 namespace {

@@ -1,4 +1,4 @@
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 
 namespace zt {
 

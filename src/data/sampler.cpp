@@ -2,7 +2,7 @@
 #include <torch/torch.h>
 
 #include "data/mix64.h"
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 #include "zerotrain/error.h"
 
 namespace zt {

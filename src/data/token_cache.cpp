@@ -19,7 +19,7 @@
 
 #include "data/mix64.h"
 #include "zerotrain/error.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenizer.h"
 
 namespace zt::data {
 

@@ -1,7 +1,7 @@
 // Corpora through a Hugging Face tokenizer and their token caches, and the tokens fine-tuning
-// needs named (zerotrain/tokenized_data.h); the fine-tuning examples are in finetune_examples.cpp
+// needs named (zerotrain/data/tokenized_data.h); the fine-tuning examples are in finetune_examples.cpp
 // and their cache in finetune_cache.cpp.
-#include "zerotrain/tokenized_data.h"
+#include "zerotrain/data/tokenized_data.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
 #include <string>
 
-#include "zerotrain/data.h"
+#include "zerotrain/data/data.h"
 #include "zerotrain/error.h"
 
 namespace zt {

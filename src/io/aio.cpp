@@ -20,7 +20,7 @@
 #include <thread>
 #include <utility>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 
 namespace zt::io {
 

@@ -49,7 +49,7 @@ int64_t align_up(int64_t bytes);
 
 enum class Backend { Auto, IoUring, Posix };
 
-// Mirrors the config "aio" block (zt::AioConfig in include/zerotrain/config.h).
+// Mirrors the config "aio" block (zt::AioConfig in include/zerotrain/config/config.h).
 struct AioOptions {
   int64_t block_size = 1 << 20;  // bytes per request; a multiple of kAlignment
   int queue_depth = 8;           // requests in flight per I/O thread (pread/pwrite: one at a time)

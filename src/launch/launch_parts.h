@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "zerotrain/launch.h"
+#include "zerotrain/launch/launch.h"
 
 namespace zt::launch_detail {
 

@@ -15,7 +15,7 @@
 //
 // Everything between fork() and exec() in the child uses only async-signal-safe calls on data
 // prepared beforehand: the launcher may live in a multi-threaded process (tests, the CLI).
-#include "zerotrain/launch.h"
+#include "zerotrain/launch/launch.h"
 
 #include "launch/launch_parts.h"
 

@@ -1,4 +1,4 @@
-#include "zerotrain/layout.h"
+#include "zerotrain/layout/layout.h"
 
 #include <fmt/format.h>
 

@@ -23,8 +23,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "zerotrain/config.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/layout/layout.h"
 
 namespace zt {
 

@@ -1,4 +1,4 @@
-#include "zerotrain/estimate.h"
+#include "zerotrain/memory/estimate.h"
 
 #include "layout/offload_plan.h"
 #include "layout/reuse_distance.h"
@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/memory.h"
-#include "zerotrain/models/gpt_config.h"
+#include "zerotrain/memory/memory.h"
+#include "zerotrain/config/gpt_config.h"
 
 namespace zt {
 namespace {
@@ -61,7 +61,7 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // The partition's shape when the model's parameter list is unknown: stage 3's blocks of
 // largest_block elements (or block_gathered's), its persistent parameters in one bucket of their
 // own, and every block cut into buckets of at most `bucket_limit` elements; stages 1-2 the whole
-// model in such buckets. Each bucket padded as compute_layout pads it (zerotrain/layout.h).
+// model in such buckets. Each bucket padded as compute_layout pads it (zerotrain/layout/layout.h).
 FlatLayout approximate_partition_shape(const ModelFigures& model, bool shard_parameters, int world,
                                        int64_t bucket_limit) {
   const int64_t psi = model.parameters;

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "zerotrain/estimate.h"
-#include "zerotrain/step_time.h"
+#include "zerotrain/memory/estimate.h"
+#include "zerotrain/memory/step_time.h"
 
 namespace zt {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "zerotrain/models/llama_config.h"
+#include "zerotrain/config/llama_config.h"
 
 namespace zt {
 

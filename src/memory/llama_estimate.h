@@ -1,7 +1,7 @@
-// The Llama-family decoder's activations for the memory estimate (zerotrain/estimate.h
+// The Llama-family decoder's activations for the memory estimate (zerotrain/memory/estimate.h
 // transformer_activation_bytes, which calls it for ModelFigures::Family::Llama). Internal.
 #pragma once
-#include "zerotrain/estimate.h"
+#include "zerotrain/memory/estimate.h"
 
 namespace zt {
 

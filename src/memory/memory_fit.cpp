@@ -1,5 +1,5 @@
-// The memory check before launch (zerotrain/memory_fit.h).
-#include "zerotrain/memory_fit.h"
+// The memory check before launch (zerotrain/memory/memory_fit.h).
+#include "zerotrain/memory/memory_fit.h"
 
 #include <fmt/format.h>
 
@@ -10,9 +10,9 @@
 #include <sstream>
 
 #include "memory/estimate_report.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/step_time.h"
+#include "zerotrain/memory/step_time.h"
 
 namespace zt {
 namespace {

@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/estimate.h"
-#include "zerotrain/models/gpt_config.h"
-#include "zerotrain/models/llama_config.h"
+#include "zerotrain/memory/estimate.h"
+#include "zerotrain/config/gpt_config.h"
+#include "zerotrain/config/llama_config.h"
 
 namespace zt {
 

@@ -1,5 +1,5 @@
-#include "zerotrain/config.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/memory/memory.h"
 
 namespace zt {
 

@@ -1,4 +1,4 @@
-// The planner (zerotrain/step_time.h): every configuration that fits, ordered by the step-time model.
+// The planner (zerotrain/memory/step_time.h): every configuration that fits, ordered by the step-time model.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -6,9 +6,9 @@
 #include <climits>
 
 #include "memory/estimate_report.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/step_time.h"
+#include "zerotrain/memory/step_time.h"
 
 namespace zt {
 namespace {
@@ -43,10 +43,7 @@ std::string describe_candidate(const PlanCandidate& c) {
 
 TrainConfig candidate_config(const TrainConfig& config, const PlanCandidate& candidate) {
   TrainConfig c = config;
-  c.zero.stage = candidate.stage;
-  c.zero.shard_optimizer_states = candidate.stage >= 1;
-  c.zero.shard_gradients = candidate.stage >= 2;
-  c.zero.shard_parameters = candidate.stage >= 3;
+  set_zero_stage(c.zero, candidate.stage);
   c.zero.hpz_partition_size = 1;  // the planner does not propose hpZ (docs/step_time.md)
   c.zero.overlap_comm = candidate.overlap_comm;
   c.train_micro_batch_size_per_gpu = candidate.micro_batch;

@@ -1,5 +1,5 @@
-// The step-time model (zerotrain/step_time.h); docs/step_time.md has the formulas and sources.
-#include "zerotrain/step_time.h"
+// The step-time model (zerotrain/memory/step_time.h); docs/step_time.md has the formulas and sources.
+#include "zerotrain/memory/step_time.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -8,10 +8,10 @@
 #include <cmath>
 
 #include "layout/reuse_distance.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
-#include "zerotrain/models/gpt_config.h"
-#include "zerotrain/models/gpt_flops.h"
+#include "zerotrain/config/gpt_config.h"
+#include "zerotrain/config/gpt_flops.h"
 
 namespace zt {
 namespace {

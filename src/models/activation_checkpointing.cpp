@@ -12,8 +12,8 @@
 
 #include "common/autograd_node.h"
 #include "common/check.h"
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/tensor_parallel.h"
 

@@ -5,8 +5,8 @@
 
 #include <torch/torch.h>
 
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/tensor_parallel.h"
 

@@ -7,8 +7,8 @@
 #include <torch/torch.h>
 
 #include "models/packed_rows.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/tensor_parallel.h"
 
@@ -104,7 +104,7 @@ GPTImpl::GPTImpl(const GPTConfig& config, std::shared_ptr<Communicator> tensor_g
     // Megatron's seed of the split region's generator: the default one's, offset per tensor rank.
     seed_tensor_parallel_rng(at::detail::getDefaultCPUGenerator().current_seed() + 2718 + uint64_t(tensor_group_->rank()));
   }
-  // Each parameterised module is initialised and marked as a stage-3 block (zerotrain/blocks.h)
+  // Each parameterised module is initialised and marked as a stage-3 block (zerotrain/zero/blocks.h)
   // right after it is built: under a ShardedConstruction marking shards it at once, so no rank
   // ever holds more than its shards plus one block, and the values drawn do not depend on it.
   wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));

@@ -11,8 +11,8 @@
 
 #include "models/llama_ops.h"
 #include "models/packed_rows.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 #include "zerotrain/models/tensor_parallel.h"
 

@@ -1,4 +1,4 @@
-// Packed rows (zerotrain/data.h Batch::segments): what a decoder needs to compute every example
+// Packed rows (zerotrain/data/data.h Batch::segments): what a decoder needs to compute every example
 // of a row as if it were alone, shared by the GPT and the Llama so that both read segments the
 // same way. Internal.
 #pragma once

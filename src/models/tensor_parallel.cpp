@@ -7,8 +7,8 @@
 #include <string>
 #include <utility>
 
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 // The layers of zerotrain/models/tensor_parallel.h (docs/tensor_parallel.md).
@@ -24,7 +24,7 @@ Communicator& group_of(const std::shared_ptr<Communicator>& group, const char* w
   return *group;
 }
 
-// The engine counts a split parameter's slices once each over the group (zerotrain/blocks.h); a
+// The engine counts a split parameter's slices once each over the group (zerotrain/zero/blocks.h); a
 // group of one splits nothing.
 void mark_split(const at::Tensor& parameter, const std::shared_ptr<Communicator>& group, int dim) {
   if (group->world_size() > 1) mark_tensor_split(parameter, {group, dim, 1});

@@ -2,7 +2,7 @@
 // lr_schedule.h). The arithmetic follows lr_schedules.py operation by operation, so the values
 // agree with DeepSpeed's to the last bit or so (tests/lr_schedule_test.cpp compares them with
 // values computed by DeepSpeed's own classes).
-#include "zerotrain/lr_schedule.h"
+#include "zerotrain/optim/lr_schedule.h"
 
 #include <fmt/format.h>
 

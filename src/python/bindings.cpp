@@ -25,15 +25,15 @@
 
 #include "checkpoint/checkpoint.h"
 #include "memory/cpu_block_cache.h"
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/comms_logger.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/comm/comms_logger.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
-#include "zerotrain/estimate.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/memory/estimate.h"
+#include "zerotrain/layout/layout.h"
 #include "zerotrain/models/gpt.h"
 #include "train/runtime.h"
 #include "zero/sharded_blocks.h"
@@ -111,7 +111,7 @@ std::shared_ptr<torch::nn::Module> submodule(const std::shared_ptr<torch::nn::Mo
   throw zt::ConfigError("module shell: expected a submodule named '" + path + "', found none");
 }
 
-// Stage 3's units: each named shell submodule becomes a block (zerotrain/blocks.h), gathered and
+// Stage 3's units: each named shell submodule becomes a block (zerotrain/zero/blocks.h), gathered and
 // released as a whole; must precede the engine's construction.
 void mark_units(const std::shared_ptr<torch::nn::Module>& shell, const std::vector<std::string>& paths) {
   for (const std::string& path : paths) zt::mark_block(submodule(shell, path));
@@ -483,5 +483,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("root", &zt::CheckpointModel::root);
   m.def("checkpoint", &checkpoint_python, py::arg("function"), py::arg("inputs"), py::arg("parameters"),
         "Runs function(*inputs) keeping only the inputs; backward recomputes it with the same random "
-        "numbers (zerotrain/activation_checkpointing.h checkpoint)");
+        "numbers (zerotrain/models/activation_checkpointing.h checkpoint)");
 }

@@ -8,9 +8,9 @@
 #include "memory/cpu_block_cache.h"
 #include "memory/estimate_report.h"
 #include "train/training_run.h"
-#include "zerotrain/comms_logger.h"
+#include "zerotrain/comm/comms_logger.h"
 #include "zerotrain/error.h"
-#include "zerotrain/estimate.h"
+#include "zerotrain/memory/estimate.h"
 
 namespace zt::training {
 namespace {
@@ -20,7 +20,7 @@ struct MemoryFigures {
   std::vector<RankStats> stats;
   MemoryEstimate estimate;     // empty where no_estimate_reason() gives one (BERT)
   int64_t measured_peak = 0;   // the largest peak RSS above the pre-model baseline over ranks
-  // The two moments apart (zerotrain/estimate.h: construction and step), largest over ranks; -1
+  // The two moments apart (zerotrain/memory/estimate.h: construction and step), largest over ranks; -1
   // where the kernel's peak could not be restarted after set-up.
   int64_t measured_setup = -1, measured_steps = -1;
   DevicePeak gpu_peak;         // largest over ranks, on a GPU

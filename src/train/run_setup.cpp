@@ -10,11 +10,11 @@
 #include "memory/estimate_report.h"
 #include "train/training_run.h"
 #include "zero/start_agreement.h"
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comms_logger.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comms_logger.h"
 #include "zerotrain/error.h"
-#include "zerotrain/estimate.h"
+#include "zerotrain/memory/estimate.h"
 
 namespace zt::training {
 namespace {

@@ -14,7 +14,7 @@
 #include "train/training_run.h"
 #include "zero/step_monitor.h"
 #include "zerotrain/error.h"
-#include "zerotrain/models/gpt_flops.h"
+#include "zerotrain/config/gpt_flops.h"
 #include "zerotrain/models/tensor_parallel.h"
 
 namespace zt::training {

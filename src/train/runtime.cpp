@@ -14,7 +14,7 @@
 
 #include "memory/cpu_block_cache.h"
 #include "zerotrain/error.h"
-#include "zerotrain/train.h"
+#include "zerotrain/train/train.h"
 
 namespace zt {
 namespace {

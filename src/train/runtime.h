@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 
 namespace zt {
 

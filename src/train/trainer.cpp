@@ -1,4 +1,4 @@
-#include "zerotrain/train.h"
+#include "zerotrain/train/train.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -24,22 +24,22 @@
 #include "train/runtime.h"
 #include "train/training_run.h"
 #include "zero/step_monitor.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/comms_logger.h"
-#include "zerotrain/config.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/data.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/comm/comms_logger.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/data/data.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
-#include "zerotrain/lr_schedule.h"
-#include "zerotrain/estimate.h"
+#include "zerotrain/optim/lr_schedule.h"
+#include "zerotrain/memory/estimate.h"
 #include "zerotrain/models/bert.h"
-#include "zerotrain/models/bert_data.h"
+#include "zerotrain/data/bert_data.h"
 #include "zerotrain/models/gpt.h"
-#include "zerotrain/models/gpt_flops.h"
+#include "zerotrain/config/gpt_flops.h"
 #include "zerotrain/models/llama.h"
-#include "zerotrain/tokenized_data.h"
-#include "zerotrain/tokenizer.h"
+#include "zerotrain/data/tokenized_data.h"
+#include "zerotrain/data/tokenizer.h"
 
 namespace zt {
 namespace training {

@@ -1,4 +1,4 @@
-// The command line's training run (zerotrain/train.h run_training_rank) in its phases
+// The command line's training run (zerotrain/train/train.h run_training_rank) in its phases
 // (docs/architecture.md "train"): set-up builds a TrainingRun (communicator, device, data, model,
 // engine, initial weights), the step loop trains it and keeps a StepLog, and the report prints and
 // writes what both measured. Internal to src/train; one rank's objects, used from one thread.
@@ -12,17 +12,17 @@
 #include <vector>
 
 #include "train/runtime.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/data.h"
-#include "zerotrain/engine.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/data/data.h"
+#include "zerotrain/zero/engine.h"
+#include "zerotrain/memory/memory.h"
 #include "zerotrain/models/bert.h"
-#include "zerotrain/models/bert_data.h"
+#include "zerotrain/data/bert_data.h"
 #include "zerotrain/models/gpt.h"
 #include "zerotrain/models/llama.h"
-#include "zerotrain/tokenized_data.h"
-#include "zerotrain/train.h"
+#include "zerotrain/data/tokenized_data.h"
+#include "zerotrain/train/train.h"
 
 namespace zt {
 
@@ -102,7 +102,7 @@ struct TrainingRun {
   std::shared_ptr<CommsLogger> comms_logger;  // comms_logger.enabled only
   std::shared_ptr<Communicator> comm;
   // Tensor parallelism (config.tensor_parallel): the tensor group and the data-parallel group the
-  // engine trains over (zerotrain/comm.h make_process_grid); data_rank and data_world place this
+  // engine trains over (zerotrain/comm/comm.h make_process_grid); data_rank and data_world place this
   // rank's batch (equal to rank and world without tensor parallelism).
   ProcessGrid grid;
   RankDevice device;

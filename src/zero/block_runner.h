@@ -1,10 +1,10 @@
-// The engine's side of run_block (zerotrain/blocks.h): the runner a stage-3 engine installs for
+// The engine's side of run_block (zerotrain/zero/blocks.h): the runner a stage-3 engine installs for
 // the blocks it owns, which run_block then calls. Internal; not installed.
 #pragma once
 #include <memory>
 #include <vector>
 
-#include "zerotrain/blocks.h"
+#include "zerotrain/zero/blocks.h"
 
 namespace at {
 class Tensor;

@@ -1,4 +1,4 @@
-#include "zerotrain/blocks.h"
+#include "zerotrain/zero/blocks.h"
 
 #include <ATen/native/Resize.h>
 #include <torch/nn/module.h>
@@ -12,7 +12,7 @@
 
 #include "zero/block_runner.h"
 #include "zero/sharded_blocks.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 #include "zerotrain/error.h"
 
 namespace zt {

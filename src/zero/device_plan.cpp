@@ -14,7 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -1,4 +1,4 @@
-#include "zerotrain/engine.h"
+#include "zerotrain/zero/engine.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -14,7 +14,7 @@
 #include "zero/engine_impl.h"
 #include "zero/start_agreement.h"
 #include "zero/step_monitor.h"
-#include "zerotrain/comms_logger.h"
+#include "zerotrain/comm/comms_logger.h"
 #include "zerotrain/error.h"
 
 // The engine's autograd glue and the order of one training step over its parts; Engine's members

@@ -50,11 +50,11 @@
 #include "zero/parameter_tier.h"
 #include "zero/partition_store.h"
 #include "zero/sharded_blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
-#include "zerotrain/engine.h"
-#include "zerotrain/layout.h"
-#include "zerotrain/lr_schedule.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/engine.h"
+#include "zerotrain/layout/layout.h"
+#include "zerotrain/optim/lr_schedule.h"
 
 namespace zt {
 
@@ -71,7 +71,7 @@ struct Engine::Impl {
   std::shared_ptr<torch::nn::Module> model;
   TrainConfig config;
   std::shared_ptr<Communicator> comm;
-  NodeGroups node_groups;  // within and across nodes (zerotrain/comm.h)
+  NodeGroups node_groups;  // within and across nodes (zerotrain/comm/comm.h)
   LrSchedule schedule;
   LossScaler scaler;
 
@@ -87,7 +87,7 @@ struct Engine::Impl {
   std::vector<ParameterSpec> specs;             // what the layout was computed from (names, shapes)
   std::vector<CheckpointParameter> registered;  // trainable parameters in registration order
   std::vector<AutogradNodeHandle> grad_accumulators;  // keep hooks alive
-  // Tensor parallelism (zerotrain/blocks.h TensorSplit): the group the model's split parameters
+  // Tensor parallelism (zerotrain/zero/blocks.h TensorSplit): the group the model's split parameters
   // name (null: none), and per placement (flat order) whether it is such a slice. The gradient
   // norm sums the slices' squares over the group and counts the replicated ones once.
   std::shared_ptr<Communicator> tensor_group;
@@ -149,7 +149,7 @@ struct Engine::Impl {
   // What the step monitor reads of the engine between steps.
   EngineStepState step_state() const;
 
-  // Blocks built under a ShardedConstruction (zerotrain/blocks.h) hold only this rank's shard
+  // Blocks built under a ShardedConstruction (zerotrain/zero/blocks.h) hold only this rank's shard
   // until materialize() gathers them.
   struct PendingBlock {
     std::string name;

@@ -5,7 +5,7 @@
 
 #include "zero/engine_impl.h"
 #include "zerotrain/error.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/memory/memory.h"
 
 // The engine's NVMe tiers (docs/offload.md): the offload plan (which sub-groups of which role go
 // to disk, their bytes), the pre-flight checks of the swap paths' free space (at construction and

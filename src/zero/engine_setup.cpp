@@ -13,9 +13,9 @@
 
 #include "zero/block_runner.h"
 #include "zero/engine_impl.h"
-#include "zerotrain/blocks.h"
+#include "zerotrain/zero/blocks.h"
 #include "zerotrain/error.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/memory/memory.h"
 
 // The engine's construction (docs/architecture.md "zero"): the trainable parameters and stage 3's
 // blocks, the layout, the parts in the order the memory needs them, and rank 0's initial values.
@@ -177,7 +177,7 @@ std::vector<CheckpointParameter> Engine::Impl::checkpoint_parameters(
   return named;
 }
 
-// The tensor group the model's split parameters name (zerotrain/blocks.h), if any, and their
+// The tensor group the model's split parameters name (zerotrain/zero/blocks.h), if any, and their
 // names; every split parameter must name the same group.
 std::unordered_map<std::string, TensorSplit> Engine::Impl::find_tensor_group(const std::vector<torch::Tensor>& trainable,
                                                                              const std::vector<ParameterSpec>& specs) {
@@ -468,7 +468,7 @@ void Engine::Impl::find_marked_modules(
 }
 
 // Stage 3: the blocks and the layout's order by the layout's rule (assign_stage3_blocks,
-// zerotrain/layout.h), which the memory estimate applies to the reference GPT too; a block's
+// zerotrain/layout/layout.h), which the memory estimate applies to the reference GPT too; a block's
 // persistent bucket completes during that block's backward.
 void Engine::Impl::assign_blocks(
     std::vector<torch::Tensor>& trainable, std::vector<ParameterSpec>& specs, const std::vector<int>& owners,
@@ -487,7 +487,7 @@ void Engine::Impl::assign_blocks(
   specs = std::move(sorted_specs);
 }
 
-// Takes the blocks built under a ShardedConstruction (zerotrain/blocks.h), which hold only this
+// Takes the blocks built under a ShardedConstruction (zerotrain/zero/blocks.h), which hold only this
 // rank's shard until materialize() gathers them.
 std::vector<Engine::Impl::PendingBlock> Engine::Impl::adopt_sharded_blocks() {
   std::vector<PendingBlock> found;

@@ -25,8 +25,8 @@
 
 #include "io/aio.h"
 #include "zero/partition_store.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/layout/layout.h"
 
 namespace zt {
 
@@ -59,7 +59,7 @@ class GradientReducer {
       std::filesystem::path file;
     };
     // Per placement (flat order): 1 where the parameter is a tensor-parallel slice
-    // (zerotrain/blocks.h mark_tensor_split), whose squares the engine sums over the tensor group
+    // (zerotrain/zero/blocks.h mark_tensor_split), whose squares the engine sums over the tensor group
     // apart from the replicated ones. Empty: none.
     std::vector<char> tensor_split;
     std::optional<Disk> disk;

@@ -11,7 +11,7 @@
 #pragma once
 #include <cstdint>
 
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 
 namespace zt {
 

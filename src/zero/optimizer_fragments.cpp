@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "zero/optimizer_partition.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/memory/memory.h"
 
 // The optimizer partition's side of checkpoints (docs/checkpoint.md): its state as fragments by
 // parameter name, for saving (views, or sources that read NVMe piece by piece) and for loading

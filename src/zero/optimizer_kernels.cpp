@@ -7,7 +7,7 @@
 #include "optim/cpu_kernels.h"
 #include "optim/device_kernels.h"
 #include "zero/optimizer_stream.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/comm/comm.h"
 
 // The optimizer step's kernel dispatch (docs/optim.md): Adam/AdamW, SGD and LAMB's two phases, on
 // the CPU kernels or the device kernels, each parameter group with its own hyperparameters, over

@@ -1,5 +1,5 @@
 #include "zero/optimizer_partition.h"
-#include "zerotrain/memory.h"
+#include "zerotrain/memory/memory.h"
 
 #include <torch/torch.h>
 

@@ -51,9 +51,9 @@
 #include "optim/device_kernels.h"
 #include "zero/device_plan.h"
 #include "zero/partition_store.h"
-#include "zerotrain/config.h"
-#include "zerotrain/lr_schedule.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/optim/lr_schedule.h"
+#include "zerotrain/layout/layout.h"
 
 namespace zt {
 

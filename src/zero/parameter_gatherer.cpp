@@ -9,7 +9,7 @@
 #include <atomic>
 
 #include "common/check.h"
-#include "zerotrain/config.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 #include "layout/reuse_distance.h"
 

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "zero/block_runner.h"
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/layout/layout.h"
 
 namespace torch::nn {
 class Module;

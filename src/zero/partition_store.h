@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "layout/offload_plan.h"
-#include "zerotrain/layout.h"
+#include "zerotrain/layout/layout.h"
 
 namespace zt {
 

@@ -1,4 +1,4 @@
-// The engine's side of ShardedConstruction (zerotrain/blocks.h): the shards a model's blocks
+// The engine's side of ShardedConstruction (zerotrain/zero/blocks.h): the shards a model's blocks
 // were built as, waiting for an engine to adopt them. Internal; not installed.
 #pragma once
 #include <ATen/core/Tensor.h>

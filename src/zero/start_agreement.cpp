@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
-#include "zerotrain/comm.h"
-#include "zerotrain/config.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
 
 namespace zt {

@@ -17,9 +17,9 @@
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
-#include "zerotrain/comm.h"
-#include "zerotrain/comms_logger.h"
-#include "zerotrain/engine.h"
+#include "zerotrain/comm/comm.h"
+#include "zerotrain/comm/comms_logger.h"
+#include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
 
 namespace zt {

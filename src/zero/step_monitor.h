@@ -1,4 +1,4 @@
-// The engine's own reporting (zerotrain/reporting.h): an internal part of zt::Engine, which calls
+// The engine's own reporting (zerotrain/zero/reporting.h): an internal part of zt::Engine, which calls
 // it around backward() and step(). Not thread-safe: driven from the training thread, as the engine.
 #pragma once
 #include <c10/core/Device.h>
@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "zerotrain/config.h"
-#include "zerotrain/reporting.h"
+#include "zerotrain/config/config.h"
+#include "zerotrain/zero/reporting.h"
 
 namespace torch::autograd::profiler {
 struct ProfilerResult;

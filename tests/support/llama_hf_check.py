@@ -1,4 +1,4 @@
-"""transformers' side of tests/llama_hf_test.cpp (Llama-family directories in and out).
+"""transformers' side of tests/hf_llama_test.cpp (Llama-family directories in and out).
 
 usage:
   make OUT

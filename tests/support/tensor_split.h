@@ -1,4 +1,4 @@
-// This rank's slice of a whole tensor, cut as zt::mark_tensor_split describes (zerotrain/blocks.h
+// This rank's slice of a whole tensor, cut as zt::mark_tensor_split describes (zerotrain/zero/blocks.h
 // TensorSplit): `parts` equal parts along `dim`, each cut into the group's ranks, slice r being
 // every part's r-th piece. For comparing a split model's parameters with an unsplit one's.
 #pragma once
@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "zerotrain/blocks.h"
-#include "zerotrain/comm.h"
+#include "zerotrain/zero/blocks.h"
+#include "zerotrain/comm/comm.h"
 
 namespace zt::testing {
 

@@ -23,7 +23,7 @@
 //    output_norm; weight before bias), final_norm (pre-LN only), mlm (bias, then dense and
 //    layer_norm: LibTorch lists a module's own parameters before its children's), nsp (pooler,
 //    classifier; next_sentence only).
-//  - Blocks (zerotrain/blocks.h), marked right after each is initialised so that a
+//  - Blocks (zerotrain/zero/blocks.h), marked right after each is initialised so that a
 //    ShardedConstruction shards them at once: the embeddings, every layer, the final norm, the
 //    MLM head and the NSP head. The embeddings' block runs twice per forward (embedding, tied
 //    decoder) and the MLM head's twice (transform, output bias), as the GPT's tied embedding.
@@ -63,9 +63,9 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/models/bert_config.h"
-#include "zerotrain/models/bert_data.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/config/bert_config.h"
+#include "zerotrain/data/bert_data.h"
 
 namespace zt {
 
@@ -201,7 +201,7 @@ class BertImpl : public torch::nn::Module {
 
   // Activation checkpointing of the encoder layers, with GPTImpl::Checkpointing's meaning
   // (docs/activation_checkpointing.md). Throws ConfigError on a count outside [0, n_layer].
-  using Checkpointing = CheckpointingSettings;  // zerotrain/activation_checkpointing.h
+  using Checkpointing = CheckpointingSettings;  // zerotrain/models/activation_checkpointing.h
   void set_checkpointing(const Checkpointing& settings);
   const Checkpointing& checkpointing() const { return checkpointing_; }
   bool is_checkpointed(int64_t layer) const;

@@ -36,8 +36,8 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/models/gpt_config.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/config/gpt_config.h"
 
 namespace zt {
 
@@ -118,7 +118,7 @@ class GPTImpl : public torch::nn::Module {
   // idx: integer tensor [B,T] with 1 <= T <= context_length -> logits [B,T,vocab_size].
   torch::Tensor forward(const torch::Tensor& idx);
   // forward() in two parts: the final LayerNorm's output [B,T,C], and the tied head on it.
-  // `segments` (packed rows, zerotrain/data.h Batch::segments), when defined: integer [B,T]; each
+  // `segments` (packed rows, zerotrain/data/data.h Batch::segments), when defined: integer [B,T]; each
   // position attends only to the earlier positions of its own segment, and the learned position
   // ids restart at 0 where a segment starts. Undefined: causal attention over the whole row.
   torch::Tensor hidden(const torch::Tensor& idx, const torch::Tensor& segments = {});
@@ -141,7 +141,7 @@ class GPTImpl : public torch::nn::Module {
   // Activation checkpointing (docs/activation_checkpointing.md): which blocks recompute what in
   // backward. Gradients are bitwise those of the plain model (dropout masks are drawn again from
   // the saved generator states). Throws ConfigError on a count outside [0, n_layer].
-  using Checkpointing = CheckpointingSettings;  // zerotrain/activation_checkpointing.h; profile: checkpoint_timings()
+  using Checkpointing = CheckpointingSettings;  // zerotrain/models/activation_checkpointing.h; profile: checkpoint_timings()
   void set_checkpointing(const Checkpointing& settings);
   const Checkpointing& checkpointing() const { return checkpointing_; }
   bool is_checkpointed(int64_t block) const;
@@ -158,7 +158,7 @@ class GPTImpl : public torch::nn::Module {
  private:
   // GPT-2's initial values for one module's parameters, drawn in registration order.
   void init_parameters(torch::nn::Module& module, bool is_norm);
-  // Initialises `module` and marks it as a stage-3 block (zerotrain/blocks.h).
+  // Initialises `module` and marks it as a stage-3 block (zerotrain/zero/blocks.h).
   void finish_block(const std::shared_ptr<torch::nn::Module>& module, bool is_norm);
   // With a tensor group: keeps this rank's slice of the module's whole parameters.
   void keep_tensor_slices(torch::nn::Module& module, bool is_token_embedding);

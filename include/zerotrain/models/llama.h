@@ -17,7 +17,7 @@
 //  - Initialisation (transformers' _init_weights): Linear and Embedding weights ~ N(0,
 //    initializer_range), biases zero, norm weights one, drawn from torch's global generator in
 //    registration order. Each embedding, layer, the final norm and the head is a stage-3 block
-//    (zerotrain/blocks.h), marked right after it is built, so a ShardedConstruction shards it at
+//    (zerotrain/zero/blocks.h), marked right after it is built, so a ShardedConstruction shards it at
 //    once.
 //  - element count == llama_parameter_count(config) (unsplit).
 //  - Tensor parallelism (docs/tensor_parallel.md), as the GPT: built with the communicator of a
@@ -41,8 +41,8 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
-#include "zerotrain/activation_checkpointing.h"
-#include "zerotrain/models/llama_config.h"
+#include "zerotrain/models/activation_checkpointing.h"
+#include "zerotrain/config/llama_config.h"
 
 namespace zt {
 
@@ -118,7 +118,7 @@ class LlamaImpl : public torch::nn::Module {
 
   // ids: integer tensor [B,T], 1 <= T <= max_position_embeddings -> logits [B,T,vocab_size]
   // (with a tensor group of T: this rank's vocabulary slice, [B,T,vocab_size/T]).
-  // `segments` (packed rows, zerotrain/data.h Batch::segments), when defined: integer [B,T]; each
+  // `segments` (packed rows, zerotrain/data/data.h Batch::segments), when defined: integer [B,T]; each
   // position attends only to the earlier positions of its own segment, and its rotary position
   // restarts at 0 where its segment starts, so each segment's logits are those of its tokens alone
   // (up to float rounding). Undefined: causal attention over the whole row, positions 0..T-1.
