@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Every file path, test name, command-line flag and section the documentation cites exists.
 
-Reads README.md, CHANGELOG.md and docs/*.md (the documents) and checks:
+Reads README.md, CHANGELOG.md, docs/*.md and each source folder's src/*/README.md (the
+documents) and checks:
 
 - Paths: every word, in backticks or in prose, that starts with one of the repository's
   top-level folders (src/, include/, tests/, docs/, bench/, scripts/, configs/, examples/,
@@ -32,7 +33,8 @@ import sys
 
 root = pathlib.Path(__file__).resolve().parent.parent
 FOLDERS = ("src", "include", "tests", "docs", "bench", "scripts", "configs", "examples", "fuzz", "cmake", "python")
-docs = [root / "README.md", root / "CHANGELOG.md", *sorted((root / "docs").glob("*.md"))]
+docs = [root / "README.md", root / "CHANGELOG.md", *sorted((root / "docs").glob("*.md")),
+        *sorted((root / "src").glob("*/README.md"))]
 docs = [d for d in docs if d.exists()]
 missing = []
 
