@@ -367,7 +367,7 @@ EngineRun engine_run(std::shared_ptr<zt::Communicator> comm, int stage, Recomput
     run.losses.push_back(sum);
     run.norms.push_back(r.grad_norm);
   }
-  run.peak_gathered = engine.peak_gathered_parameter_bytes();
+  run.peak_gathered = engine.diagnostics().peak_gathered_parameter_bytes;
   return run;
 }
 

@@ -670,8 +670,8 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, int stage, const std::st
     result.final_parameters = torch::cat(flat);
   }
   result.psi = engine.trainable_parameters();
-  result.peak_gathered = engine.peak_gathered_parameter_bytes();
-  result.prefetched = engine.prefetched_blocks();
+  result.peak_gathered = engine.diagnostics().peak_gathered_parameter_bytes;
+  result.prefetched = engine.diagnostics().prefetched_blocks;
   return result;
 }
 

@@ -105,8 +105,8 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
     for (int a = 0; a < 2; ++a, ++micro) {
       auto gen = at::make_generator<at::CPUGeneratorImpl>(1000 * rank + 10 * step + a);
       auto tokens = torch::randint(0, gpt_config.vocab_size, {2, 17}, gen, torch::kLong);
-      const int64_t gathers_before = engine.block_gathers();
-      const int64_t secondary_before = engine.secondary_block_gathers();
+      const int64_t gathers_before = engine.diagnostics().block_gathers;
+      const int64_t secondary_before = engine.diagnostics().secondary_block_gathers;
       auto loss = model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16));
       loss_sum += loss.item<double>();
       if (micro == o.overflow_micro_step) {
@@ -125,8 +125,8 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
       }
       engine.backward(loss);
       r = engine.step();
-      result.last_micro_step_gathers = engine.block_gathers() - gathers_before;
-      result.last_micro_step_secondary = engine.secondary_block_gathers() - secondary_before;
+      result.last_micro_step_gathers = engine.diagnostics().block_gathers - gathers_before;
+      result.last_micro_step_secondary = engine.diagnostics().secondary_block_gathers - secondary_before;
     }
     EXPECT_TRUE(r.boundary);
     result.losses.push_back(loss_sum / 2);
@@ -151,8 +151,8 @@ RunResult train(std::shared_ptr<zt::Communicator> comm, const RunOptions& o) {
     result.final_parameters = torch::cat(flat);
   }
   result.psi = engine.trainable_parameters();
-  result.peak_gathered = engine.peak_gathered_parameter_bytes();
-  result.secondary_gathers = engine.secondary_block_gathers();
+  result.peak_gathered = engine.diagnostics().peak_gathered_parameter_bytes;
+  result.secondary_gathers = engine.diagnostics().secondary_block_gathers;
   result.bytes = engine.model_state_bytes();
   result.formula = zt::model_state_formula(engine.trainable_parameters(), world, config);
   return result;
@@ -679,15 +679,15 @@ PrefetchRun run_prefetch(std::shared_ptr<zt::Communicator> comm, int64_t prefetc
     if (b.group >= 0) block_numel[b.group] += b.numel;
   for (auto& [group, numel] : block_numel) run.sizes.push_back(numel);
   std::sort(run.sizes.rbegin(), run.sizes.rend());
-  EXPECT_EQ(engine.peak_gathered_parameter_bytes(), 0) << "construction leaves every block released";
+  EXPECT_EQ(engine.diagnostics().peak_gathered_parameter_bytes, 0) << "construction leaves every block released";
   for (int step = 0; step < 2; ++step)
     for (int micro = 0; micro < 2; ++micro) {
       auto tokens = torch::randint(0, 256, {2, 17}, torch::kLong);
       engine.backward(model->loss(tokens.narrow(1, 0, 16), tokens.narrow(1, 1, 16)));
       engine.step();
     }
-  run.peak_gathered = engine.peak_gathered_parameter_bytes();
-  run.prefetched = engine.prefetched_blocks();
+  run.peak_gathered = engine.diagnostics().peak_gathered_parameter_bytes;
+  run.prefetched = engine.diagnostics().prefetched_blocks;
   return run;
 }
 

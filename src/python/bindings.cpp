@@ -418,9 +418,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_learning_rates", &zt::Engine::set_learning_rates, py::arg("rates"))
       .def_property_readonly("loss_scale", &zt::Engine::loss_scale)
       .def_property_readonly("trainable_parameters", &zt::Engine::trainable_parameters)
-      .def_property_readonly("peak_gathered_parameter_bytes", &zt::Engine::peak_gathered_parameter_bytes)
-      .def_property_readonly("block_gathers", &zt::Engine::block_gathers)
-      .def_property_readonly("prefetched_blocks", &zt::Engine::prefetched_blocks)
+      .def("diagnostics",
+           [](const zt::Engine& e) {
+             const zt::EngineDiagnostics d = e.diagnostics();
+             py::dict out;
+             out["peak_gathered_parameter_bytes"] = d.peak_gathered_parameter_bytes;
+             out["prefetched_blocks"] = d.prefetched_blocks;
+             out["block_gathers"] = d.block_gathers;
+             out["secondary_block_gathers"] = d.secondary_block_gathers;
+             return out;
+           })
       .def_property_readonly("config_json", [](const zt::Engine& e) { return e.config().resolved; })
       .def_property_readonly("gradient_accumulation_steps",
                              [](const zt::Engine& e) { return e.config().gradient_accumulation_steps; })

@@ -10,6 +10,7 @@
 #include "train/training_run.h"
 #include "zerotrain/comm/comms_logger.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/model_kind.h"
 #include "zerotrain/memory/estimate.h"
 
 namespace zt::training {
@@ -18,7 +19,7 @@ namespace {
 // The run's memory as measured on every rank, beside what `zerotrain estimate` says of it.
 struct MemoryFigures {
   std::vector<RankStats> stats;
-  MemoryEstimate estimate;     // empty where no_estimate_reason() gives one (BERT)
+  MemoryEstimate estimate;     // empty where no_estimate_reason() gives one
   int64_t measured_peak = 0;   // the largest peak RSS above the pre-model baseline over ranks
   // The two moments apart (zerotrain/memory/estimate.h: construction and step), largest over ranks; -1
   // where the kernel's peak could not be restarted after set-up.
@@ -41,12 +42,9 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
     cluster.host_memory = physical_memory_bytes();
   }
   const int64_t threshold = run.config.zero.stage3_param_persistence_threshold;
-  if (!run.is_bert) {
-    ModelFigures figures = run.is_llama
-                               ? llama_model_figures(run.llama_config, run.seq_len, threshold, run.grid.tensor_size)
-                               : gpt_model_figures(run.gpt_config, run.seq_len, threshold, run.grid.tensor_size);
-    figures.data_bytes = run.data.bytes;
-    m.estimate = estimate_memory(figures, cluster, run.config);
+  if (std::optional<ModelFigures> figures = run.kind->estimate_figures(run.seq_len, threshold, run.grid.tensor_size)) {
+    figures->data_bytes = run.data.bytes;
+    m.estimate = estimate_memory(*figures, cluster, run.config);
   }
   for (const auto& s : m.stats) {
     m.measured_peak = std::max(m.measured_peak, s.peak_rss - s.baseline_rss);
@@ -64,21 +62,18 @@ MemoryFigures measure_memory(const TrainingRun& run, const StepLog& log) {
   return m;
 }
 
-// The runs the memory estimate does not model.
-const char* no_estimate_reason(const TrainingRun& run) {
-  if (run.is_bert) return "the memory estimate models the GPT and the Llama";
-  return nullptr;
-}
+// Why the memory estimate does not model the run's model ("" where it does).
+std::string no_estimate_reason(const TrainingRun& run) { return run.kind->estimate_gap(); }
 
 void print_memory_line(const TrainingRun& run, const MemoryFigures& m) {
   const RankDevice& device = run.device;
-  const char* no_estimate = no_estimate_reason(run);
-  if (no_estimate && device.cuda()) {
+  const std::string no_estimate = no_estimate_reason(run);
+  if (!no_estimate.empty() && device.cuda()) {
     fmt::print("memory per rank: measured {} allocated / {} reserved of {} ({}); peak RSS {} above the pre-model "
                "baseline (no estimate: {})\n",
                human_bytes(m.gpu_peak.allocated), human_bytes(m.gpu_peak.reserved), human_bytes(device.total_memory),
                device.name, human_bytes(m.measured_peak), no_estimate);
-  } else if (no_estimate) {
+  } else if (!no_estimate.empty()) {
     fmt::print("memory per rank: measured {} above the pre-model baseline (no estimate: {})\n",
                human_bytes(m.measured_peak), no_estimate);
   } else if (device.cuda()) {
@@ -150,9 +145,7 @@ nlohmann::json activation_checkpointing_json(const TrainingRun& run) {
   nlohmann::json ac = {{"policy", run.config.activation_checkpointing.policy}};
   nlohmann::json blocks = nlohmann::json::array();
   // The Llama has no per-block profile (activation_checkpointing.profile is refused for it).
-  const auto timings = run.is_bert    ? run.bert->checkpoint_timings()
-                       : run.is_llama ? std::vector<CheckpointTimings>{}
-                                      : run.model->checkpoint_timings();
+  const auto timings = run.trainable->checkpoint_timings();
   for (size_t i = 0; i < timings.size(); ++i)
     blocks.push_back({{"block", i},
                       {"checkpointed", run.is_checkpointed(int64_t(i))},
@@ -161,7 +154,7 @@ nlohmann::json activation_checkpointing_json(const TrainingRun& run) {
                       {"forward_seconds", timings[i].forward_seconds},
                       {"recompute_seconds", timings[i].recompute_seconds}});
   if (!timings.empty()) ac["blocks"] = blocks;
-  if (auto arena = run.is_gpt() ? run.model->checkpoint_arena_stats() : std::nullopt)
+  if (auto arena = run.trainable->checkpoint_arena_stats())
     ac["contiguous_buffer"] = {{"slots", arena->slots},
                                {"slot_bytes", arena->slot_bytes},
                                {"buffer_allocations", arena->buffer_allocations},
@@ -203,7 +196,7 @@ nlohmann::json memory_json(const TrainingRun& run, const MemoryFigures& m) {
                                    {"unmapped", c.unmapped},
                                    {"high_water_bytes", c.high_water_bytes}};
   }
-  if (!no_estimate_reason(run)) memory["estimate"] = estimate_to_json(m.estimate);
+  if (no_estimate_reason(run).empty()) memory["estimate"] = estimate_to_json(m.estimate);
   return memory;
 }
 
@@ -224,8 +217,8 @@ void add_engine_json(nlohmann::json& summary, const TrainingRun& run, const Memo
                      {"shard_gradients", config.zero.shard_gradients},
                      {"shard_parameters", config.zero.shard_parameters},
                      {"hpz_partition_size", std::max(1, config.zero.hpz_partition_size)},
-                     {"block_gathers_rank0", engine.block_gathers()},
-                     {"secondary_block_gathers_rank0", engine.secondary_block_gathers()}};
+                     {"block_gathers_rank0", engine.diagnostics().block_gathers},
+                     {"secondary_block_gathers_rank0", engine.diagnostics().secondary_block_gathers}};
   // Rank 0's node groups: its node's ranks, and the nodes (one rank 0 of a node each).
   summary["nodes"] = {{"count", engine.node_groups().across_nodes->world_size()},
                       {"ranks_per_node", engine.node_groups().within_node->world_size()}};

@@ -365,16 +365,17 @@ ModelStateBytes Engine::model_state_bytes() const { return impl_->model_state_by
 int64_t Engine::buffer_bytes() const { return impl_->buffer_bytes(); }
 int64_t Engine::trainable_parameters() const { return impl_->layout.parameter_numel; }
 const FlatLayout& Engine::layout() const { return impl_->layout; }
-int64_t Engine::peak_gathered_parameter_bytes() const { return impl_->gatherer ? impl_->gatherer->peak_gathered_bytes() : 0; }
-int64_t Engine::prefetched_blocks() const { return impl_->gatherer ? impl_->gatherer->prefetched_blocks() : 0; }
-int64_t Engine::block_gathers() const { return impl_->gatherer ? impl_->gatherer->block_gathers() : 0; }
-int64_t Engine::secondary_block_gathers() const {
-  return impl_->gatherer ? impl_->gatherer->secondary_gathers() : 0;
+EngineDiagnostics Engine::diagnostics() const {
+  EngineDiagnostics d;
+  if (const auto& gatherer = impl_->gatherer) {
+    d.peak_gathered_parameter_bytes = gatherer->peak_gathered_bytes();
+    d.prefetched_blocks = gatherer->prefetched_blocks();
+    d.block_gathers = gatherer->block_gathers();
+    d.secondary_block_gathers = gatherer->secondary_gathers();
+  }
+  return d;
 }
 const NodeGroups& Engine::node_groups() const { return impl_->node_groups; }
 OffloadReport Engine::offload_report() const { return impl_->offload_report(); }
-void Engine::reset_peak_gathered_parameter_bytes() {
-  if (impl_->gatherer) impl_->gatherer->reset_peak_gathered_bytes();
-}
 
 }  // namespace zt

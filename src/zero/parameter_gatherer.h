@@ -123,7 +123,6 @@ class ParameterGatherer : public BlockRunner {
 
   int64_t persistent_bytes() const;
   int64_t peak_gathered_bytes() const { return peak_gathered_bytes_; }
-  void reset_peak_gathered_bytes() { peak_gathered_bytes_ = gathered_bytes_; }
   int64_t prefetched_blocks() const { return prefetched_; }
   int64_t block_gathers() const { return gathers_; }
   // Of block_gathers(): those served by the secondary partition.

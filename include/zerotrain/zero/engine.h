@@ -136,6 +136,21 @@ struct ParameterGroup {
 // backward(scale_wrt_gas=False), which the Hugging Face Trainer passes).
 enum class LossDivision { ByAccumulationSteps, AlreadyDivided };
 
+// Counters of the engine's stage-3 gathers since construction (all 0 below stage 3).
+struct EngineDiagnostics {
+  // The most bytes of full (gathered) block parameters held at once; parameters outside every
+  // block (kept whole) are not counted.
+  int64_t peak_gathered_parameter_bytes = 0;
+  // Block gathers launched ahead of the block's use (prefetch).
+  int64_t prefetched_blocks = 0;
+  // Block gathers launched, prefetched or not (a block kept gathered for its next use,
+  // zero_optimization.stage3_max_reuse_distance, is not gathered again).
+  int64_t block_gathers = 0;
+  // With a secondary partition (zero_hpz_partition_size): of block_gathers, those served within
+  // the secondary group from its shards (docs/zero.md "hpZ").
+  int64_t secondary_block_gathers = 0;
+};
+
 class Engine {
  public:
   Engine(std::shared_ptr<torch::nn::Module> model, const TrainConfig& config,
@@ -188,18 +203,9 @@ class Engine {
   int64_t buffer_bytes() const;
   int64_t trainable_parameters() const;  // Ψ: elements of all parameters with requires_grad
   const FlatLayout& layout() const;
-  // Stage 3: the most bytes of full (gathered) block parameters held at once since construction
-  // or the last reset; parameters outside every block (kept whole) are not counted.
-  int64_t peak_gathered_parameter_bytes() const;
-  void reset_peak_gathered_parameter_bytes();
-  // Stage 3: block gathers launched ahead of the block's use (prefetch) since construction.
-  int64_t prefetched_blocks() const;
-  // Stage 3: block gathers launched since construction, prefetched or not (a block kept gathered
-  // for its next use, zero_optimization.stage3_max_reuse_distance, is not gathered again).
-  int64_t block_gathers() const;
-  // Stage 3 with a secondary partition (zero_hpz_partition_size): of block_gathers(), those served
-  // within the secondary group from its shards (docs/zero.md "hpZ").
-  int64_t secondary_block_gathers() const;
+  // What the engine counted of its own stage-3 gathers, for tests, benchmarks and the run's
+  // summary; nothing in training reads it.
+  EngineDiagnostics diagnostics() const;
   OffloadReport offload_report() const;
   // Checkpoints (docs/checkpoint.md): collectives, called between optimizer steps (not inside an
   // accumulation window). save_checkpoint writes dir/tag — this rank's master weights and

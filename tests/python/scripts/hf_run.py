@@ -141,7 +141,7 @@ def main():
             torch.save(logits, spec["save"] + "/logits.pt")
     if rank == 0:
         with open(sys.argv[2], "w") as f:
-            json.dump({"losses": losses, "init": init, "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
+            json.dump({"losses": losses, "init": init, "peak_gathered_bytes": engine._engine.diagnostics()["peak_gathered_parameter_bytes"],
                        "trainable_bytes": 4 * sum(p.numel() for p in model.parameters() if p.requires_grad)}, f)
 
 

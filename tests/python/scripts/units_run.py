@@ -78,7 +78,7 @@ def main():
                                  float(zerotrain.utils.safe_get_full_fp32_param(model.blocks[0].up.weight).sum())])
             every_rank = [torch.zeros(3) for _ in range(zerotrain.comm.get_world_size())]
             torch.distributed.all_gather(every_rank, seen)
-        before = engine._engine.block_gathers
+        before = engine._engine.diagnostics()["block_gathers"]
         total = 0.0
         for micro in range(2):
             ids = torch.randint(0, 64, (2, 12), generator=g)
@@ -86,7 +86,7 @@ def main():
             engine.backward(loss)
             engine.step()
             total += float(loss)
-        gathers.append(engine._engine.block_gathers - before)  # the step's forward and backward passes
+        gathers.append(engine._engine.diagnostics()["block_gathers"] - before)  # the step's forward and backward passes
         mean = torch.tensor([total / 2])
         zerotrain.comm.all_reduce(mean)
         losses.append(float(mean) / zerotrain.comm.get_world_size())
@@ -98,7 +98,7 @@ def main():
         with open(out, "w") as f:
             json.dump({"modified": [t.tolist() for t in every_rank], "losses": losses, "eval_loss": eval_loss, "head_norm": float(head.norm()),
                        "block_gathers": gathers,
-                       "peak_gathered_bytes": engine._engine.peak_gathered_parameter_bytes,
+                       "peak_gathered_bytes": engine._engine.diagnostics()["peak_gathered_parameter_bytes"],
                        "trainable_bytes": 4 * sum(p.numel() for p in model.parameters())}, f)
 
 
