@@ -20,6 +20,9 @@ python3 scripts/check_doc_refs.py
 stamp "include layers (scripts/check_layers.py)"
 python3 scripts/check_layers.py
 
+stamp "model-type branches outside the model interface (scripts/check_model_branches.py)"
+python3 scripts/check_model_branches.py
+
 stamp "file and function sizes (scripts/check_sizes.py)"
 python3 scripts/check_sizes.py --self-test
 python3 scripts/check_sizes.py

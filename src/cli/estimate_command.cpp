@@ -24,6 +24,7 @@
 #include "zerotrain/comm/comm.h"
 #include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/model_kind.h"
 #include "zerotrain/memory/estimate.h"
 #include "zerotrain/memory/step_time.h"
 #include "zerotrain/launch/launch.h"
@@ -209,11 +210,15 @@ std::pair<zt::ModelFigures, std::string> model_of(const EstimateArgs& args, cons
     zt::ModelFigures model = raw_model_of(args, config);
     return {model, fmt::format("{:.3f}B parameters", model.parameters / 1e9)};
   }
-  if (config.model.type == "bert")
-    throw zt::ConfigError("model.type: the memory estimate models the GPT and the Llama; expected \"gpt\" or "
-                          "\"llama\", found \"bert\" (estimate a BERT with --params and "
-                          "--layers/--hidden/--heads/--seq/--vocab)");
-  const zt::ModelFigures model = zt::model_figures_of(config);
+  const std::unique_ptr<zt::ModelKind> kind = zt::make_model_kind(config);
+  const int64_t seq = config.data.sequence_length > 0 ? config.data.sequence_length : kind->context_length();
+  const std::optional<zt::ModelFigures> figures =
+      kind->estimate_figures(seq, config.zero.stage3_param_persistence_threshold, config.tensor_parallel);
+  if (!figures)
+    throw zt::ConfigError(fmt::format("model.type: {}; found \"{}\" (estimate it with --params and "
+                                      "--layers/--hidden/--heads/--seq/--vocab)",
+                                      kind->estimate_gap(), config.model.type));
+  const zt::ModelFigures model = *figures;
   if (model.family == zt::ModelFigures::Family::Llama) {
     // Named as the trainer names it: by the directory that gives its shape, else by its preset.
     const zt::ModelConfig& m = config.model;
@@ -328,7 +333,13 @@ int run_estimate(const EstimateArgs& args) {
   if (args.plan) {
     // The configuration's model may be split over tensor groups too; a count (--params) may not.
     zt::TensorParallelFigures split;
-    if (args.params.empty()) split = [&config](int T) { return zt::model_figures_at(config, T); };
+    // The planner's step-time model counts the GPT's FLOPs; a Hugging Face directory's shape is
+    // not split by the planner.
+    if (args.params.empty())
+      split = [&config](int T) -> std::optional<zt::ModelFigures> {
+        if (!config.model.init_from.empty() || !zt::make_model_kind(config)->profiles_flops(1)) return std::nullopt;
+        return zt::estimate_figures_of(config, T);
+      };
     const zt::Plan plan = zt::plan_configurations(model, cluster, config, split);
     if (args.json) {
       nlohmann::json out = zt::plan_to_json(plan);

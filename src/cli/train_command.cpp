@@ -24,6 +24,7 @@
 #include "zerotrain/comm/comm.h"
 #include "zerotrain/config/config.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/model_kind.h"
 #include "zerotrain/memory/estimate.h"
 #include "zerotrain/memory/step_time.h"
 #include "zerotrain/launch/launch.h"
@@ -64,7 +65,7 @@ zt::TrainRunOptions run_options(const TrainArgs& args) {
 }
 
 // The run's model and this node's ranks as the memory estimate takes them; nullopt for a model
-// the estimate does not cover (the BERT) or a configuration it refuses.
+// the estimate does not cover (ModelKind::estimate_gap) or a configuration it refuses.
 struct NodeEstimateInputs {
   zt::ModelFigures model;
   zt::ClusterSpec cluster;
@@ -72,12 +73,13 @@ struct NodeEstimateInputs {
 
 std::optional<NodeEstimateInputs> node_estimate_inputs(const zt::TrainConfig& config, int nproc, int nnodes,
                                                        const std::string& device) {
-  if (config.model.type == "bert") return std::nullopt;
+  std::optional<zt::ModelFigures> model = zt::estimate_figures_of(config, config.tensor_parallel);
+  if (!model) return std::nullopt;
   NodeEstimateInputs in;
   in.cluster.device = device == "cuda" ? zt::DeviceKind::Cuda : zt::DeviceKind::Cpu;
   in.cluster.devices_per_node = nproc;
   in.cluster.nodes = nnodes;
-  in.model = zt::model_figures_of(config);
+  in.model = *model;
   in.model.data_bytes = zt::training_data_bytes(config);
   return in;
 }

@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "config/non_finite.h"
+#include "config/model_rules.h"
 #include "config/schema.h"
 #include "zerotrain/error.h"
 
@@ -484,12 +485,12 @@ void add_notes(TrainConfig& c) {
   if (c.tensor_parallel > 1 && c.flops_profiler.enabled)
     note_if_given({F + "enabled"}, "the flops profiler's FLOPs model counts the whole GPT on every rank; a "
                                    "tensor-parallel run (tensor_parallel.autotp_size > 1) is not profiled");
-  if (c.model.type != "gpt" && c.flops_profiler.enabled)
+  if (!cd::model_rules(c.model.type).flops_profiled && c.flops_profiler.enabled)
     note_if_given({F + "enabled", F + "recompute_fwd_factor", F + "profile_step", F + "module_depth", F + "top_modules",
                    F + "detailed", F + "output_file"},
-                  c.model.type == "bert"
-                      ? "the flops profiler's FLOPs model covers model.type \"gpt\" only; a BERT run is not profiled"
-                      : "the flops profiler's FLOPs model covers model.type \"gpt\" only; a Llama run is not profiled");
+                  fmt::format("the flops profiler's FLOPs model does not cover model.type \"{}\"; the run is not "
+                              "profiled",
+                              c.model.type));
 }
 
 // The notes of Inert keys and the warning lines of ignored reports and keys (docs/config.md

@@ -7,6 +7,7 @@
 #include <set>
 #include <tuple>
 
+#include "config/model_rules.h"
 #include "config/schema.h"
 #include "zerotrain/error.h"
 #include "zerotrain/config/bert_config.h"
@@ -229,16 +230,12 @@ bool has_auto_rule(const std::string& path) {
 // The rules of docs/config.md "auto": Hugging Face's Trainer fills these from its arguments; here
 // the rest of the configuration and zerotrain's defaults take the arguments' place.
 void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>& autos) {
-  // model.type "bert" without a preset: "bert-tiny" (the GPT's default "tiny" is no BERT preset).
-  // First, as the rules below read the model's width.
-  if (c.model.type == "bert" && !written_by_user(c, "model.preset")) {
-    c.model.preset = "bert-tiny";
-    set_derived(c, values, "model.preset", "bert-tiny");
-  }
-  // model.type "llama" likewise: "llama-tiny" (unused when a Hugging Face directory gives the shape).
-  if (c.model.type == "llama" && !written_by_user(c, "model.preset")) {
-    c.model.preset = "llama-tiny";
-    set_derived(c, values, "model.preset", "llama-tiny");
+  // A model type's own default preset (the GPT's "tiny" is no BERT preset). First, as the rules
+  // below read the model's width.
+  const ModelRules& model = model_rules(c.model.type);
+  if (!model.default_preset.empty() && !written_by_user(c, "model.preset")) {
+    c.model.preset = model.default_preset;
+    set_derived(c, values, "model.preset", model.default_preset);
   }
   const std::set<std::string> is_auto(autos.begin(), autos.end());
   auto set = [&](const std::string& path, const json& value) {
@@ -246,12 +243,7 @@ void resolve_auto(TrainConfig& c, Values& values, const std::vector<std::string>
     if (const Leaf* leaf = find_leaf(path); leaf && leaf->assign) leaf->assign(c, value);
   };
   // The model's width, for the bucket sizes Hugging Face derives from hidden_size.
-  auto hidden = [&]() -> int64_t {
-    if (c.model.n_embd > 0) return c.model.n_embd;
-    if (c.model.type == "bert") return zt::bert_config_of(c).hidden;
-    if (c.model.type == "llama") return zt::llama_config_of(c).hidden_size;
-    return zt::gpt_preset(c.model.preset).n_embd;
-  };
+  auto hidden = [&]() -> int64_t { return c.model.n_embd > 0 ? c.model.n_embd : model.hidden(c); };
   // lr and warmup_max_lr are both the Trainer's learning rate: one given, the other follows.
   const std::string kLr = "optimizer.params.lr", kMaxLr = "scheduler.params.warmup_max_lr";
   if (is_auto.count(kLr) && !is_auto.count(kMaxLr) && written_by_user(c, kMaxLr)) set(kLr, values[kMaxLr]);
@@ -340,91 +332,6 @@ void derive(TrainConfig& c, Values& values) {
 }
 
 namespace {
-// Keys of one model type given with the other would be silently ignored: refused, naming the type.
-void validate_llama(const TrainConfig& c);
-
-void validate_model_type(const TrainConfig& c) {
-  if (c.model.type != "llama")
-    for (const char* key : {"model.n_kv_head", "model.intermediate_size", "model.config_from"})
-      if (written_by_user(c, key))
-        throw ConfigError(fmt::format("{}: applies to model.type \"llama\" only, found model.type \"{}\"", key,
-                                      c.model.type));
-  if (c.model.type == "llama") return validate_llama(c);
-  if (c.model.type != "bert") {
-    for (const char* key : {"model.pre_layer_norm", "model.next_sentence", "data.mlm_probability", "data.max_predictions"})
-      if (written_by_user(c, key))
-        throw ConfigError(fmt::format("{}: applies to model.type \"bert\" only, found model.type \"{}\"", key,
-                                      c.model.type));
-    return;
-  }
-  if (written_by_user(c, "model.loss_chunk_tokens"))
-    throw ConfigError("model.loss_chunk_tokens: applies to model.type \"gpt\" only, found model.type \"bert\" (the "
-                      "BERT's MLM head projects only the masked positions)");
-  if (written_by_user(c, "model.init_from"))
-    throw ConfigError("model.init_from: applies to model.type \"gpt\" (Hugging Face GPT-2 directories) and "
-                      "\"llama\" (LlamaForCausalLM, Qwen2ForCausalLM), found model.type \"bert\"");
-  if (c.activation_checkpointing.policy == "auto")
-    throw ConfigError("activation_checkpointing.policy: expected \"none\", \"selective\" or \"full\" with model.type "
-                      "\"bert\", found \"auto\" (the memory estimate that chooses models the GPT only)");
-  const BertConfig bert = bert_config_of(c);  // the preset (listing the valid ones) and the shape
-  const int64_t seq = c.data.sequence_length;
-  if (seq > bert.max_positions)
-    throw ConfigError(fmt::format("data.sequence_length: expected at most the BERT's max_positions {} (model.preset "
-                                  "\"{}\"{}), found {}",
-                                  bert.max_positions, c.model.preset,
-                                  c.model.context_length > 0 ? ", model.context_length" : "", seq));
-  if (seq > 0 && seq < 5)
-    throw ConfigError(fmt::format(
-        "data.sequence_length: expected at least 5 with model.type \"bert\" ([CLS] A [SEP] B [SEP]), found {}", seq));
-}
-// model.type "llama": the keys of the other types refused, and the shape from a preset and its
-// overrides or from a Hugging Face directory, never both. A directory's config.json is read where
-// the model is built and before launch (zerotrain train's check of its inputs), not here.
-void validate_llama(const TrainConfig& c) {
-  for (const char* key : {"model.pre_layer_norm", "model.next_sentence", "data.mlm_probability", "data.max_predictions"})
-    if (written_by_user(c, key))
-      throw ConfigError(fmt::format("{}: applies to model.type \"bert\" only, found model.type \"llama\"", key));
-  if (written_by_user(c, "model.loss_chunk_tokens"))
-    throw ConfigError("model.loss_chunk_tokens: applies to model.type \"gpt\" only, found model.type \"llama\"");
-  if (written_by_user(c, "model.dropout"))
-    throw ConfigError("model.dropout: applies to model.type \"gpt\" and \"bert\", found model.type \"llama\" (the "
-                      "Llama-family decoder has no dropout)");
-  const ActivationCheckpointingConfig& ac = c.activation_checkpointing;
-  if (ac.policy == "auto" || ac.policy == "selective")
-    throw ConfigError(fmt::format("activation_checkpointing.policy: expected \"none\" or \"full\" with model.type "
-                                  "\"llama\", found \"{}\" ({})",
-                                  ac.policy,
-                                  ac.policy == "auto" ? "the memory estimate that chooses models the GPT only"
-                                                      : "its attention core and SwiGLU are not split out for "
-                                                        "recomputation"));
-  if (ac.policy != "none")
-    for (const auto& [key, on] : {std::pair{"activation_checkpointing.contiguous_memory_optimization",
-                                            ac.contiguous_memory_optimization},
-                                  std::pair{"activation_checkpointing.profile", ac.profile}})
-      if (on) throw ConfigError(fmt::format("{}: not implemented for model.type \"llama\" (expected false, found true)", key));
-  const bool init = !c.model.init_from.empty(), shape_only = !c.model.config_from.empty();
-  if (init && shape_only)
-    throw ConfigError(fmt::format("model.config_from: expected at most one of model.init_from and model.config_from, "
-                                  "found both ('{}', '{}'); model.init_from gives the shape too",
-                                  c.model.init_from, c.model.config_from));
-  if (init || shape_only) {
-    const std::string dir_key = init ? "model.init_from" : "model.config_from";
-    for (const char* key : {"model.preset", "model.n_layer", "model.n_head", "model.n_kv_head", "model.n_embd",
-                            "model.intermediate_size", "model.vocab_size", "model.context_length"})
-      if (written_by_user(c, key))
-        throw ConfigError(fmt::format("{}: expected no shape beside {} (the directory's config.json is the shape), "
-                                      "found it given",
-                                      key, dir_key));
-    return;
-  }
-  const LlamaConfig llama = llama_config_of(c);  // the preset (listing the valid ones) and the shape
-  if (c.data.sequence_length > llama.max_position_embeddings)
-    throw ConfigError(fmt::format("data.sequence_length: expected at most the Llama's max_position_embeddings {} "
-                                  "(model.preset \"{}\"{}), found {}",
-                                  llama.max_position_embeddings, c.model.preset,
-                                  c.model.context_length > 0 ? ", model.context_length" : "", c.data.sequence_length));
-}
-
 // The data keys: each read only by the sources and models that use it, so that none is silently
 // ignored.
 void validate_data(const TrainConfig& c) {
@@ -451,12 +358,6 @@ void validate_data(const TrainConfig& c) {
     throw ConfigError(fmt::format("data.pack: packs fine-tuning examples, read only when data.source is "
                                   "\"finetune\", found \"{}\"",
                                   c.data.source));
-  if (c.data.pack && c.model.type == "bert")
-    throw ConfigError("data.pack: applies to the decoders (model.type \"gpt\" and \"llama\"), found model.type "
-                      "\"bert\"");
-  if (c.model.type == "bert" && !c.data.tokenizer.empty())
-    throw ConfigError("data.tokenizer: applies to model.type \"gpt\" and \"llama\"; the BERT reads bytes or its own "
-                      "uint16 token files");
   // Data keys the chosen source never reads would be silently ignored.
   if (c.data.source == "embedded" && written_by_user(c, "data.path"))
     throw ConfigError("data.path: not read when data.source is \"embedded\" (set data.source to \"bin\" or \"text\")");
@@ -520,7 +421,9 @@ void validate_semantics(const TrainConfig& c, const Values& values) {
 
   validate_data(c);
   if (c.model.preset.empty()) throw ConfigError("model.preset: expected a preset name, found \"\"");
-  validate_model_type(c);
+  // Keys of another model type would be silently ignored: refused, naming the types that read them.
+  refuse_keys_of_other_models(c);
+  if (const ModelRules& model = model_rules(c.model.type); model.validate) model.validate(c);
   if (c.train.log_dir.empty()) throw ConfigError("train.log_dir: expected a directory path, found \"\"");
 }
 

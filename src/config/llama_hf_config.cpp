@@ -67,10 +67,10 @@ bool is_qwen2(const json& cfg, const std::string& where) {
     if (name == "Qwen2ForCausalLM") return true;
     throw ConfigError(where + ": config.json's architecture is " + name + "; model.type \"llama\" reads " + supported);
   }
-  const std::string type = cfg.value("model_type", std::string());
-  if (type == "llama") return false;
-  if (type == "qwen2") return true;
-  throw ConfigError(where + ": config.json names no architecture and its model_type is \"" + type +
+  const std::string hf_model_type = cfg.value("model_type", std::string());
+  if (hf_model_type == "llama") return false;
+  if (hf_model_type == "qwen2") return true;
+  throw ConfigError(where + ": config.json names no architecture and its model_type is \"" + hf_model_type +
                     "\"; model.type \"llama\" reads " + supported + " (model_type \"llama\" or \"qwen2\")");
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/schema.h"
+#include "config/model_rules.h"
 #include "zerotrain/error.h"
 #include "zerotrain/config/bert_config.h"
 #include "zerotrain/config/gpt_config.h"
@@ -39,9 +40,10 @@ void validate_secondary_partition(const TrainConfig& c) {
 // models is refused by name.
 void validate_tensor_parallel(const TrainConfig& c) {
   if (c.tensor_parallel <= 1) return;
-  if (c.model.type != "gpt" && c.model.type != "bert" && c.model.type != "llama")
-    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (the tensor-parallel "
-                                  "split exists for the GPT, BERT and the Llama), found {}",
+  const config_detail::ModelRules& model = config_detail::model_rules(c.model.type);
+  if (!model.tensor_split_sizes)
+    throw ConfigError(fmt::format("tensor_parallel.autotp_size: expected 1 for model.type \"{}\" (its tensor-parallel "
+                                  "split is not implemented), found {}",
                                   c.model.type, c.tensor_parallel));
   if (!c.model.init_from.empty())
     throw ConfigError(fmt::format("model.init_from: expected none with tensor_parallel.autotp_size {} (loading whole "
@@ -50,21 +52,7 @@ void validate_tensor_parallel(const TrainConfig& c) {
   {
     // The split: each rank keeps n_head / T heads and vocab_size / T rows of the vocabulary (the
     // GPT's and BERT's 4 × n_embd features follow from the heads; the Llama's are a key).
-    std::vector<std::pair<const char*, int64_t>> sizes;
-    if (c.model.type == "llama") {
-      // From the preset and keys; with model.config_from, its config.json (init_from is refused above).
-      const LlamaConfig l = llama_config_of(c);
-      sizes = {{"model.n_head", l.num_attention_heads}, {"model.n_kv_head", l.num_key_value_heads},
-               {"model.intermediate_size", l.intermediate_size}, {"model.vocab_size", l.vocab_size}};
-    } else if (c.model.type == "bert") {
-      const BertConfig b = bert_config_of(c);
-      sizes = {{"model.n_head", b.n_head}, {"model.vocab_size", b.vocab_size}};
-    } else {
-      GPTConfig g = gpt_preset(c.model.preset);
-      if (c.model.n_head > 0) g.n_head = c.model.n_head;
-      if (c.model.vocab_size > 0) g.vocab_size = c.model.vocab_size;
-      sizes = {{"model.n_head", g.n_head}, {"model.vocab_size", g.vocab_size}};
-    }
+    const std::vector<std::pair<const char*, int64_t>> sizes = model.tensor_split_sizes(c);
     for (const auto& [key, value] : sizes)
       if (value % c.tensor_parallel != 0)
         throw ConfigError(fmt::format("{}: expected a multiple of tensor_parallel.autotp_size {} (each rank of a tensor "

@@ -95,28 +95,4 @@ ModelFigures gpt_model_figures(const GPTConfig& gpt, int64_t sequence_length, in
   return f;
 }
 
-ModelFigures model_figures_of(const TrainConfig& config) {
-  const int64_t threshold = config.zero.stage3_param_persistence_threshold, seq = config.data.sequence_length;
-  if (config.model.type == "gpt") {
-    const GPTConfig gpt = gpt_config_of(config);
-    return gpt_model_figures(gpt, seq > 0 ? seq : gpt.context_length, threshold, config.tensor_parallel);
-  }
-  if (config.model.type == "llama") {
-    const LlamaConfig llama = llama_config_of(config);
-    return llama_model_figures(llama, seq > 0 ? seq : llama.max_position_embeddings, threshold, config.tensor_parallel);
-  }
-  throw ConfigError(fmt::format("model.type: the memory estimate models the GPT and the Llama; expected \"gpt\" or "
-                                "\"llama\", found \"{}\"",
-                                config.model.type));
-}
-
-std::optional<ModelFigures> model_figures_at(const TrainConfig& config, int tensor_parallel) {
-  if (config.model.type != "gpt" || !config.model.init_from.empty() || tensor_parallel < 1) return std::nullopt;
-  const GPTConfig gpt = gpt_config_of(config);
-  if (gpt.n_head % tensor_parallel != 0 || gpt.vocab_size % tensor_parallel != 0) return std::nullopt;
-  const int64_t seq = config.data.sequence_length;
-  return gpt_model_figures(gpt, seq > 0 ? seq : gpt.context_length, config.zero.stage3_param_persistence_threshold,
-                           tensor_parallel);
-}
-
 }  // namespace zt

@@ -14,6 +14,7 @@
 #include "zerotrain/zero/blocks.h"
 #include "zerotrain/comm/comms_logger.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/model_kind.h"
 #include "zerotrain/memory/estimate.h"
 
 namespace zt::training {
@@ -82,33 +83,10 @@ void open_communicator(TrainingRun& run, const TrainConfig& config_in, const Tra
 // The model's shape, the sequence length and the data.
 void read_model_and_data(TrainingRun& run) {
   const TrainConfig& config = run.config;
-  run.is_bert = config.model.type == "bert";
-  run.is_llama = config.model.type == "llama";
-  int64_t context = 0, vocab = 0;
-  if (run.is_bert) {
-    run.bert_config = bert_config_of(config);
-    run.bert_specials = BertSpecialTokens{run.bert_config.vocab_size - 4};
-    context = run.bert_config.max_positions;
-    vocab = run.bert_specials.content_vocab;
-    run.n_layer = run.bert_config.n_layer;
-    run.n_params = bert_parameter_count(run.bert_config);
-  } else if (run.is_llama) {
-    run.llama_config = llama_config_of(config);  // with model.init_from: its config.json
-    const ModelConfig& m = config.model;
-    if (!m.init_from.empty() || !m.config_from.empty())
-      run.llama_source_config = !m.init_from.empty() ? read_hf_config_text(m.init_from, "model.init_from")
-                                                     : read_hf_config_text(m.config_from, "model.config_from");
-    context = run.llama_config.max_position_embeddings;
-    vocab = run.llama_config.vocab_size;
-    run.n_layer = run.llama_config.num_hidden_layers;
-    run.n_params = llama_parameter_count(run.llama_config);
-  } else {
-    run.gpt_config = gpt_config_of(config);
-    context = run.gpt_config.context_length;
-    vocab = run.gpt_config.vocab_size;
-    run.n_layer = run.gpt_config.n_layer;
-    run.n_params = gpt_parameter_count(run.gpt_config);
-  }
+  run.kind = make_model_kind(config);  // with model.init_from or model.config_from: its config.json
+  run.n_layer = run.kind->layers();
+  run.n_params = run.kind->parameters();
+  const int64_t context = run.kind->context_length(), vocab = run.kind->data_vocabulary();
   run.seq_len = check_sequence_length(config.data.sequence_length, context);
   // The baseline the memory estimate is compared above: before the data, which the estimate
   // counts (training_data_bytes).
@@ -121,7 +99,7 @@ void read_model_and_data(TrainingRun& run) {
 // that says what was chosen ("" when the policy is not "auto").
 std::string choose_recomputation(TrainingRun& run) {
   TrainConfig& config = run.config;
-  if (config.activation_checkpointing.policy != "auto" || !run.is_gpt()) return "";
+  if (config.activation_checkpointing.policy != "auto") return "";
   const RendezvousInfo& rendezvous = run.rendezvous;
   const RankDevice& device = run.device;
   ClusterSpec machine;
@@ -136,8 +114,12 @@ std::string choose_recomputation(TrainingRun& run) {
     machine.device_memory = device.total_memory / std::max(1, per_gpu);
     machine.host_memory = physical_memory_bytes();
   }
-  ModelFigures figures = gpt_model_figures(run.gpt_config, run.seq_len, config.zero.stage3_param_persistence_threshold,
-                                          config.tensor_parallel);
+  // The configuration refuses "auto" for a model the estimate does not model.
+  std::optional<ModelFigures> modelled =
+      run.kind->estimate_figures(run.seq_len, config.zero.stage3_param_persistence_threshold, config.tensor_parallel);
+  if (!modelled) throw ConfigError("activation_checkpointing.policy: \"auto\" needs the memory estimate, and " +
+                                   run.kind->estimate_gap());
+  ModelFigures figures = *modelled;
   figures.data_bytes = run.data.bytes;
   Recompute chosen = Recompute::Full;
   int64_t need = 0;
@@ -169,16 +151,8 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
   // puts the shards where the plan wants them, and the rest of the model moves to the GPU here.
   std::optional<ShardedConstruction> sharded;
   if (config.zero.shard_parameters) sharded.emplace(run.data_rank, run.data_world, run.device.device);
-  if (run.is_bert) {
-    run.bert = Bert(run.bert_config, run.grid.tensor);
-    run.module = run.bert.ptr();
-  } else if (run.is_llama) {
-    run.llama = Llama(run.llama_config, run.grid.tensor);
-    run.module = run.llama.ptr();
-  } else {
-    run.model = GPT(run.gpt_config, run.grid.tensor);
-    run.module = run.model.ptr();
-  }
+  run.trainable = run.kind->build(run.grid.tensor);
+  run.module = run.trainable->module();
   sharded.reset();
   if (run.device.cuda()) move_model(*run.module, run.device.device);
   const ActivationCheckpointingConfig& ac = config.activation_checkpointing;
@@ -190,9 +164,7 @@ void build_model(TrainingRun& run, const std::string& policy_note) {
   settings.synchronize_boundary = ac.synchronize_checkpoint_boundary;
   settings.profile = ac.profile;
   settings.partition_activations = ac.partition_activations && run.grid.tensor_size > 1;
-  if (run.is_bert) run.bert->set_checkpointing(settings);
-  else if (run.is_llama) run.llama->set_checkpointing(settings);
-  else run.model->set_checkpointing(settings);
+  run.trainable->set_checkpointing(settings);
   if (run.leader && !policy_note.empty()) fmt::print("{}\n", policy_note);
   if (run.leader && settings.recompute != Recompute::None) {
     int64_t checkpointed = 0;
@@ -219,8 +191,8 @@ void load_init_from(TrainingRun& run, const TrainRunOptions& options) {
     return;
   }
   const auto init_start = std::chrono::steady_clock::now();
-  HfModelReader reader = run.is_llama ? HfModelReader(config.model.init_from, run.llama_config)
-                                      : HfModelReader(config.model.init_from, run.gpt_config);
+  const std::unique_ptr<HfModelReader> reader_holder = run.kind->hf_reader(config.model.init_from);
+  HfModelReader& reader = *reader_holder;
   run.engine->load_weights(reader);
   // Every rank's bytes read, for the summary: what sharding saved.
   torch::Tensor mine = torch::zeros({run.world}, torch::kLong);
@@ -267,39 +239,9 @@ std::string data_summary(const TrainingRun& run) {
 
 void print_model_line(const TrainingRun& run) {
   if (!run.leader) return;
-  const TrainConfig& config = run.config;
-  if (run.is_bert) {
-    const BertConfig& b = run.bert_config;
-    fmt::print("model: bert preset '{}' ({} layers, {} heads, hidden {}, intermediate {}, vocab {} with 4 specials, "
-               "{} positions, {}, {}), {:.2f}M parameters; data: {} train / {} held-out tokens; global batch {} x {} "
-               "tokens, {:.0f}% of the content positions predicted{}\n",
-               config.model.preset, b.n_layer, b.n_head, b.hidden, b.intermediate, b.vocab_size, b.max_positions,
-               b.pre_layer_norm ? "pre-LN" : "post-LN", b.next_sentence ? "MLM + NSP loss" : "MLM loss",
-               run.n_params / 1e6, run.data.train.size(), run.data.val.size(), config.train_batch_size, run.seq_len,
-               100 * config.data.mlm_probability,
-               config.data.max_predictions > 0 ? fmt::format(" (at most {} per sequence)", config.data.max_predictions)
-                                               : "");
-    return;
-  }
-  if (run.is_llama) {
-    const LlamaConfig& l = run.llama_config;
-    const std::string source = !config.model.init_from.empty()     ? "model.init_from '" + config.model.init_from + "'"
-                               : !config.model.config_from.empty() ? "model.config_from '" + config.model.config_from + "'"
-                                                                   : "preset '" + config.model.preset + "'";
-    fmt::print("model: llama from {} ({}; {} layers, {} heads over {} kv heads of {}, width {}, MLP {}, vocab {}, "
-               "context {}{}{}), {:.2f}M parameters; data: {}; global batch {} x {} tokens\n",
-               source, llama_hf_architecture(l), l.num_hidden_layers, l.num_attention_heads, l.num_key_value_heads,
-               l.resolved_head_dim(), l.hidden_size, l.intermediate_size, l.vocab_size, l.max_position_embeddings,
-               l.tie_word_embeddings ? ", tied head" : "",
-               l.rope_scaling.type == "default" ? "" : ", rope scaling " + l.rope_scaling.type, run.n_params / 1e6,
-               data_summary(run), config.train_batch_size, run.seq_len);
-    return;
-  }
-  const GPTConfig& g = run.gpt_config;
-  fmt::print("model: gpt preset '{}' ({} layers, {} heads, width {}, vocab {}, context {}), {:.2f}M parameters; "
-             "data: {}; global batch {} x {} tokens\n",
-             config.model.preset, g.n_layer, g.n_head, g.n_embd, g.vocab_size, g.context_length, run.n_params / 1e6,
-             data_summary(run), config.train_batch_size, run.seq_len);
+  const std::string note = run.kind->batch_note();
+  fmt::print("model: {}; data: {}; global batch {} x {} tokens{}\n", run.kind->description(), data_summary(run),
+             run.config.train_batch_size, run.seq_len, note.empty() ? "" : ", " + note);
 }
 
 }  // namespace

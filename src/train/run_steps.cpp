@@ -14,6 +14,7 @@
 #include "train/training_run.h"
 #include "zero/step_monitor.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/model_kind.h"
 #include "zerotrain/config/gpt_flops.h"
 #include "zerotrain/models/tensor_parallel.h"
 
@@ -30,11 +31,12 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // micro-step), so resuming needs only the step.
 class BatchSource {
  public:
-  explicit BatchSource(TrainingRun& run) : run_(run) {
+  explicit BatchSource(TrainingRun& run)
+      : run_(run), sentence_pairs_(run.kind->data_kind() == DataKind::SentencePairs) {
     const TrainConfig& config = run.config;
     const int64_t micro = config.train_micro_batch_size_per_gpu, accum = config.gradient_accumulation_steps;
     const uint64_t seed = config.train.seed;
-    if (run.is_bert) {
+    if (sentence_pairs_) {
       set_up_bert(micro, accum, seed);
       return;
     }
@@ -67,11 +69,9 @@ class BatchSource {
 
   // The loss of this rank's next micro-batch.
   torch::Tensor next_loss() {
-    if (run_.is_bert) return run_.bert->mlm_loss(to_device(bert_prefetcher_->next()));
-    Batch batch = to_device(prefetcher_->next());
+    if (sentence_pairs_) return run_.trainable->loss(to_device(bert_prefetcher_->next()));
     // segments: packed rows only
-    if (run_.is_llama) return run_.llama->loss(batch.inputs, batch.targets, batch.segments);
-    return run_.model->loss(batch.inputs, batch.targets, batch.segments);
+    return run_.trainable->loss(to_device(prefetcher_->next()));
   }
 
   // The mean held-out loss over train.eval_iters batches and all ranks (a collective).
@@ -81,13 +81,12 @@ class BatchSource {
     double sum = 0;
     run_.module->eval();
     for (int64_t i = 0; i < config.train.eval_iters; ++i) {
-      if (run_.is_bert) {
-        sum += run_.bert->mlm_loss(to_device(val_pairs_->batch(i, 0, *masker_))).item<double>();
+      if (sentence_pairs_) {
+        sum += run_.trainable->loss(to_device(val_pairs_->batch(i, 0, *masker_))).item<double>();
         continue;
       }
       auto batch = to_device(val_examples_ ? val_examples_->eval_batch(i) : val_sampler_->eval_batch(i));
-      sum += (run_.is_llama ? run_.llama->loss(batch.inputs, batch.targets) : run_.model->loss(batch.inputs, batch.targets))
-                 .item<double>();
+      sum += run_.trainable->loss(batch).item<double>();
     }
     run_.module->train();
     return mean_over_ranks(*run_.comm, sum / double(std::max<int64_t>(1, config.train.eval_iters)), "eval.loss");
@@ -100,7 +99,7 @@ class BatchSource {
     const TrainConfig& config = run_.config;
     SentencePairOptions pair_options;
     pair_options.max_length = run_.seq_len;
-    pair_options.specials = run_.bert_specials;
+    pair_options.specials = run_.kind->sentence_pair_specials();
     // A .bin file's ids are another tokenizer's: the byte values of '.', '!', '?' and newline
     // mean nothing there, so its segments are cut at lengths only.
     if (config.data.source == "bin") {
@@ -110,7 +109,7 @@ class BatchSource {
     MlmOptions mlm_options;
     mlm_options.probability = config.data.mlm_probability;
     mlm_options.max_predictions = config.data.max_predictions;
-    masker_.emplace(mlm_options, run_.bert_specials, seed);
+    masker_.emplace(mlm_options, run_.kind->sentence_pair_specials(), seed);
     train_pairs_.emplace(run_.data.train, pair_options, micro, run_.data_world, run_.data_rank, seed);
     if (config.train.eval_interval > 0)
       val_pairs_.emplace(run_.data.val, pair_options, micro, run_.data_world, run_.data_rank, seed ^ 0x5eedULL);
@@ -147,6 +146,7 @@ class BatchSource {
   std::optional<DistributedSampler> train_sampler_, val_sampler_;
   std::optional<FinetuneSampler> train_examples_, val_examples_;
   std::optional<BatchPrefetcher> prefetcher_;
+  const bool sentence_pairs_;  // BERT's masked sentence pairs, not token windows
   std::optional<SentencePairSampler> train_pairs_, val_pairs_;
   std::optional<MlmMasker> masker_;
   std::optional<Prefetcher<BertBatch>> bert_prefetcher_;
@@ -203,8 +203,6 @@ nlohmann::json profile_flops(const TrainingRun& run, const TrainRunOptions& opti
   in.micro_batch = config.train_micro_batch_size_per_gpu;
   in.accumulation = config.gradient_accumulation_steps;
   in.sequence = run.seq_len;
-  in.recompute = run.model->checkpointing().recompute;
-  for (int64_t i = 0; i < run.gpt_config.n_layer; ++i) in.checkpointed_blocks += run.model->is_checkpointed(i) ? 1 : 0;
   in.recompute_fwd_factor = fp.recompute_fwd_factor;
   in.step_seconds = slowest.item<double>();
   in.peak_flops = peak;
@@ -212,7 +210,7 @@ nlohmann::json profile_flops(const TrainingRun& run, const TrainRunOptions& opti
   in.module_depth = fp.module_depth;
   in.top_modules = fp.top_modules;
   in.detailed = fp.detailed;
-  const FlopsProfile profile = gpt_flops_profile(run.gpt_config, in);
+  const FlopsProfile profile = run.trainable->flops_profile(in).value();
   if (run.rank == 0 && (!options.quiet || !fp.output_file.empty()))
     emit_report(profile.text, fp.output_file, "flops_profiler.output_file");
   return {{"step", fp.profile_step},
@@ -234,7 +232,7 @@ void save_if_due(const TrainingRun& run, const TrainRunOptions& options, int64_t
   const auto save_start = Clock::now();
   const std::string tag = fmt::format("step-{}", step + 1);
   std::map<std::string, std::string> client = {{"seed", std::to_string(run.config.train.seed)}};
-  if (!run.llama_source_config.empty()) client[kCarriedHfConfigKey] = run.llama_source_config;
+  if (const std::string carried = run.kind->carried_hf_config(); !carried.empty()) client[kCarriedHfConfigKey] = carried;
   run.engine->save_checkpoint(options.save_dir, tag, client, options.keep_last);
   const double seconds = seconds_since(save_start);
   if (!run.leader) return;
@@ -341,7 +339,7 @@ double run_micro_steps(TrainingRun& run, BatchSource& batches, ProgressWindow& w
 StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
   const TrainConfig& config = run.config;
   const FlopsProfilerConfig& fp = config.flops_profiler;
-  if (run.leader && fp.enabled && run.is_gpt() && run.grid.tensor_size == 1 && (fp.profile_step <= run.first_step || fp.profile_step > config.train.steps))
+  if (run.leader && fp.enabled && run.kind->profiles_flops(run.grid.tensor_size) && (fp.profile_step <= run.first_step || fp.profile_step > config.train.steps))
     fmt::print("note: flops_profiler.profile_step {} is outside the steps this run takes ({} to {}): nothing is "
                "profiled\n",
                fp.profile_step, run.first_step + 1, config.train.steps);
@@ -375,7 +373,7 @@ StepLog run_steps(TrainingRun& run, const TrainRunOptions& options) {
     // This step's rate on this rank: its micro-steps and the loss's reduction, not the evaluation,
     // checkpoint or printing that may follow.
     const double step_seconds = seconds_since(step_start);
-    if (fp.enabled && run.is_gpt() && run.grid.tensor_size == 1 && step + 1 == fp.profile_step) log.flops_summary = profile_flops(run, options, step_seconds);
+    if (fp.enabled && run.kind->profiles_flops(run.grid.tensor_size) && step + 1 == fp.profile_step) log.flops_summary = profile_flops(run, options, step_seconds);
     log.losses.push_back(loss);
     log.skipped.push_back(result.skipped ? 1 : 0);
     ++window.steps;

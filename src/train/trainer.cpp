@@ -31,13 +31,11 @@
 #include "zerotrain/data/data.h"
 #include "zerotrain/zero/engine.h"
 #include "zerotrain/error.h"
+#include "zerotrain/models/model_kind.h"
 #include "zerotrain/optim/lr_schedule.h"
 #include "zerotrain/memory/estimate.h"
-#include "zerotrain/models/bert.h"
 #include "zerotrain/data/bert_data.h"
-#include "zerotrain/models/gpt.h"
 #include "zerotrain/config/gpt_flops.h"
-#include "zerotrain/models/llama.h"
 #include "zerotrain/data/tokenized_data.h"
 #include "zerotrain/data/tokenizer.h"
 
@@ -272,32 +270,16 @@ void check_training_inputs(const TrainConfig& config) {
   // What every rank would refuse as it starts is refused once, before any starts: the model's
   // shape (a preset, the head count dividing the width), the sequence against the context, and
   // the schedule's parameters.
-  int64_t context = 0;
-  std::optional<LlamaConfig> llama;
-  if (config.model.type == "bert") {
-    const BertConfig bert = bert_config_of(config);
-    bert.validate();
-    context = bert.max_positions;
-  } else if (config.model.type == "llama") {
-    // With model.init_from or model.config_from: the directory's config.json, read now.
-    llama = llama_config_of(config);
-    context = llama->max_position_embeddings;
-  } else {
-    const GPTConfig gpt = gpt_config_of(config);
-    gpt.validate();
-    context = gpt.context_length;
-  }
+  const std::unique_ptr<ModelKind> kind = make_model_kind(config);  // a Llama directory's config.json read
+  const int64_t context = kind->context_length();
   training::check_sequence_length(config.data.sequence_length, context);
   // The data itself: a tokenizer of a kind not implemented, a line that is not an example, a token
   // id past the model's vocabulary (the BERT's: its content vocabulary, in uint16 ids). Tokenizing
   // here also builds the token cache once, before the ranks read it.
   if (config.data.source != "embedded") {
-    const bool bert = config.model.type == "bert";
-    const int64_t vocab = bert    ? BertSpecialTokens{bert_config_of(config).vocab_size - 4}.content_vocab
-                          : llama ? llama->vocab_size
-                                  : gpt_config_of(config).vocab_size;
-    const training::Splits splits = training::load_data(config, vocab, /*progress=*/true);
-    if (bert) {  // a uint32 file is refused here, naming it
+    const bool sentence_pairs = kind->data_kind() == DataKind::SentencePairs;
+    const training::Splits splits = training::load_data(config, kind->data_vocabulary(), /*progress=*/true);
+    if (sentence_pairs) {  // a uint32 file is refused here, naming it
       splits.train.data16();
       splits.val.data16();
     }
@@ -311,15 +293,12 @@ void check_training_inputs(const TrainConfig& config) {
   LrSchedule(config.scheduler, config.optimizer.lr);
   // A directory of another shape, or not a GPT-2 (Llama) directory, or a missing or mis-shaped
   // tensor, fails before any rank starts.
-  if (!config.model.init_from.empty()) {
-    if (llama) HfModelReader(config.model.init_from, *llama);
-    else HfModelReader(config.model.init_from, gpt_config_of(config));
-  }
+  if (!config.model.init_from.empty()) kind->hf_reader(config.model.init_from);
 }
 
 int64_t training_data_bytes(const TrainConfig& config) {
   const auto& d = config.data;
-  if (config.model.type == "bert") return 0;  // the estimate does not model the BERT
+  if (!make_model_kind(config)->estimate_gap().empty()) return 0;  // the estimate does not model the model
   // What load_data counts, without reading the bytes where their size says it.
   if (d.tokenizer.empty() && d.source == "text") return 2 * training::file_bytes(d.path);
   if (d.source == "bin") return training::file_bytes(d.path) + (d.val_path.empty() ? 0 : training::file_bytes(d.val_path));

@@ -17,10 +17,7 @@
 #include "zerotrain/data/data.h"
 #include "zerotrain/zero/engine.h"
 #include "zerotrain/memory/memory.h"
-#include "zerotrain/models/bert.h"
-#include "zerotrain/data/bert_data.h"
-#include "zerotrain/models/gpt.h"
-#include "zerotrain/models/llama.h"
+#include "zerotrain/models/model_kind.h"
 #include "zerotrain/data/tokenized_data.h"
 #include "zerotrain/train/train.h"
 
@@ -110,24 +107,14 @@ struct TrainingRun {
   int data_rank = 0, data_world = 1;
   bool leader = false;  // rank 0 and not quiet: prints the progress
 
-  // model.type "bert": the encoder of docs/bert.md; the GPT's figures stay at their defaults.
-  bool is_bert = false;
-  // model.type "llama": the decoder of docs/llama.md, trained on the GPT's token windows.
-  bool is_llama = false;
-  GPTConfig gpt_config;
-  LlamaConfig llama_config;
-  // The config.json text of model.init_from or model.config_from ("" for a preset): checkpoints
-  // carry it, so that exporting one no longer needs the directory (zerotrain export).
-  std::string llama_source_config;
-  BertConfig bert_config;
-  BertSpecialTokens bert_specials;  // its content vocabulary, then [CLS], [SEP], [MASK], [PAD]
+  // The model model.type names, behind one interface (zerotrain/models/model_kind.h): its shape
+  // and figures from set-up on, and the built model from build_model on.
+  std::unique_ptr<ModelKind> kind;
+  std::unique_ptr<TrainableModel> trainable;
   int64_t seq_len = 0, n_layer = 0, n_params = 0;
   Splits data;
 
   int64_t baseline_rss = 0;  // before the model exists: the memory estimate is compared above it
-  GPT model{nullptr};
-  Bert bert{nullptr};
-  Llama llama{nullptr};
   std::shared_ptr<torch::nn::Module> module;
   std::unique_ptr<Engine> engine;
   int64_t first_step = 0;            // the step a resumed run continues from
@@ -137,10 +124,7 @@ struct TrainingRun {
   TrainingRun(const TrainingRun&) = delete;
   TrainingRun& operator=(const TrainingRun&) = delete;
 
-  bool is_gpt() const { return !is_bert && !is_llama; }
-  bool is_checkpointed(int64_t block) const {
-    return is_bert ? bert->is_checkpointed(block) : is_llama ? llama->is_checkpointed(block) : model->is_checkpointed(block);
-  }
+  bool is_checkpointed(int64_t block) const { return trainable->is_checkpointed(block); }
 };
 
 // What the step loop measured.

@@ -99,16 +99,6 @@ GPTConfig gpt_config_of(const TrainConfig& config);
 // (models/llama.h): its slices of the heads, features and vocabulary.
 ModelFigures llama_model_figures(const LlamaConfig& llama, int64_t sequence_length, int64_t persistence_threshold,
                                  int64_t tensor_parallel = 1);
-// The figures of the model a training configuration describes: model.type "gpt" or "llama" (a
-// Llama's config.json read where model.init_from or model.config_from names it) trained on
-// data.sequence_length tokens (0: the model's context), with its persistence threshold. Throws
-// zt::ConfigError for another type, starting "model.type: the memory estimate models the GPT and
-// the Llama" and naming the type.
-ModelFigures model_figures_of(const TrainConfig& config);
-// One rank's figures of that model split over tensor groups of `tensor_parallel` ranks, or none
-// where the trainer could not split it so (not a GPT, model.init_from given, or heads or
-// vocabulary that T does not divide): what the planner tries (zerotrain/memory/step_time.h).
-std::optional<ModelFigures> model_figures_at(const TrainConfig& config, int tensor_parallel);
 
 // What a cluster's devices and links sustain (achieved rates, not datasheet peaks): the inputs of
 // the step-time model (zerotrain/memory/step_time.h, docs/step_time.md). 0 means unknown.

@@ -86,7 +86,7 @@ struct PlanCandidate {
 };
 
 // One rank's figures of the same model split over tensor groups of T ranks, or none where the
-// model cannot be split so (zerotrain/memory/estimate.h model_figures_at).
+// model cannot be split so (the command line asks zerotrain/models/model_kind.h estimate_figures_of).
 using TensorParallelFigures = std::function<std::optional<ModelFigures>(int tensor_parallel)>;
 
 struct Plan {
