@@ -32,13 +32,16 @@ void refuse_keys_of_other_models(const TrainConfig& c) {
   // Every key some type reads, in the registry's order, with the types that read it.
   std::vector<std::pair<std::string, std::vector<std::string>>> readers;
   for (RulesOf rules : kRules)
-    for (const auto& [key, what] : rules().own_keys) {
+    for (const auto& own : rules().own_keys) {
+      const std::string& key = own.first;
       auto it = std::find_if(readers.begin(), readers.end(), [&key](const auto& r) { return r.first == key; });
       if (it == readers.end()) it = readers.insert(readers.end(), {key, {}});
-      it->second.push_back(what.empty() ? fmt::format("\"{}\"", rules().type)
-                                        : fmt::format("\"{}\" ({})", rules().type, what));
+      it->second.push_back(own.second.empty() ? fmt::format("\"{}\"", rules().type)
+                                              : fmt::format("\"{}\" ({})", rules().type, own.second));
     }
-  for (const auto& [key, types] : readers) {
+  for (const auto& reader : readers) {
+    const std::string& key = reader.first;
+    const std::vector<std::string>& types = reader.second;
     const bool read = std::any_of(mine.own_keys.begin(), mine.own_keys.end(), [&key](const auto& k) { return k.first == key; });
     if (read || !written_by_user(c, key)) continue;
     const std::string whom = types.size() == 1 ? types[0] + " only"

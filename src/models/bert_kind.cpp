@@ -9,19 +9,12 @@
 namespace zt {
 namespace {
 
-class TrainableBert final : public TrainableModel {
+class TrainableBert final : public TrainableModule<Bert> {
  public:
+  using TrainableModule::TrainableModule;
   using TrainableModel::loss;
-  TrainableBert(const BertConfig& config, const std::shared_ptr<Communicator>& tensor_group)
-      : model_(config, tensor_group) {}
-  std::shared_ptr<torch::nn::Module> module() const override { return model_.ptr(); }
-  void set_checkpointing(const CheckpointingSettings& settings) override { model_->set_checkpointing(settings); }
-  bool is_checkpointed(int64_t block) const override { return model_->is_checkpointed(block); }
   torch::Tensor loss(const BertBatch& pairs) override { return model_->mlm_loss(pairs); }
   std::vector<CheckpointTimings> checkpoint_timings() const override { return model_->checkpoint_timings(); }
-
- private:
-  Bert model_;
 };
 
 class BertKind final : public ModelKind {

@@ -10,14 +10,10 @@
 namespace zt {
 namespace {
 
-class TrainableGpt final : public TrainableModel {
+class TrainableGpt final : public TrainableModule<GPT> {
  public:
+  using TrainableModule::TrainableModule;
   using TrainableModel::loss;
-  TrainableGpt(const GPTConfig& config, const std::shared_ptr<Communicator>& tensor_group)
-      : model_(config, tensor_group) {}
-  std::shared_ptr<torch::nn::Module> module() const override { return model_.ptr(); }
-  void set_checkpointing(const CheckpointingSettings& settings) override { model_->set_checkpointing(settings); }
-  bool is_checkpointed(int64_t block) const override { return model_->is_checkpointed(block); }
   torch::Tensor loss(const Batch& batch) override { return model_->loss(batch.inputs, batch.targets, batch.segments); }
   std::vector<CheckpointTimings> checkpoint_timings() const override { return model_->checkpoint_timings(); }
   std::optional<CheckpointArena::Stats> checkpoint_arena_stats() const override {
@@ -29,9 +25,6 @@ class TrainableGpt final : public TrainableModel {
     for (int64_t i = 0; i < model_->config().n_layer; ++i) inputs.checkpointed_blocks += model_->is_checkpointed(i) ? 1 : 0;
     return gpt_flops_profile(model_->config(), inputs);
   }
-
- private:
-  GPT model_;
 };
 
 class GptKind final : public ModelKind {

@@ -10,18 +10,11 @@
 namespace zt {
 namespace {
 
-class TrainableLlama final : public TrainableModel {
+class TrainableLlama final : public TrainableModule<Llama> {
  public:
+  using TrainableModule::TrainableModule;
   using TrainableModel::loss;
-  TrainableLlama(const LlamaConfig& config, const std::shared_ptr<Communicator>& tensor_group)
-      : model_(config, tensor_group) {}
-  std::shared_ptr<torch::nn::Module> module() const override { return model_.ptr(); }
-  void set_checkpointing(const CheckpointingSettings& settings) override { model_->set_checkpointing(settings); }
-  bool is_checkpointed(int64_t block) const override { return model_->is_checkpointed(block); }
   torch::Tensor loss(const Batch& batch) override { return model_->loss(batch.inputs, batch.targets, batch.segments); }
-
- private:
-  Llama model_;
 };
 
 // The shape comes from a preset and the model block, or from model.init_from's or
